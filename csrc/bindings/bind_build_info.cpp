@@ -1,0 +1,48 @@
+// build_info(): what this build compiled in, and what the runtime sees.
+#include <omp.h>
+#include <pybind11/stl.h>
+
+#include "bindings/binders.h"
+#include "core/device.h"
+#ifdef SINGA_LITE_WITH_CUDA
+#include "cuda/runtime.h"
+#endif
+
+extern "C" char* scipy_openblas_get_config(void);
+
+namespace py = pybind11;
+
+namespace sl::bindings {
+
+void bind_build_info(py::module_& m) {
+  m.def("build_info", [] {
+    py::dict info;
+    info["compiler"] = SINGA_LITE_CXX_COMPILER;
+    info["build_type"] = SINGA_LITE_BUILD_TYPE;
+    info["openmp"] = _OPENMP;
+    py::dict blas;
+    blas["library"] = "OpenBLAS";
+    blas["package"] = std::string("scipy-openblas32 ") + SINGA_LITE_OPENBLAS_VERSION;
+    blas["config"] = std::string(scipy_openblas_get_config());
+    info["blas"] = blas;
+    py::dict cuda;
+    cuda["compiled"] = cuda_compiled();
+#ifdef SINGA_LITE_WITH_CUDA
+    cuda["compiler_version"] = SINGA_LITE_CUDA_COMPILER_VERSION;
+    cuda["runtime_version"] = cuda::runtime_version();
+    cuda["driver_version"] = cuda::driver_version();
+#else
+    cuda["compiler_version"] = py::none();
+    cuda["runtime_version"] = py::none();
+    cuda["driver_version"] = py::none();
+#endif
+    cuda["device_count"] = cuda_device_count();
+    info["cuda"] = cuda;
+    // cuDNN and NCCL are compiled in with the CUDA backend issue; until then a build reports them absent.
+    info["cudnn"] = py::dict(py::arg("compiled") = false, py::arg("version") = py::none());
+    info["nccl"] = py::dict(py::arg("compiled") = false, py::arg("version") = py::none());
+    return info;
+  });
+}
+
+}  // namespace sl::bindings

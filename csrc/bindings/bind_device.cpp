@@ -1,0 +1,71 @@
+// Errors, Device, CUDA availability, seeds and thread counts.
+#include <omp.h>
+#include <pybind11/operators.h>
+#include <pybind11/stl.h>
+
+#include "bindings/binders.h"
+#include "core/device.h"
+#include "core/errors.h"
+#include "core/generator.h"
+
+extern "C" void scipy_openblas_set_num_threads(int);
+extern "C" int scipy_openblas_get_num_threads(void);
+
+namespace py = pybind11;
+
+namespace sl::bindings {
+
+void bind_errors(py::module_& m) {
+  // CudaError is a RuntimeError subclass so generic handlers still catch it.
+  static py::handle cuda_error(PyErr_NewExceptionWithDoc(
+      "singa_lite._core.CudaError", "A CUDA runtime call failed; the message names the call.", PyExc_RuntimeError,
+      nullptr));
+  m.attr("CudaError") = cuda_error;
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what());
+    } catch (const IndexError& e) {
+      PyErr_SetString(PyExc_IndexError, e.what());
+    } catch (const OutOfMemory& e) {
+      PyErr_SetString(PyExc_MemoryError, e.what());
+    } catch (const CudaError& e) {
+      PyErr_SetString(cuda_error.ptr(), e.what());
+    } catch (const InternalError& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  });
+}
+
+void bind_device(py::module_& m) {
+  py::class_<Device>(m, "Device", "A device: kind ('cpu' or 'cuda') and index.")
+      .def(py::init([](const std::string& s) { return Device::parse(s); }), py::arg("spec") = "cpu")
+      .def_property_readonly("kind", [](const Device& d) { return d.is_cpu() ? "cpu" : "cuda"; })
+      .def_readonly("index", &Device::index)
+      .def("is_cpu", &Device::is_cpu)
+      .def("is_cuda", &Device::is_cuda)
+      .def(py::self == py::self)
+      .def(py::self != py::self)
+      .def("__hash__", [](const Device& d) { return py::hash(py::make_tuple(int(d.kind), d.index)); })
+      .def("__str__", &Device::str)
+      .def("__repr__", [](const Device& d) { return "Device('" + d.str() + "')"; })
+      .def(py::pickle([](const Device& d) { return d.str(); }, [](const std::string& s) { return Device::parse(s); }));
+
+  m.def("cuda_compiled", &cuda_compiled, "Was singa_lite built with its CUDA sources?");
+  m.def("cuda_device_count", &cuda_device_count, "Number of usable CUDA GPUs (0 without a driver or a CUDA build).");
+  m.def("cuda_unavailable_reason", &cuda_unavailable_reason, "Why no GPU can be used, or '' when one can.");
+  m.def("manual_seed", &manual_seed, py::arg("device"), py::arg("seed"),
+        "Seeds the device's random generator and restarts its stream.");
+  m.def("current_seed", &current_seed, py::arg("device"));
+  m.def("set_num_threads", [](int n) {
+    SL_CHECK(n >= 1, ValueError, "set_num_threads: expected n >= 1, got ", n);
+    omp_set_num_threads(n);
+    scipy_openblas_set_num_threads(n);
+  }, py::arg("n"), "Threads used by the CPU kernels and by OpenBLAS.");
+  m.def("get_num_threads", [] { return omp_get_max_threads(); });
+}
+
+}  // namespace sl::bindings

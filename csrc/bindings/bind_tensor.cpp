@@ -1,0 +1,205 @@
+// The C++ Tensor as singa_lite._core.Tensor: views, copies, numpy interop (buffer protocol both ways
+// and DLPack both ways, zero-copy on the CPU).
+#include <pybind11/stl.h>
+
+#include "bindings/binders.h"
+#include "bindings/dlpack.h"
+#include "core/errors.h"
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+namespace py = pybind11;
+
+namespace sl::bindings {
+namespace {
+
+DType dtype_from_format(const std::string& format_in, ssize_t itemsize) {
+  std::string f = format_in;
+  while (!f.empty() && (f[0] == '<' || f[0] == '=' || f[0] == '@' || f[0] == '!' || f[0] == '>')) {
+    SL_CHECK(f[0] != '>' && f[0] != '!', TypeError, "from_numpy: big-endian data is not supported; use "
+             "array.astype(array.dtype.newbyteorder('<'))");
+    f = f.substr(1);
+  }
+  if (f == "e") return DType::kFloat16;
+  if (f == "f") return DType::kFloat32;
+  if (f == "d") return DType::kFloat64;
+  if (f == "?") return DType::kBool;
+  if (f == "i" || f == "l" || f == "q" || f == "n") {
+    if (itemsize == 4) return DType::kInt32;
+    if (itemsize == 8) return DType::kInt64;
+  }
+  throw TypeError(str("from_numpy: unsupported element type '", format_in, "' (", itemsize,
+                      " bytes); singa_lite supports float16/32/64, int32, int64 and bool. "
+                      "Convert first, e.g. array.astype(numpy.float32)"));
+}
+
+// Shares the memory of any buffer-protocol object (numpy array, memoryview, ...) without copying.
+Tensor from_buffer(const py::buffer& obj) {
+  py::buffer_info info = obj.request();
+  DType dtype = dtype_from_format(info.format, info.itemsize);
+  Shape shape(info.shape.begin(), info.shape.end()), strides;
+  for (ssize_t s : info.strides) {
+    SL_CHECK(s % info.itemsize == 0, ValueError, "from_numpy: strides ", s, " are not a multiple of the item size ",
+             info.itemsize, "; pass numpy.ascontiguousarray(array)");
+    strides.push_back(s / info.itemsize);
+  }
+  // The storage keeps the Python object alive; releasing it needs the GIL (kernels run without it).
+  auto* owner = new py::object(obj);
+  auto deleter = [owner](void*) {
+    py::gil_scoped_acquire gil;
+    delete owner;
+  };
+  auto storage = std::make_shared<Storage>(info.ptr, size_t(numel_of(shape)) * itemsize(dtype), Device::cpu(), deleter);
+  return Tensor(storage, shape, strides, 0, dtype);
+}
+
+py::buffer_info to_buffer(const Tensor& t) {
+  check_defined(t, "buffer", "tensor");
+  SL_CHECK(t.device().is_cpu(), ValueError, "numpy can only read CPU tensors; this one is on ", t.device().str(),
+           ". Copy it first with to_host() (or tensor.to_numpy)");
+  std::vector<ssize_t> shape(t.shape().begin(), t.shape().end()), strides;
+  for (int64_t s : t.strides()) strides.push_back(ssize_t(s * int64_t(t.itemsize())));
+  return py::buffer_info(t.data_ptr(), ssize_t(t.itemsize()), buffer_format(t.dtype()), t.ndim(), shape, strides);
+}
+
+// ---------------------------------------------------------------- DLPack
+struct DLContext {
+  Tensor tensor;  // keeps the storage alive while the consumer holds the capsule
+  std::vector<int64_t> shape, strides;
+  dlpack::DLManagedTensor managed;
+};
+
+dlpack::DLDataType dl_dtype(DType t) {
+  switch (t) {
+    case DType::kFloat16: return {dlpack::kDLFloat, 16, 1};
+    case DType::kFloat32: return {dlpack::kDLFloat, 32, 1};
+    case DType::kFloat64: return {dlpack::kDLFloat, 64, 1};
+    case DType::kInt32: return {dlpack::kDLInt, 32, 1};
+    case DType::kInt64: return {dlpack::kDLInt, 64, 1};
+    case DType::kBool: return {dlpack::kDLBool, 8, 1};
+  }
+  throw TypeError("__dlpack__: unsupported dtype");
+}
+
+DType dtype_from_dl(dlpack::DLDataType t) {
+  SL_CHECK(t.lanes == 1, TypeError, "from_dlpack: vector types (lanes=", t.lanes, ") are not supported");
+  if (t.code == dlpack::kDLFloat && t.bits == 16) return DType::kFloat16;
+  if (t.code == dlpack::kDLFloat && t.bits == 32) return DType::kFloat32;
+  if (t.code == dlpack::kDLFloat && t.bits == 64) return DType::kFloat64;
+  if (t.code == dlpack::kDLInt && t.bits == 32) return DType::kInt32;
+  if (t.code == dlpack::kDLInt && t.bits == 64) return DType::kInt64;
+  if (t.code == dlpack::kDLBool && t.bits == 8) return DType::kBool;
+  throw TypeError(str("from_dlpack: unsupported type (code ", int(t.code), ", ", int(t.bits),
+                      " bits); supported: float16/32/64, int32, int64, bool"));
+}
+
+py::capsule to_dlpack(const Tensor& t) {
+  check_defined(t, "__dlpack__", "tensor");
+  auto* ctx = new DLContext{t, t.shape(), t.strides(), {}};
+  auto& dl = ctx->managed.dl_tensor;
+  dl.data = t.data_ptr();
+  dl.device = {t.device().is_cpu() ? dlpack::kDLCPU : dlpack::kDLCUDA, t.device().index};
+  dl.ndim = t.ndim();
+  dl.dtype = dl_dtype(t.dtype());
+  dl.shape = ctx->shape.data();
+  dl.strides = ctx->strides.data();
+  dl.byte_offset = 0;
+  ctx->managed.manager_ctx = ctx;
+  ctx->managed.deleter = [](dlpack::DLManagedTensor* self) { delete static_cast<DLContext*>(self->manager_ctx); };
+  // A consumer renames the capsule to "used_dltensor" and calls the deleter itself; an unused one is freed here.
+  return py::capsule(&ctx->managed, "dltensor", [](PyObject* cap) {
+    if (PyCapsule_IsValid(cap, "dltensor")) {
+      auto* m = static_cast<dlpack::DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
+      m->deleter(m);
+    }
+  });
+}
+
+Tensor from_dlpack(const py::object& obj) {
+  py::object cap_obj = py::hasattr(obj, "__dlpack__") ? obj.attr("__dlpack__")() : obj;
+  PyObject* cap = cap_obj.ptr();
+  SL_CHECK(PyCapsule_IsValid(cap, "dltensor"), TypeError,
+           "from_dlpack: expected an object with __dlpack__() or an unused 'dltensor' capsule");
+  auto* m = static_cast<dlpack::DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
+  const auto& dl = m->dl_tensor;
+  DType dtype = dtype_from_dl(dl.dtype);
+  Device device;
+  if (dl.device.device_type == dlpack::kDLCPU) device = Device::cpu();
+  else if (dl.device.device_type == dlpack::kDLCUDA) device = Device::cuda(dl.device.device_id);
+  else throw ValueError(str("from_dlpack: unsupported device type ", dl.device.device_type, " (CPU and CUDA only)"));
+  Shape shape(dl.shape, dl.shape + dl.ndim);
+  Shape strides = dl.strides ? Shape(dl.strides, dl.strides + dl.ndim) : contiguous_strides(shape);
+  SL_CHECK(dl.byte_offset % itemsize(dtype) == 0, ValueError, "from_dlpack: byte offset not aligned to the item size");
+  PyCapsule_SetName(cap, "used_dltensor");
+  auto storage = std::make_shared<Storage>(static_cast<char*>(dl.data) + dl.byte_offset,
+                                           size_t(numel_of(shape)) * itemsize(dtype), device, [m](void*) {
+                                             py::gil_scoped_acquire gil;  // producers may touch Python objects
+                                             if (m->deleter) m->deleter(m);
+                                           });
+  return Tensor(storage, shape, strides, 0, dtype);
+}
+
+py::tuple tuple_of(const Shape& s) {
+  py::tuple t(s.size());
+  for (size_t i = 0; i < s.size(); ++i) t[i] = s[i];
+  return t;
+}
+
+}  // namespace
+
+void bind_tensor(py::module_& m) {
+  py::enum_<DType>(m, "DType")
+      .value("float16", DType::kFloat16)
+      .value("float32", DType::kFloat32)
+      .value("float64", DType::kFloat64)
+      .value("int32", DType::kInt32)
+      .value("int64", DType::kInt64)
+      .value("bool", DType::kBool)
+      .def_property_readonly("itemsize", [](DType t) { return itemsize(t); })
+      .def_property_readonly("is_floating", [](DType t) { return is_floating(t); });
+
+  py::class_<Tensor>(m, "Tensor", py::buffer_protocol(),
+                     "A strided view of device memory. Views share storage; copies are explicit.")
+      .def(py::init([](const Shape& shape, DType dtype, const Device& device) {
+             return Tensor::empty(shape, dtype, device);
+           }),
+           py::arg("shape"), py::arg("dtype") = DType::kFloat32, py::arg("device") = Device::cpu(),
+           "An uninitialised tensor.")
+      .def_static("from_buffer", &from_buffer, py::arg("obj"), "Shares a buffer-protocol object's memory (no copy).")
+      .def_static("from_dlpack", &from_dlpack, py::arg("obj"), "Shares a DLPack producer's memory (no copy).")
+      .def_buffer(&to_buffer)
+      .def("__dlpack__", [](const Tensor& t, py::kwargs) { return to_dlpack(t); })
+      .def("__dlpack_device__", [](const Tensor& t) {
+        return py::make_tuple(t.device().is_cpu() ? int(dlpack::kDLCPU) : int(dlpack::kDLCUDA), t.device().index);
+      })
+      .def_property_readonly("shape", [](const Tensor& t) { return tuple_of(t.shape()); })
+      .def_property_readonly("strides", [](const Tensor& t) { return tuple_of(t.strides()); }, "In elements.")
+      .def_property_readonly("offset", &Tensor::offset, "In elements from the start of the storage.")
+      .def_property_readonly("dtype", &Tensor::dtype)
+      .def_property_readonly("device", &Tensor::device)
+      .def_property_readonly("ndim", &Tensor::ndim)
+      .def_property_readonly("numel", &Tensor::numel)
+      .def_property_readonly("itemsize", &Tensor::itemsize)
+      .def_property_readonly("nbytes", &Tensor::nbytes)
+      .def_property_readonly("data_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); })
+      .def("is_contiguous", &Tensor::is_contiguous)
+      .def("shares_storage", &Tensor::shares_storage)
+      .def("view", &Tensor::view, py::arg("shape"))
+      .def("reshape", &Tensor::reshape, py::arg("shape"))
+      .def("transpose", &Tensor::transpose, py::arg("axes") = std::vector<int64_t>{})
+      .def("slice", &Tensor::slice, py::arg("axis"), py::arg("start"), py::arg("stop"), py::arg("step") = 1)
+      .def("select", &Tensor::select, py::arg("axis"), py::arg("index"))
+      .def("broadcast_to", &Tensor::broadcast_to, py::arg("shape"))
+      .def("unsqueeze", &Tensor::unsqueeze, py::arg("axis"))
+      .def("squeeze", &Tensor::squeeze, py::arg("axes") = std::vector<int64_t>{})
+      .def("contiguous", &Tensor::contiguous, py::call_guard<py::gil_scoped_release>())
+      .def("clone", &Tensor::clone, py::call_guard<py::gil_scoped_release>())
+      .def("to", &Tensor::to, py::arg("device"), py::call_guard<py::gil_scoped_release>())
+      .def("cast", &Tensor::cast, py::arg("dtype"), py::call_guard<py::gil_scoped_release>())
+      .def("__repr__", [](const Tensor& t) {
+        return str("_core.Tensor(shape=", shape_str(t.shape()), ", dtype=", dtype_name(t.dtype()), ", device=",
+                   t.device().str(), ")");
+      });
+}
+
+}  // namespace sl::bindings

@@ -1,0 +1,11 @@
+// One binder per area; module.cpp calls them in order.
+#pragma once
+#include <pybind11/pybind11.h>
+
+namespace sl::bindings {
+void bind_errors(pybind11::module_& m);
+void bind_device(pybind11::module_& m);
+void bind_tensor(pybind11::module_& m);
+void bind_ops(pybind11::module_& m);
+void bind_build_info(pybind11::module_& m);
+}  // namespace sl::bindings

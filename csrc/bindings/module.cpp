@@ -1,0 +1,11 @@
+// singa_lite._core: the C++ tensor library. Thin: each area binds itself.
+#include "bindings/binders.h"
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "singa_lite's C++ tensor core (CPU kernels through OpenBLAS; CUDA when compiled in)";
+  sl::bindings::bind_errors(m);
+  sl::bindings::bind_device(m);
+  sl::bindings::bind_tensor(m);
+  sl::bindings::bind_ops(m);
+  sl::bindings::bind_build_info(m);
+}

@@ -1,0 +1,38 @@
+// Random numbers: one counter-based generator (Philox4x32-10) per device. A draw of n numbers reserves
+// a range of counters, so each element's value depends only on (seed, counter): results are the same
+// for any thread count, and a GPU kernel can reproduce them exactly.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <utility>
+
+#include "core/device.h"
+
+namespace sl {
+
+constexpr uint64_t kDefaultSeed = 0x5EEDu;  // fixed, so an unseeded run is still reproducible
+
+// Reserves `counters` counters on the device's generator; returns (seed, first counter).
+std::pair<uint64_t, uint64_t> reserve_counters(Device device, uint64_t counters);
+void manual_seed(Device device, uint64_t seed);
+uint64_t current_seed(Device device);
+
+inline std::array<uint32_t, 4> philox4x32(uint64_t counter, uint64_t seed) {
+  uint32_t c0 = uint32_t(counter), c1 = uint32_t(counter >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    uint64_t p0 = uint64_t(0xD2511F53u) * c0;
+    uint64_t p1 = uint64_t(0xCD9E8D57u) * c2;
+    uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0;
+    uint32_t n2 = uint32_t(p0 >> 32) ^ c3 ^ k1;
+    c1 = uint32_t(p1);
+    c3 = uint32_t(p0);
+    c0 = n0;
+    c2 = n2;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return {c0, c1, c2, c3};
+}
+
+}  // namespace sl

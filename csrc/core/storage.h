@@ -1,0 +1,34 @@
+// Storage: a block of bytes on one device, owned through shared_ptr (views share it; no manual counts).
+// The deleter knows how to free the bytes: our allocator, or a release of a foreign owner (numpy array).
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <memory>
+
+#include "core/device.h"
+
+namespace sl {
+
+class Storage {
+ public:
+  using Deleter = std::function<void(void*)>;
+  Storage(void* data, size_t nbytes, Device device, Deleter deleter);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  // Allocates nbytes on device (64-byte aligned on the CPU); throws OutOfMemory / CudaError.
+  static std::shared_ptr<Storage> allocate(size_t nbytes, Device device);
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_;
+  size_t nbytes_;
+  Device device_;
+  Deleter deleter_;
+};
+
+}  // namespace sl

@@ -1,0 +1,276 @@
+// Element-wise CPU kernels: binary (tensor-tensor and tensor-scalar), unary, clip, axpy, fill, arange.
+// Each row function has a unit-stride branch with a plain loop the compiler vectorises.
+#include <cmath>
+#include <type_traits>
+
+#include "core/errors.h"
+#include "cpu/kernels.h"
+#include "cpu/loop.h"
+
+namespace sl::cpu {
+namespace {
+
+// ---------------------------------------------------------------- binary op functors (on compute types)
+template <typename C>
+C int_floor_div(C a, C b) {
+  if (b == 0) return 0;                                       // numpy also gives 0 (with a warning)
+  if (b == -1) return C(0) - a;                               // avoids the INT_MIN / -1 trap
+  C q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;              // floor, as numpy's //
+  return q;
+}
+
+template <typename C>
+C int_pow(C base, C exp) {
+  if (exp < 0) return base == 1 ? 1 : (base == -1 ? ((exp & 1) ? -1 : 1) : 0);
+  C result = 1;
+  while (exp > 0) {
+    if (exp & 1) result *= base;
+    base *= base;
+    exp >>= 1;
+  }
+  return result;
+}
+
+template <BinaryOp Op, typename C>
+inline auto apply_binary(C a, C b) {
+  if constexpr (Op == BinaryOp::kAdd) return C(a + b);
+  else if constexpr (Op == BinaryOp::kSub) return C(a - b);
+  else if constexpr (Op == BinaryOp::kMul) return C(a * b);
+  else if constexpr (Op == BinaryOp::kDiv) {
+    if constexpr (std::is_integral_v<C>) return int_floor_div(a, b);
+    else return C(a / b);
+  } else if constexpr (Op == BinaryOp::kPow) {
+    if constexpr (std::is_integral_v<C>) return int_pow(a, b);
+    else return C(std::pow(a, b));
+  }
+  // maximum / minimum propagate nan like numpy: a nan in either operand wins.
+  else if constexpr (Op == BinaryOp::kMaximum) return (a > b || a != a) ? a : b;
+  else if constexpr (Op == BinaryOp::kMinimum) return (a < b || a != a) ? a : b;
+  else if constexpr (Op == BinaryOp::kEq) return a == b;
+  else if constexpr (Op == BinaryOp::kNe) return a != b;
+  else if constexpr (Op == BinaryOp::kLt) return a < b;
+  else if constexpr (Op == BinaryOp::kLe) return a <= b;
+  else if constexpr (Op == BinaryOp::kGt) return a > b;
+  else return a >= b;
+}
+
+template <BinaryOp Op, typename T>
+void binary_typed(const Tensor& out, const Tensor& a, const Tensor& b) {
+  using C = compute_t<T>;
+  using Out = std::conditional_t<Op >= BinaryOp::kEq, bool, T>;
+  StridedLoop<3> L({&out, &a, &b});
+  for_each_row(L, [](char* const* p, const int64_t* s, int64_t n) {
+    Out* o = reinterpret_cast<Out*>(p[0]);
+    const T* x = reinterpret_cast<const T*>(p[1]);
+    const T* y = reinterpret_cast<const T*>(p[2]);
+    const int64_t so = s[0] / int64_t(sizeof(Out)), sx = s[1] / int64_t(sizeof(T)), sy = s[2] / int64_t(sizeof(T));
+    if (so == 1 && sx == 1 && sy == 1) {
+      for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(apply_binary<Op, C>(C(x[i]), C(y[i])));
+    } else if (so == 1 && sx == 1 && sy == 0) {
+      const C yv = C(y[0]);
+      for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(apply_binary<Op, C>(C(x[i]), yv));
+    } else if (so == 1 && sx == 0 && sy == 1) {
+      const C xv = C(x[0]);
+      for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(apply_binary<Op, C>(xv, C(y[i])));
+    } else {
+      for (int64_t i = 0; i < n; ++i) o[i * so] = convert<Out>(apply_binary<Op, C>(C(x[i * sx]), C(y[i * sy])));
+    }
+  });
+}
+
+template <BinaryOp Op, bool ScalarFirst, typename T>
+void binary_scalar_typed(const Tensor& out, const Tensor& a, double s) {
+  using C = compute_t<T>;
+  using Out = std::conditional_t<Op >= BinaryOp::kEq, bool, T>;
+  const C sv = static_cast<C>(s);
+  StridedLoop<2> L({&out, &a});
+  for_each_row(L, [sv](char* const* p, const int64_t* st, int64_t n) {
+    Out* o = reinterpret_cast<Out*>(p[0]);
+    const T* x = reinterpret_cast<const T*>(p[1]);
+    const int64_t so = st[0] / int64_t(sizeof(Out)), sx = st[1] / int64_t(sizeof(T));
+    auto f = [sv](C v) { return ScalarFirst ? apply_binary<Op, C>(sv, v) : apply_binary<Op, C>(v, sv); };
+    if (so == 1 && sx == 1) {
+      for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(f(C(x[i])));
+    } else {
+      for (int64_t i = 0; i < n; ++i) o[i * so] = convert<Out>(f(C(x[i * sx])));
+    }
+  });
+}
+
+// Turns the runtime op into a compile-time one so each (op, dtype) pair gets its own tight loop.
+template <typename Fn>
+void with_binary_op(BinaryOp op, Fn&& fn) {
+  switch (op) {
+    case BinaryOp::kAdd: return fn(std::integral_constant<BinaryOp, BinaryOp::kAdd>());
+    case BinaryOp::kSub: return fn(std::integral_constant<BinaryOp, BinaryOp::kSub>());
+    case BinaryOp::kMul: return fn(std::integral_constant<BinaryOp, BinaryOp::kMul>());
+    case BinaryOp::kDiv: return fn(std::integral_constant<BinaryOp, BinaryOp::kDiv>());
+    case BinaryOp::kPow: return fn(std::integral_constant<BinaryOp, BinaryOp::kPow>());
+    case BinaryOp::kMaximum: return fn(std::integral_constant<BinaryOp, BinaryOp::kMaximum>());
+    case BinaryOp::kMinimum: return fn(std::integral_constant<BinaryOp, BinaryOp::kMinimum>());
+    case BinaryOp::kEq: return fn(std::integral_constant<BinaryOp, BinaryOp::kEq>());
+    case BinaryOp::kNe: return fn(std::integral_constant<BinaryOp, BinaryOp::kNe>());
+    case BinaryOp::kLt: return fn(std::integral_constant<BinaryOp, BinaryOp::kLt>());
+    case BinaryOp::kLe: return fn(std::integral_constant<BinaryOp, BinaryOp::kLe>());
+    case BinaryOp::kGt: return fn(std::integral_constant<BinaryOp, BinaryOp::kGt>());
+    case BinaryOp::kGe: return fn(std::integral_constant<BinaryOp, BinaryOp::kGe>());
+  }
+  SL_ASSERT(false);
+}
+
+// ---------------------------------------------------------------- unary
+template <UnaryOp Op, typename C>
+inline C apply_unary(C v) {
+  if constexpr (Op == UnaryOp::kNeg) return C(0) - v;
+  else if constexpr (Op == UnaryOp::kAbs) return v < C(0) ? C(0) - v : v;
+  else if constexpr (Op == UnaryOp::kSign) return C((C(0) < v) - (v < C(0))) + (v != v ? v : C(0));
+  else if constexpr (Op == UnaryOp::kSquare) return v * v;
+  else if constexpr (Op == UnaryOp::kRelu) return v > C(0) ? v : (v != v ? v : C(0));
+  else if constexpr (std::is_integral_v<C>) return v;  // unreachable: the front-end rejects the rest for ints
+  else if constexpr (Op == UnaryOp::kExp) return std::exp(v);
+  else if constexpr (Op == UnaryOp::kLog) return std::log(v);
+  else if constexpr (Op == UnaryOp::kSqrt) return std::sqrt(v);
+  else if constexpr (Op == UnaryOp::kTanh) return std::tanh(v);
+  else if constexpr (Op == UnaryOp::kSigmoid) {
+    // Stable on both tails: never exponentiates a large positive number.
+    if (v >= C(0)) return C(1) / (C(1) + std::exp(-v));
+    C e = std::exp(v);
+    return e / (C(1) + e);
+  } else if constexpr (Op == UnaryOp::kReciprocal) return C(1) / v;
+  else if constexpr (Op == UnaryOp::kSin) return std::sin(v);
+  else if constexpr (Op == UnaryOp::kCos) return std::cos(v);
+  else if constexpr (Op == UnaryOp::kFloor) return std::floor(v);
+  else if constexpr (Op == UnaryOp::kCeil) return std::ceil(v);
+  else if constexpr (Op == UnaryOp::kRound) return std::nearbyint(v);  // half to even, as numpy
+  else if constexpr (Op == UnaryOp::kLog1p) return std::log1p(v);
+  else if constexpr (Op == UnaryOp::kExpm1) return std::expm1(v);
+  else if constexpr (Op == UnaryOp::kErf) return std::erf(v);
+  else return v > C(20) ? v : std::log1p(std::exp(v));  // softplus; exact to rounding above 20
+}
+
+template <UnaryOp Op, typename T>
+void unary_typed(const Tensor& out, const Tensor& x) {
+  using C = compute_t<T>;
+  StridedLoop<2> L({&out, &x});
+  for_each_row(L, [](char* const* p, const int64_t* s, int64_t n) {
+    T* o = reinterpret_cast<T*>(p[0]);
+    const T* xs = reinterpret_cast<const T*>(p[1]);
+    const int64_t so = s[0] / int64_t(sizeof(T)), sx = s[1] / int64_t(sizeof(T));
+    if (so == 1 && sx == 1) {
+      for (int64_t i = 0; i < n; ++i) o[i] = convert<T>(apply_unary<Op, C>(C(xs[i])));
+    } else {
+      for (int64_t i = 0; i < n; ++i) o[i * so] = convert<T>(apply_unary<Op, C>(C(xs[i * sx])));
+    }
+  });
+}
+
+#define SL_UNARY_CASE(name) \
+  case UnaryOp::name: return fn(std::integral_constant<UnaryOp, UnaryOp::name>());
+
+template <typename Fn>
+void with_unary_op(UnaryOp op, Fn&& fn) {
+  switch (op) {
+    SL_UNARY_CASE(kNeg) SL_UNARY_CASE(kAbs) SL_UNARY_CASE(kSign) SL_UNARY_CASE(kSquare) SL_UNARY_CASE(kRelu)
+    SL_UNARY_CASE(kExp) SL_UNARY_CASE(kLog) SL_UNARY_CASE(kSqrt) SL_UNARY_CASE(kTanh) SL_UNARY_CASE(kSigmoid)
+    SL_UNARY_CASE(kReciprocal) SL_UNARY_CASE(kSin) SL_UNARY_CASE(kCos) SL_UNARY_CASE(kFloor)
+    SL_UNARY_CASE(kCeil) SL_UNARY_CASE(kRound) SL_UNARY_CASE(kLog1p) SL_UNARY_CASE(kExpm1) SL_UNARY_CASE(kErf)
+    SL_UNARY_CASE(kSoftplus)
+  }
+  SL_ASSERT(false);
+}
+#undef SL_UNARY_CASE
+
+}  // namespace
+
+void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  with_binary_op(op, [&](auto op_c) {
+    constexpr BinaryOp O = decltype(op_c)::value;
+    if constexpr (O >= BinaryOp::kEq) {
+      SL_DISPATCH_ALL(a.dtype(), op_name(op), [&] { binary_typed<O, scalar_t>(out, a, b); });
+    } else {
+      SL_DISPATCH_NUMERIC(a.dtype(), op_name(op), [&] { binary_typed<O, scalar_t>(out, a, b); });
+    }
+  });
+}
+
+void binary_scalar(BinaryOp op, const Tensor& out, const Tensor& a, double s, bool scalar_first) {
+  with_binary_op(op, [&](auto op_c) {
+    constexpr BinaryOp O = decltype(op_c)::value;
+    auto run = [&](auto type_tag) {
+      using T = decltype(type_tag);
+      if (scalar_first) binary_scalar_typed<O, true, T>(out, a, s);
+      else binary_scalar_typed<O, false, T>(out, a, s);
+    };
+    if constexpr (O >= BinaryOp::kEq) {
+      SL_DISPATCH_ALL(a.dtype(), op_name(op), [&] { run(scalar_t()); });
+    } else {
+      SL_DISPATCH_NUMERIC(a.dtype(), op_name(op), [&] { run(scalar_t()); });
+    }
+  });
+}
+
+void unary(UnaryOp op, const Tensor& out, const Tensor& x) {
+  with_unary_op(op, [&](auto op_c) {
+    SL_DISPATCH_NUMERIC(x.dtype(), op_name(op), [&] { unary_typed<decltype(op_c)::value, scalar_t>(out, x); });
+  });
+}
+
+void clip(const Tensor& out, const Tensor& x, double lo, double hi) {
+  SL_DISPATCH_NUMERIC(x.dtype(), "clip", [&] {
+    using C = compute_t<scalar_t>;
+    const C l = static_cast<C>(lo), h = static_cast<C>(hi);
+    StridedLoop<2> L({&out, &x});
+    for_each_row(L, [l, h](char* const* p, const int64_t* s, int64_t n) {
+      scalar_t* o = reinterpret_cast<scalar_t*>(p[0]);
+      const scalar_t* xs = reinterpret_cast<const scalar_t*>(p[1]);
+      const int64_t so = s[0] / int64_t(sizeof(scalar_t)), sx = s[1] / int64_t(sizeof(scalar_t));
+      for (int64_t i = 0; i < n; ++i) {
+        C v = C(xs[i * sx]);
+        v = v < l ? l : (v > h ? h : v);  // nan passes through, as numpy
+        o[i * so] = convert<scalar_t>(v);
+      }
+    });
+  });
+}
+
+void axpy(double alpha, const Tensor& x, const Tensor& y) {
+  SL_DISPATCH_NUMERIC(y.dtype(), "axpy", [&] {
+    using C = compute_t<scalar_t>;
+    const C al = static_cast<C>(alpha);
+    StridedLoop<2> L({&y, &x});
+    for_each_row(L, [al](char* const* p, const int64_t* s, int64_t n) {
+      scalar_t* ys = reinterpret_cast<scalar_t*>(p[0]);
+      const scalar_t* xs = reinterpret_cast<const scalar_t*>(p[1]);
+      const int64_t sy = s[0] / int64_t(sizeof(scalar_t)), sx = s[1] / int64_t(sizeof(scalar_t));
+      if (sy == 1 && sx == 1) {
+        for (int64_t i = 0; i < n; ++i) ys[i] = convert<scalar_t>(C(ys[i]) + al * C(xs[i]));
+      } else {
+        for (int64_t i = 0; i < n; ++i) ys[i * sy] = convert<scalar_t>(C(ys[i * sy]) + al * C(xs[i * sx]));
+      }
+    });
+  });
+}
+
+void fill(const Tensor& t, double value) {
+  SL_DISPATCH_ALL(t.dtype(), "fill", [&] {
+    const scalar_t v = convert<scalar_t>(value);
+    StridedLoop<1> L({&t});
+    for_each_row(L, [v](char* const* p, const int64_t* s, int64_t n) {
+      scalar_t* o = reinterpret_cast<scalar_t*>(p[0]);
+      const int64_t so = s[0] / int64_t(sizeof(scalar_t));
+      for (int64_t i = 0; i < n; ++i) o[i * so] = v;
+    });
+  });
+}
+
+void arange(const Tensor& t, double start, double step) {
+  SL_DISPATCH_NUMERIC(t.dtype(), "arange", [&] {
+    scalar_t* o = t.data<scalar_t>();  // freshly allocated, contiguous
+    parallel_range(t.numel(), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) o[i] = convert<scalar_t>(start + double(i) * step);
+    });
+  });
+}
+
+}  // namespace sl::cpu

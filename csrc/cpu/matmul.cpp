@@ -1,0 +1,138 @@
+// Matrix products through OpenBLAS (scipy-openblas32: 32-bit indices, scipy_-prefixed symbols).
+// A transposed view is passed to GEMM as a transposition flag, not copied; only operands whose last two
+// axes are strided in both directions get packed. float16 computes in float32; integers use a plain loop.
+#include <cblas.h>
+
+#include <climits>
+#include <vector>
+
+#include "core/errors.h"
+#include "cpu/kernels.h"
+#include "cpu/loop.h"
+
+namespace sl::cpu {
+namespace {
+
+struct MatLayout {
+  bool ok = false;
+  bool trans = false;
+  int64_t ld = 0;
+};
+
+// Can a rows x cols matrix with these strides (elements) be handed to row-major GEMM, and how?
+MatLayout blas_layout(int64_t rows, int64_t cols, int64_t stride_r, int64_t stride_c) {
+  MatLayout m;
+  int64_t sr = rows == 1 ? std::max<int64_t>(cols, 1) : stride_r;
+  int64_t sc = cols == 1 ? 1 : stride_c;
+  if (sc == 1 && sr >= std::max<int64_t>(cols, 1)) return {true, false, sr};
+  sr = rows == 1 ? 1 : stride_r;
+  sc = cols == 1 ? std::max<int64_t>(rows, 1) : stride_c;
+  if (sr == 1 && sc >= std::max<int64_t>(rows, 1)) return {true, true, sc};
+  return m;
+}
+
+// Iterates the batch axes (all but the last two) of out / a / b, calling fn with element offsets.
+template <typename Fn>
+void for_each_batch(const Tensor& out, const Tensor& a, const Tensor& b, Fn&& fn) {
+  const int nb = out.ndim() - 2;
+  int64_t batches = 1;
+  for (int d = 0; d < nb; ++d) batches *= out.shape()[d];
+  std::vector<int64_t> idx(nb, 0);
+  for (int64_t i = 0; i < batches; ++i) {
+    int64_t oa = 0, ob = 0, oo = 0;
+    for (int d = 0; d < nb; ++d) {
+      oa += idx[d] * a.strides()[d];
+      ob += idx[d] * b.strides()[d];
+      oo += idx[d] * out.strides()[d];
+    }
+    fn(oo, oa, ob);
+    for (int d = nb - 1; d >= 0; --d) {
+      if (++idx[d] < out.shape()[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+template <typename T>
+void gemm_call(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
+               int64_t ldb, T* C, int64_t ldc) {
+  auto t = [](bool x) { return x ? CblasTrans : CblasNoTrans; };
+  if constexpr (std::is_same_v<T, float>)
+    scipy_cblas_sgemm(CblasRowMajor, t(ta), t(tb), blasint(M), blasint(N), blasint(K), 1.0f, A, blasint(lda), B,
+                      blasint(ldb), 0.0f, C, blasint(ldc));
+  else
+    scipy_cblas_dgemm(CblasRowMajor, t(ta), t(tb), blasint(M), blasint(N), blasint(K), 1.0, A, blasint(lda), B,
+                      blasint(ldb), 0.0, C, blasint(ldc));
+}
+
+template <typename T>
+void matmul_blas(const Tensor& out, Tensor a, Tensor b) {
+  const int n = out.ndim();
+  const int64_t M = out.shape()[n - 2], N = out.shape()[n - 1], K = a.shape()[n - 1];
+  SL_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX, ValueError, "matmul: dimensions (", M, ", ", K, ", ", N,
+           ") exceed the 32-bit BLAS limit of ", INT_MAX);
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    fill(out, 0.0);
+    return;
+  }
+  MatLayout la = blas_layout(M, K, a.strides()[n - 2], a.strides()[n - 1]);
+  if (!la.ok) {
+    a = a.contiguous();
+    la = blas_layout(M, K, a.strides()[n - 2], a.strides()[n - 1]);
+  }
+  MatLayout lb = blas_layout(K, N, b.strides()[n - 2], b.strides()[n - 1]);
+  if (!lb.ok) {
+    b = b.contiguous();
+    lb = blas_layout(K, N, b.strides()[n - 2], b.strides()[n - 1]);
+  }
+  SL_ASSERT(la.ok && lb.ok);
+  const T* pa = a.data<T>();
+  const T* pb = b.data<T>();
+  T* po = out.data<T>();
+  for_each_batch(out, a, b, [&](int64_t oo, int64_t oa, int64_t ob) {
+    gemm_call<T>(la.trans, lb.trans, M, N, K, pa + oa, la.ld, pb + ob, lb.ld, po + oo, N);
+  });
+}
+
+template <typename T>
+void matmul_loop(const Tensor& out, const Tensor& a, const Tensor& b) {
+  const int n = out.ndim();
+  const int64_t M = out.shape()[n - 2], N = out.shape()[n - 1], K = a.shape()[n - 1];
+  const int64_t sam = a.strides()[n - 2], sak = a.strides()[n - 1];
+  const int64_t sbk = b.strides()[n - 2], sbn = b.strides()[n - 1];
+  const T* pa = a.data<T>();
+  const T* pb = b.data<T>();
+  T* po = out.data<T>();
+  for_each_batch(out, a, b, [&](int64_t oo, int64_t oa, int64_t ob) {
+    for (int64_t i = 0; i < M; ++i) {
+      T* row = po + oo + i * N;
+      for (int64_t j = 0; j < N; ++j) row[j] = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const T av = pa[oa + i * sam + k * sak];
+        const T* brow = pb + ob + k * sbk;
+        for (int64_t j = 0; j < N; ++j) row[j] += av * brow[j * sbn];
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void matmul(const Tensor& out, const Tensor& a, const Tensor& b) {
+  switch (a.dtype()) {
+    case DType::kFloat32: return matmul_blas<float>(out, a, b);
+    case DType::kFloat64: return matmul_blas<double>(out, a, b);
+    case DType::kFloat16: {
+      Tensor o32 = Tensor::empty(out.shape(), DType::kFloat32, out.device());
+      matmul_blas<float>(o32, a.cast(DType::kFloat32), b.cast(DType::kFloat32));
+      return copy(out, o32);
+    }
+    case DType::kInt32: return matmul_loop<int32_t>(out, a, b);
+    case DType::kInt64: return matmul_loop<int64_t>(out, a, b);
+    default:
+      throw TypeError(str("matmul: expected a numeric dtype, got ", dtype_name(a.dtype())));
+  }
+}
+
+}  // namespace sl::cpu

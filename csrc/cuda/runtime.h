@@ -1,0 +1,30 @@
+// CUDA runtime services: device discovery, memory, copies. Every CUDA call is checked; a failure
+// becomes sl::CudaError naming the call, the runtime's message and file:line. Nothing here aborts.
+// Safe to call on machines without a driver or GPU: device_count() is then 0 and unavailable_reason() says why.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace sl::cuda {
+
+int device_count();
+std::string unavailable_reason();
+int runtime_version();  // e.g. 13000
+int driver_version();   // 0 without a driver
+
+void* malloc_on(int device, size_t nbytes);
+void free_on(int device, void* p) noexcept;
+
+enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
+void copy_bytes(void* dst, const void* src, size_t nbytes, CopyKind kind, int device);
+
+// Fills a contiguous CUDA tensor with value (converted on the host to the tensor's dtype).
+void fill(const Tensor& t, double value);
+
+// Implemented in fill.cu: writes `n` copies of an itemsize-byte bit pattern.
+void fill_pattern(void* dst, int64_t n, int itemsize, uint64_t pattern, int device);
+
+}  // namespace sl::cuda

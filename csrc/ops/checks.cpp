@@ -1,0 +1,52 @@
+#include "ops/checks.h"
+
+namespace sl {
+
+void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
+  SL_CHECK(a.dtype() == b.dtype(), TypeError, op, ": dtypes differ (", dtype_name(a.dtype()), " and ",
+           dtype_name(b.dtype()), "); cast one with as_type() so both match");
+}
+
+void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
+  SL_CHECK(a.device() == b.device(), ValueError, op, ": tensors are on different devices (", a.device().str(),
+           " and ", b.device().str(), "); move one with to_device()");
+}
+
+void check_floating(const char* op, const Tensor& t) {
+  SL_CHECK(is_floating(t.dtype()), TypeError, op, ": expected a floating dtype (float16, float32, float64), got ",
+           dtype_name(t.dtype()), "; cast with as_type() first");
+}
+
+void check_kernel_device(const char* op, const Tensor& t) {
+  SL_CHECK(t.device().is_cpu(), ValueError, op, ": no kernel for ", t.device().str(),
+           " in this version of singa_lite (CUDA kernels arrive with the CUDA backend); "
+           "compute on the CPU with to_host()");
+}
+
+void check_out(const char* op, const Tensor& out, const Shape& shape, DType dtype, Device device) {
+  SL_CHECK(out.shape() == shape, ValueError, op, ": out has shape ", shape_str(out.shape()), ", expected ",
+           shape_str(shape));
+  SL_CHECK(out.dtype() == dtype, TypeError, op, ": out has dtype ", dtype_name(out.dtype()), ", expected ",
+           dtype_name(dtype));
+  SL_CHECK(out.device() == device, ValueError, op, ": out is on ", out.device().str(), ", expected ", device.str());
+}
+
+bool partial_overlap(const Tensor& out, const Tensor& in) {
+  if (!out.shares_storage(in)) return false;
+  if (out.offset() == in.offset() && out.strides() == in.strides() && out.shape() == in.shape()) return false;
+  // Conservative: compare the byte ranges the two views can touch.
+  auto span = [](const Tensor& t) {
+    int64_t lo = t.offset(), hi = t.offset();
+    for (int i = 0; i < t.ndim(); ++i) {
+      if (t.shape()[i] == 0) return std::pair<int64_t, int64_t>(0, -1);
+      int64_t ext = (t.shape()[i] - 1) * t.strides()[i];
+      if (ext < 0) lo += ext;
+      else hi += ext;
+    }
+    return std::pair<int64_t, int64_t>(lo, hi);
+  };
+  auto a = span(out), b = span(in);
+  return a.first <= b.second && b.first <= a.second;
+}
+
+}  // namespace sl

@@ -1,0 +1,19 @@
+// Argument checks shared by the op front-ends. Each throws with the op's name, what was expected,
+// what was given and, where there is one, the fix.
+#pragma once
+#include "core/errors.h"
+#include "core/tensor.h"
+
+namespace sl {
+
+void check_same_dtype(const char* op, const Tensor& a, const Tensor& b);
+void check_same_device(const char* op, const Tensor& a, const Tensor& b);
+void check_floating(const char* op, const Tensor& t);
+// Kernels for this device exist? (CPU now; the CUDA kernels plug in here.)
+void check_kernel_device(const char* op, const Tensor& t);
+// `out` must have exactly this shape, dtype and device.
+void check_out(const char* op, const Tensor& out, const Shape& shape, DType dtype, Device device);
+// True when out overlaps `in` in any way other than being the very same view (then a temporary is used).
+bool partial_overlap(const Tensor& out, const Tensor& in);
+
+}  // namespace sl

@@ -1,0 +1,205 @@
+// Front-ends of the element-wise ops, fill, arange and copy.
+#include <cmath>
+
+#include "cpu/kernels.h"
+#include "ops/checks.h"
+#include "ops/ops.h"
+#ifdef SINGA_LITE_WITH_CUDA
+#include "cuda/runtime.h"
+#endif
+
+namespace sl {
+
+const char* op_name(BinaryOp op) {
+  static const char* names[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
+                                "eq",  "ne",  "lt",  "le",  "gt",  "ge"};
+  return names[int(op)];
+}
+
+const char* op_name(UnaryOp op) {
+  static const char* names[] = {"neg",  "abs", "sign",       "square", "relu", "exp",   "log",
+                                "sqrt", "tanh", "sigmoid",   "reciprocal", "sin", "cos", "floor",
+                                "ceil", "round", "log1p",    "expm1", "erf",  "softplus"};
+  return names[int(op)];
+}
+
+bool is_comparison(BinaryOp op) { return op >= BinaryOp::kEq; }
+
+namespace {
+
+DType result_dtype(BinaryOp op, DType in) { return is_comparison(op) ? DType::kBool : in; }
+
+void check_arith_dtype(BinaryOp op, const Tensor& a) {
+  if (!is_comparison(op))
+    SL_CHECK(a.dtype() != DType::kBool, TypeError, op_name(op), ": not defined for bool tensors; cast with ",
+             "as_type(int32) first");
+}
+
+// Prepares `out`: allocates it, or checks a given one; a given out that partially overlaps an input is
+// computed into a temporary and copied back (`result`), so in-place use never reads overwritten data.
+struct OutPlan {
+  Tensor out;     // what the kernel writes
+  Tensor result;  // what the caller gets
+};
+
+OutPlan plan_out(const char* op, Tensor out, const Shape& shape, DType dtype, Device device,
+                 std::initializer_list<const Tensor*> inputs) {
+  if (!out.defined()) {
+    Tensor t = Tensor::empty(shape, dtype, device);
+    return {t, t};
+  }
+  check_out(op, out, shape, dtype, device);
+  for (const Tensor* in : inputs)
+    if (partial_overlap(out, *in)) return {Tensor::empty(shape, dtype, device), out};
+  return {out, out};
+}
+
+Tensor finish(const OutPlan& p) {
+  if (!p.out.shares_storage(p.result)) cpu::copy(p.result, p.out);
+  return p.result;
+}
+
+}  // namespace
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor out) {
+  const char* name = op_name(op);
+  check_defined(a, name, "lhs");
+  check_defined(b, name, "rhs");
+  check_same_dtype(name, a, b);
+  check_same_device(name, a, b);
+  check_arith_dtype(op, a);
+  check_kernel_device(name, a);
+  Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
+  OutPlan p = plan_out(name, out, shape, result_dtype(op, a.dtype()), a.device(), {&a, &b});
+  cpu::binary(op, p.out, a.broadcast_to(shape), b.broadcast_to(shape));
+  return finish(p);
+}
+
+Tensor binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first, Tensor out) {
+  const char* name = op_name(op);
+  check_defined(a, name, "tensor");
+  check_arith_dtype(op, a);
+  check_kernel_device(name, a);
+  if (!is_floating(a.dtype()) && !std::isnan(s)) {
+    SL_CHECK(std::nearbyint(s) == s, TypeError, name, ": the scalar ", s, " is not an integer but the tensor is ",
+             dtype_name(a.dtype()), "; cast the tensor to a float dtype with as_type() first");
+  }
+  OutPlan p = plan_out(name, out, a.shape(), result_dtype(op, a.dtype()), a.device(), {&a});
+  cpu::binary_scalar(op, p.out, a, s, scalar_first);
+  return finish(p);
+}
+
+Tensor unary(UnaryOp op, const Tensor& x, Tensor out) {
+  const char* name = op_name(op);
+  check_defined(x, name, "input");
+  check_kernel_device(name, x);
+  SL_CHECK(x.dtype() != DType::kBool, TypeError, name, ": not defined for bool tensors; cast with as_type() first");
+  if (op > UnaryOp::kRelu) check_floating(name, x);
+  OutPlan p = plan_out(name, out, x.shape(), x.dtype(), x.device(), {&x});
+  cpu::unary(op, p.out, x);
+  return finish(p);
+}
+
+Tensor clip(const Tensor& x, std::optional<double> lo, std::optional<double> hi, Tensor out) {
+  check_defined(x, "clip", "input");
+  check_kernel_device("clip", x);
+  SL_CHECK(x.dtype() != DType::kBool, TypeError, "clip: not defined for bool tensors");
+  double l = lo.value_or(-INFINITY), h = hi.value_or(INFINITY);
+  SL_CHECK(!(l > h), ValueError, "clip: min ", l, " is greater than max ", h);
+  if (!is_floating(x.dtype())) {  // integer bounds: clamp the infinities into range
+    l = std::max(l, -9.2e18);
+    h = std::min(h, 9.2e18);
+    if (x.dtype() == DType::kInt32) {
+      l = std::max(l, -2147483648.0);
+      h = std::min(h, 2147483647.0);
+    }
+  }
+  OutPlan p = plan_out("clip", out, x.shape(), x.dtype(), x.device(), {&x});
+  cpu::clip(p.out, x, l, h);
+  return finish(p);
+}
+
+void axpy_(double alpha, const Tensor& x, const Tensor& y) {
+  check_defined(x, "axpy", "x");
+  check_defined(y, "axpy", "y");
+  check_same_dtype("axpy", x, y);
+  check_same_device("axpy", x, y);
+  check_kernel_device("axpy", y);
+  SL_CHECK(y.dtype() != DType::kBool, TypeError, "axpy: not defined for bool tensors");
+  Shape shape = broadcast_shapes(x.shape(), y.shape(), "axpy");
+  SL_CHECK(shape == y.shape(), ValueError, "axpy: x of shape ", shape_str(x.shape()),
+           " does not broadcast to y's shape ", shape_str(y.shape()));
+  if (partial_overlap(y, x)) {
+    cpu::axpy(alpha, x.clone(), y);
+    return;
+  }
+  cpu::axpy(alpha, x.broadcast_to(shape), y);
+}
+
+void fill_(const Tensor& t, double value) {
+  check_defined(t, "fill", "tensor");
+  if (!is_floating(t.dtype()) && t.dtype() != DType::kBool && !std::isnan(value))
+    SL_CHECK(std::nearbyint(value) == value, TypeError, "fill: the value ", value, " is not an integer but the tensor is ",
+             dtype_name(t.dtype()));
+#ifdef SINGA_LITE_WITH_CUDA
+  if (t.device().is_cuda()) {
+    SL_CHECK(t.is_contiguous(), ValueError, "fill: CUDA tensors must be contiguous for now; call contiguous()");
+    cuda::fill(t, value);
+    return;
+  }
+#endif
+  check_kernel_device("fill", t);
+  cpu::fill(t, value);
+}
+
+Tensor arange(double start, double stop, double step, DType dtype, Device device) {
+  SL_CHECK(step != 0, ValueError, "arange: step cannot be zero");
+  SL_CHECK(std::isfinite(start) && std::isfinite(stop) && std::isfinite(step), ValueError,
+           "arange: start, stop and step must be finite, got ", start, ", ", stop, ", ", step);
+  double n = std::ceil((stop - start) / step);
+  int64_t len = n > 0 ? int64_t(n) : 0;
+  SL_CHECK(dtype != DType::kBool, TypeError, "arange: bool is not a valid dtype");
+  Tensor t = Tensor::empty({len}, dtype, Device::cpu());
+  cpu::arange(t, start, step);
+  return t.to(device);
+}
+
+void copy_(const Tensor& dst, const Tensor& src) {
+  check_defined(dst, "copy", "destination");
+  check_defined(src, "copy", "source");
+  Shape shape = broadcast_shapes(src.shape(), dst.shape(), "copy");
+  SL_CHECK(shape == dst.shape(), ValueError, "copy: source of shape ", shape_str(src.shape()),
+           " does not broadcast to the destination's shape ", shape_str(dst.shape()));
+  if (dst.device().is_cpu() && src.device().is_cpu()) {
+    Tensor s = partial_overlap(dst, src) ? src.clone() : src;
+    cpu::copy(dst, s.broadcast_to(shape));
+    return;
+  }
+#ifdef SINGA_LITE_WITH_CUDA
+  // Across devices: bytes move as they are; broadcasting and casting happen on the CPU side.
+  if (src.device().is_cuda() && dst.device().is_cpu()) {
+    Tensor packed = Tensor::empty(src.shape(), src.dtype(), Device::cpu());
+    SL_CHECK(src.is_contiguous(), ValueError, "copy: a CUDA source must be contiguous for now");
+    const Tensor& s = src;
+    cuda::copy_bytes(packed.data_ptr(), s.data_ptr(), s.nbytes(), cuda::CopyKind::kDeviceToHost, s.device().index);
+    copy_(dst, packed);
+    return;
+  }
+  if (src.device().is_cpu() && dst.device().is_cuda()) {
+    SL_CHECK(dst.is_contiguous(), ValueError, "copy: a CUDA destination must be contiguous for now");
+    Tensor staged = Tensor::empty(dst.shape(), dst.dtype(), Device::cpu());
+    cpu::copy(staged, src.broadcast_to(shape));
+    cuda::copy_bytes(dst.data_ptr(), staged.data_ptr(), staged.nbytes(), cuda::CopyKind::kHostToDevice,
+                     dst.device().index);
+    return;
+  }
+  SL_CHECK(src.dtype() == dst.dtype() && src.shape() == dst.shape() && src.is_contiguous() && dst.is_contiguous(),
+           ValueError, "copy: between CUDA tensors only same-dtype, same-shape contiguous copies are supported for now");
+  cuda::copy_bytes(dst.data_ptr(), src.data_ptr(), src.nbytes(), cuda::CopyKind::kDeviceToDevice, dst.device().index);
+#else
+  throw ValueError(str("copy: ", (dst.device().is_cpu() ? src : dst).device().str(), " is not available: ",
+                       cuda_unavailable_reason()));
+#endif
+}
+
+}  // namespace sl

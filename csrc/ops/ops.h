@@ -1,0 +1,56 @@
+// The op front-ends: every op checks its arguments (dtype, device, shape, axes) here, once, allocates
+// the output, then hands raw tensors to the kernel of the tensors' device (cpu:: today, cuda:: later).
+// Checks throw typed errors from core/errors.h; kernels never see bad input.
+#pragma once
+#include <optional>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace sl {
+
+enum class BinaryOp { kAdd, kSub, kMul, kDiv, kPow, kMaximum, kMinimum, kEq, kNe, kLt, kLe, kGt, kGe };
+enum class UnaryOp {
+  kNeg, kAbs, kSign, kSquare, kRelu,  // any numeric dtype
+  kExp, kLog, kSqrt, kTanh, kSigmoid, kReciprocal, kSin, kCos, kFloor, kCeil, kRound, kLog1p, kExpm1, kErf,
+  kSoftplus  // floating dtypes only
+};
+enum class ReduceOp { kSum, kMean, kMax, kMin };
+
+const char* op_name(BinaryOp op);
+const char* op_name(UnaryOp op);
+const char* op_name(ReduceOp op);
+bool is_comparison(BinaryOp op);
+
+// ----- element-wise (numpy broadcasting; `out` may be an input for in-place use)
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor out = Tensor());
+// a (op) s, or s (op) a when scalar_first; the scalar takes a's dtype and must be representable in it.
+Tensor binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first, Tensor out = Tensor());
+Tensor unary(UnaryOp op, const Tensor& x, Tensor out = Tensor());
+Tensor clip(const Tensor& x, std::optional<double> lo, std::optional<double> hi, Tensor out = Tensor());
+void axpy_(double alpha, const Tensor& x, const Tensor& y);  // y += alpha * x (x broadcast to y)
+void fill_(const Tensor& t, double value);
+Tensor arange(double start, double stop, double step, DType dtype, Device device);
+void copy_(const Tensor& dst, const Tensor& src);  // src broadcast to dst; casts; crosses devices
+
+// ----- reductions (axes: nullopt = all)
+Tensor reduce(ReduceOp op, const Tensor& x, const std::optional<std::vector<int64_t>>& axes, bool keepdims);
+Tensor argmax(const Tensor& x, std::optional<int64_t> axis, bool keepdims);
+Tensor argmin(const Tensor& x, std::optional<int64_t> axis, bool keepdims);
+
+// ----- linear algebra (numpy matmul semantics: 1-D promotion, broadcast batch dimensions)
+Tensor matmul(const Tensor& a, const Tensor& b, Tensor out = Tensor());
+
+// ----- shape ops
+Tensor concat(const std::vector<Tensor>& xs, int64_t axis);
+Tensor stack(const std::vector<Tensor>& xs, int64_t axis);
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t axis);  // views
+std::vector<Tensor> split_sections(const Tensor& x, int64_t sections, int64_t axis);          // views
+Tensor one_hot(const Tensor& indices, int64_t depth, DType dtype);
+
+// ----- random (per-device counter-based generator; see core/generator.h)
+void uniform_(const Tensor& t, double low, double high);
+void gaussian_(const Tensor& t, double mean, double std);
+void bernoulli_(const Tensor& t, double p);
+
+}  // namespace sl

@@ -1,0 +1,778 @@
+"""Tensors, with SINGA's names (``singa.tensor``).
+
+:class:`Tensor` is a thin Python handle over the C++ tensor in ``Tensor.data`` (SINGA's ``CTensor``).
+Views (``reshape`` of contiguous data, ``transpose``, slicing with ``[]``) share memory; everything
+else allocates. CPU tensors expose their memory to numpy and mpi4py without copies (buffer protocol,
+``__array__``, DLPack); ``to_numpy`` returns an independent copy, as in SINGA.
+
+Differences from SINGA, on purpose:
+- comparisons (``<``, ``lt``...) return ``bool`` tensors, as numpy; ``bool`` tensors combine with
+  numeric ones by promotion to the numeric dtype;
+- ``Tensor(shape)`` is zero-filled rather than uninitialised;
+- ``==`` keeps Python's identity meaning (tensors are used as dictionary keys); use :func:`eq`.
+"""
+from __future__ import annotations
+
+import builtins
+import numbers
+
+import numpy as np
+
+from . import _core
+from .device import as_device
+
+DType = _core.DType
+float16 = DType.float16
+float32 = DType.float32
+float64 = DType.float64
+int32 = DType.int32
+int64 = DType.int64
+bool_ = DType.bool
+
+_TO_NUMPY = {float16: np.float16, float32: np.float32, float64: np.float64, int32: np.int32,
+             int64: np.int64, bool_: np.bool_}
+_FROM_NUMPY = {np.dtype(v): k for k, v in _TO_NUMPY.items()}
+
+
+def to_dtype(dtype) -> DType:
+    """Accepts a singa_lite dtype, a numpy dtype or type, or a name such as 'float32'."""
+    if isinstance(dtype, DType):
+        return dtype
+    try:
+        npd = np.dtype(dtype)
+    except TypeError:
+        npd = None
+    if npd is not None and npd in _FROM_NUMPY:
+        return _FROM_NUMPY[npd]
+    raise TypeError(f"unsupported dtype {dtype!r}; singa_lite supports float16, float32, float64, int32, "
+                    f"int64 and bool")
+
+
+def _np_supported(arr: np.ndarray) -> np.ndarray:
+    """numpy data in a dtype singa_lite stores (uint8 images become float32, other ints int32/int64)."""
+    if arr.dtype in _FROM_NUMPY:
+        return arr
+    if arr.dtype.kind == "u" or arr.dtype.kind == "i":
+        return arr.astype(np.int64 if arr.dtype.itemsize > 4 else np.int32)
+    if arr.dtype.kind == "f":
+        return arr.astype(np.float32)
+    raise TypeError(f"cannot make a tensor from numpy dtype {arr.dtype}; convert it first, e.g. "
+                    f"array.astype(numpy.float32)")
+
+
+class Tensor:
+    """A multi-dimensional array on a device.
+
+    ``Tensor(shape=(), device=None, dtype=float32, data=None, requires_grad=True, stores_grad=False,
+    creator=None, name=None)``. ``data`` may be a numpy array (copied), a C++ tensor (wrapped) or
+    None (zeros of ``shape``). ``requires_grad``, ``stores_grad``, ``creator`` and ``name`` are used
+    by autograd.
+    """
+
+    __array_priority__ = 100  # numpy defers to our operators in `ndarray + Tensor`
+
+    def __init__(self, shape=(), device=None, dtype=float32, data=None, requires_grad=True, stores_grad=False,
+                 creator=None, name=None):
+        dev = as_device(device)
+        if data is None:
+            self.data = _core.Tensor(_shape_tuple(shape), to_dtype(dtype), dev.core)
+            _core.fill_(self.data, 0)
+        elif isinstance(data, _core.Tensor):
+            self.data = data
+        elif isinstance(data, Tensor):
+            self.data = data.data
+        else:
+            arr = _np_supported(np.asarray(data))
+            self.data = _core.Tensor(arr.shape, _FROM_NUMPY[arr.dtype], dev.core)
+            _core.copy_(self.data, _core.Tensor.from_buffer(np.ascontiguousarray(arr).reshape(arr.shape)))
+        self.requires_grad = requires_grad
+        self.stores_grad = stores_grad
+        self.creator = creator
+        self.name = name
+
+    # ----- what it is
+    @property
+    def shape(self) -> tuple:
+        return self.data.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.data.dtype
+
+    @property
+    def device(self):
+        return as_device(self.data.device)
+
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    def size(self) -> int:
+        """Number of elements (SINGA's meaning, not numpy's shape)."""
+        return self.data.numel
+
+    def memsize(self) -> int:
+        return self.data.nbytes
+
+    def is_contiguous(self) -> bool:
+        return self.data.is_contiguous()
+
+    def __len__(self):
+        if self.data.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self.data.shape[0]
+
+    def _derive(self, core: _core.Tensor) -> Tensor:
+        """A new tensor over `core` with this tensor's autograd flags."""
+        return Tensor(data=core, requires_grad=self.requires_grad, stores_grad=False)
+
+    # ----- shape
+    def reshape(self, shape) -> Tensor:
+        """A tensor of the new shape: a view when the memory allows, otherwise a copy."""
+        return self._derive(self.data.reshape(_shape_tuple(shape)))
+
+    def transpose(self, axes=None) -> Tensor:
+        return self._derive(self.data.transpose(list(axes) if axes is not None else []))
+
+    def T(self) -> Tensor:
+        if self.ndim() != 2:
+            raise ValueError(f"T(): expected a 2-D tensor, got shape {self.shape}; use transpose(axes)")
+        return self.transpose()
+
+    def contiguous(self) -> Tensor:
+        return self if self.data.is_contiguous() else self._derive(self.data.contiguous())
+
+    def repeat(self, repeats, axis=None) -> Tensor:
+        return repeat(self, repeats, axis)
+
+    def squeeze(self, axis=None) -> Tensor:
+        axes = [] if axis is None else ([axis] if isinstance(axis, int) else list(axis))
+        return self._derive(self.data.squeeze(axes))
+
+    def unsqueeze(self, axis: int) -> Tensor:
+        return self._derive(self.data.unsqueeze(axis))
+
+    # ----- copies, dtypes, devices
+    def clone(self) -> Tensor:
+        t = Tensor(data=self.data.clone(), requires_grad=self.requires_grad, stores_grad=self.stores_grad,
+                   name=self.name)
+        return t
+
+    deepcopy = clone
+
+    def as_type(self, dtype) -> Tensor:
+        """A copy converted to `dtype` (self when it already has it)."""
+        dt = to_dtype(dtype)
+        return self if dt == self.dtype else self._derive(self.data.cast(dt))
+
+    def to_type(self, dtype) -> Tensor:
+        """Converts this tensor's storage to `dtype` in place."""
+        self.data = self.data.cast(to_dtype(dtype))
+        return self
+
+    def to_device(self, device) -> Tensor:
+        """Moves this tensor to `device` in place (SINGA semantics) and returns it."""
+        self.data = self.data.to(as_device(device).core)
+        return self
+
+    def to_host(self) -> Tensor:
+        """Moves this tensor to the CPU in place and returns it."""
+        return self.to_device("cpu")
+
+    def reset_like(self, t: Tensor) -> None:
+        """Replaces this tensor's storage by zeros with t's shape, dtype and device."""
+        self.data = _core.Tensor(t.shape, t.dtype, t.data.device)
+        _core.fill_(self.data, 0)
+
+    def copy_from_numpy(self, np_array, offset: int = 0) -> None:
+        """Copies values from a numpy array of the same number of elements (cast to this dtype)."""
+        arr = _np_supported(np.asarray(np_array))
+        n = self.size() - offset
+        if arr.size != n or offset < 0:
+            raise ValueError(f"copy_from_numpy: the array has {arr.size} elements, the tensor has room for "
+                             f"{n} (shape {self.shape}, offset {offset})")
+        src = _core.Tensor.from_buffer(np.ascontiguousarray(arr).reshape(-1))
+        if offset == 0 and self.data.is_contiguous():
+            _core.copy_(self.data, src.reshape(self.shape))
+        else:
+            flat = self.data.reshape([-1]) if self.data.is_contiguous() else None
+            if flat is None:
+                raise ValueError("copy_from_numpy: an offset needs a contiguous tensor; call contiguous()")
+            _core.copy_(flat.slice(0, offset, offset + n), src)
+
+    def copy_data(self, t: Tensor) -> None:
+        """Copies t's values into this tensor (broadcasting and casting as needed)."""
+        _core.copy_(self.data, _raw(t))
+
+    def set_value(self, x, inplace: bool = True) -> Tensor:
+        """Fills every element with the scalar x."""
+        target = self if inplace else self.clone()
+        _core.fill_(target.data, float(x))
+        return target
+
+    # ----- random fills (in place)
+    def gaussian(self, mean: float = 0.0, std: float = 1.0) -> Tensor:
+        _core.gaussian_(self.data, float(mean), float(std))
+        return self
+
+    def uniform(self, low: float = 0.0, high: float = 1.0) -> Tensor:
+        _core.uniform_(self.data, float(low), float(high))
+        return self
+
+    def bernoulli(self, p: float) -> Tensor:
+        _core.bernoulli_(self.data, float(p))
+        return self
+
+    # ----- values
+    def l1(self) -> float:
+        return float(np.asarray(_core.mean(_core.abs(self.data))))
+
+    def l2(self) -> float:
+        """Root mean square, as SINGA's l2 (the norm divided by sqrt(size))."""
+        return float(np.sqrt(np.asarray(_core.mean(_core.square(self.data.cast(float64))))))
+
+    def item(self):
+        if self.size() != 1:
+            raise ValueError(f"item(): the tensor has {self.size()} elements, expected 1")
+        return to_numpy(self).reshape(-1)[0].item()
+
+    def numpy(self) -> np.ndarray:
+        return to_numpy(self)
+
+    def __array__(self, dtype=None, copy=None):
+        arr = np.asarray(self.data) if self.device.is_cpu() else np.asarray(self.data.to(_core.Device("cpu")))
+        if dtype is not None:
+            arr = arr.astype(dtype, copy=False)
+        return arr.copy() if copy else arr
+
+    def __dlpack__(self, **kwargs):
+        return self.data.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.data.__dlpack_device__()
+
+    def __repr__(self):
+        extra = f", name={self.name!r}" if self.name else ""
+        return f"Tensor({to_numpy(self)!r}, dtype={self.dtype.name}, device={self.device}{extra})"
+
+    def __str__(self):
+        return str(to_numpy(self))
+
+    def __bool__(self):
+        if self.size() != 1:
+            raise ValueError(f"the truth value of a tensor with {self.size()} elements is ambiguous; "
+                             f"use tensor.to_numpy(t).any() or .all()")
+        return bool(self.item())
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    # ----- indexing: ints, slices, None and ... give views
+    def __getitem__(self, key) -> Tensor:
+        return self._derive(_index(self.data, key))
+
+    def __setitem__(self, key, value) -> None:
+        view = _index(self.data, key)
+        if isinstance(value, numbers.Number):
+            _core.fill_(view, float(value))
+        else:
+            _core.copy_(view, _raw(value, like=self))
+
+    # ----- arithmetic (scalars, tensors and numpy arrays on either side)
+    def __add__(self, x): return _binary("add", self, x)
+    def __radd__(self, x): return _binary("add", self, x, scalar_first=True)
+    def __sub__(self, x): return _binary("sub", self, x)
+    def __rsub__(self, x): return _binary("sub", self, x, scalar_first=True)
+    def __mul__(self, x): return _binary("mul", self, x)
+    def __rmul__(self, x): return _binary("mul", self, x, scalar_first=True)
+    def __truediv__(self, x): return _binary("div", self, x)
+    def __rtruediv__(self, x): return _binary("div", self, x, scalar_first=True)
+    def __pow__(self, x): return _binary("pow", self, x)
+    def __rpow__(self, x): return _binary("pow", self, x, scalar_first=True)
+    def __matmul__(self, x): return matmul(self, x)
+    def __lt__(self, x): return _binary("lt", self, x)
+    def __le__(self, x): return _binary("le", self, x)
+    def __gt__(self, x): return _binary("gt", self, x)
+    def __ge__(self, x): return _binary("ge", self, x)
+    def __neg__(self): return self._derive(_core.neg(self.data))
+    def __abs__(self): return self._derive(_core.abs(self.data))
+
+    def __iadd__(self, x): return _binary("add", self, x, out=self)
+    def __isub__(self, x): return _binary("sub", self, x, out=self)
+    def __imul__(self, x): return _binary("mul", self, x, out=self)
+    def __itruediv__(self, x): return _binary("div", self, x, out=self)
+    def __ipow__(self, x): return _binary("pow", self, x, out=self)
+
+    __hash__ = object.__hash__  # identity: tensors are dictionary keys in autograd
+
+
+# ---------------------------------------------------------------- helpers
+def _shape_tuple(shape) -> tuple:
+    if isinstance(shape, numbers.Integral):
+        return (int(shape),)
+    try:
+        return tuple(int(d) for d in shape)
+    except TypeError:
+        raise TypeError(f"a shape must be an int or a sequence of ints, got {shape!r}") from None
+
+
+def _raw(x, like: Tensor | None = None) -> _core.Tensor:
+    """The C++ tensor behind x: a Tensor, a C++ tensor, or a numpy array / list (converted to like's dtype)."""
+    if isinstance(x, Tensor):
+        return x.data
+    if isinstance(x, _core.Tensor):
+        return x
+    if isinstance(x, (np.ndarray, list, tuple)) or np.isscalar(x):
+        arr = np.asarray(x)
+        if like is not None:
+            arr = arr.astype(_TO_NUMPY[like.dtype], copy=False)
+        t = Tensor(data=arr, device=like.device if like is not None else None)
+        return t.data
+    raise TypeError(f"expected a Tensor or a numpy array, got {type(x).__name__}")
+
+
+def _binary(name, a: Tensor, b, out: Tensor | None = None, scalar_first=False) -> Tensor:
+    fn = getattr(_core, name)
+    out_raw = out.data if out is not None else None
+    if isinstance(b, (numbers.Number, np.number)) and not isinstance(b, np.ndarray):
+        if a.dtype == bool_ and name not in ("eq", "ne", "lt", "le", "gt", "ge"):
+            a = a.as_type(int32 if isinstance(b, numbers.Integral) else float32)
+        r = getattr(_core, name + "_scalar")(a.data, float(b), scalar_first, out_raw)
+    else:
+        if isinstance(b, Tensor):
+            braw = b.data
+        elif isinstance(b, (np.ndarray, list, tuple)):
+            braw = _raw(b, like=a)
+        else:
+            return NotImplemented
+        araw = a.data
+        if araw.dtype != braw.dtype:  # bool masks take the numeric operand's dtype
+            if araw.dtype == bool_:
+                araw = araw.cast(braw.dtype)
+            elif braw.dtype == bool_:
+                braw = braw.cast(araw.dtype)
+        if scalar_first:
+            araw, braw = braw, araw
+        r = fn(araw, braw, out_raw)
+    if out is not None:
+        return out
+    rg = a.requires_grad or (isinstance(b, Tensor) and b.requires_grad)
+    return Tensor(data=r, requires_grad=rg)
+
+
+def _index(t: _core.Tensor, key) -> _core.Tensor:
+    """Basic numpy indexing (ints, slices, None, Ellipsis) as views."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    n_real = builtins.sum(1 for k in key if k is not None and k is not Ellipsis)
+    if builtins.sum(1 for k in key if k is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if n_real > t.ndim:
+        raise IndexError(f"too many indices: the tensor has {t.ndim} dimensions, {n_real} were given")
+    expanded = []
+    for k in key:
+        if k is Ellipsis:
+            expanded.extend([slice(None)] * (t.ndim - n_real))
+        else:
+            expanded.append(k)
+    axis = 0
+    for k in expanded:
+        if k is None:
+            t = t.unsqueeze(axis)
+            axis += 1
+        elif isinstance(k, slice):
+            start, stop, step = k.start, k.stop, k.step
+            step = 1 if step is None else int(step)
+            if step == 0:
+                raise ValueError("slice step cannot be zero")
+            if start is None:
+                start = 0 if step > 0 else t.shape[axis] - 1
+            if stop is None:
+                stop = t.shape[axis] if step > 0 else -t.shape[axis] - 1
+            t = t.slice(axis, int(start), int(stop), step)
+            axis += 1
+        elif isinstance(k, (numbers.Integral, np.integer)) and not isinstance(k, bool):
+            t = t.select(axis, int(k))
+        else:
+            raise TypeError(f"unsupported index {k!r}: use ints, slices, None or '...'; for gathers, "
+                            f"index the numpy array from tensor.to_numpy(t)")
+    return t
+
+
+def _wrap(core: _core.Tensor) -> Tensor:
+    return Tensor(data=core)
+
+
+# ---------------------------------------------------------------- SINGA module functions
+def from_numpy(np_array, dev=None) -> Tensor:
+    """A tensor holding a copy of np_array (uint8 / other ints / floats mapped to supported dtypes)."""
+    return Tensor(device=dev, data=np.asarray(np_array))
+
+
+def to_numpy(t: Tensor) -> np.ndarray:
+    """An independent numpy copy of t's values."""
+    return np.array(t, copy=True)
+
+
+def to_host(t: Tensor) -> Tensor:
+    """A copy of t on the CPU."""
+    return Tensor(data=t.data.clone() if t.device.is_cpu() else t.data.to(_core.Device("cpu")))
+
+
+def from_raw_tensor(t: _core.Tensor) -> Tensor:
+    return Tensor(data=t)
+
+
+def from_raw_tensors(tt) -> list:
+    return [from_raw_tensor(t) for t in tt]
+
+
+def zeros_like(t: Tensor) -> Tensor:
+    return Tensor(t.shape, t.device, t.dtype)
+
+
+def ones_like(t: Tensor) -> Tensor:
+    return Tensor(t.shape, t.device, t.dtype).set_value(1)
+
+
+def zeros(shape, dtype=float32, device=None) -> Tensor:
+    return Tensor(shape, device, dtype)
+
+
+def ones(shape, dtype=float32, device=None) -> Tensor:
+    return Tensor(shape, device, dtype).set_value(1)
+
+
+def full(shape, value, dtype=float32, device=None) -> Tensor:
+    return Tensor(shape, device, dtype).set_value(value)
+
+
+def arange(start, stop=None, step=1, dtype=float32, device=None) -> Tensor:
+    if stop is None:
+        start, stop = 0, start
+    return _wrap(_core.arange(float(start), float(stop), float(step), to_dtype(dtype), as_device(device).core))
+
+
+def random(shape, device=None) -> Tensor:
+    """Uniform [0, 1) float32 values."""
+    return Tensor(shape, device).uniform(0.0, 1.0)
+
+
+def product(shape) -> int:
+    p = 1
+    for d in shape:
+        p *= d
+    return p
+
+
+def sizeof(dtype) -> int:
+    return to_dtype(dtype).itemsize
+
+
+def reshape(t: Tensor, s) -> Tensor:
+    return t.reshape(s)
+
+
+def transpose(t: Tensor, axes=None) -> Tensor:
+    return t.transpose(axes)
+
+
+def contiguous(t: Tensor) -> Tensor:
+    return t.contiguous()
+
+
+def copy_data_to_from(dst: Tensor, src: Tensor, size: int, dst_offset: int = 0, src_offset: int = 0) -> None:
+    """Copies `size` elements from src[src_offset:] to dst[dst_offset:] (flat, contiguous tensors)."""
+    for name, t, off in (("dst", dst, dst_offset), ("src", src, src_offset)):
+        if not t.is_contiguous():
+            raise ValueError(f"copy_data_to_from: {name} must be contiguous")
+        if off < 0 or off + size > t.size():
+            raise IndexError(f"copy_data_to_from: {name}[{off}:{off + size}] is outside its {t.size()} elements")
+    d = dst.data.reshape([-1]).slice(0, dst_offset, dst_offset + size)
+    s = src.data.reshape([-1]).slice(0, src_offset, src_offset + size)
+    _core.copy_(d, s)
+
+
+def _axes(axis):
+    if axis is None:
+        return None
+    return [int(axis)] if isinstance(axis, numbers.Integral) else [int(a) for a in axis]
+
+
+def sum(t: Tensor, axis=None, out=None, keepdims=False) -> Tensor:  # noqa: A001 - SINGA's name
+    r = _wrap(_core.sum(t.data, _axes(axis), keepdims))
+    if out is not None:
+        out.copy_data(r)
+        return out
+    return r
+
+
+def average(t: Tensor, axis=None, keepdims=False) -> Tensor:
+    return _wrap(_core.mean(t.data, _axes(axis), keepdims))
+
+
+mean = average
+
+
+def max(t: Tensor, axis=None, keepdims=False) -> Tensor:  # noqa: A001
+    return _wrap(_core.max(t.data, _axes(axis), keepdims))
+
+
+def min(t: Tensor, axis=None, keepdims=False) -> Tensor:  # noqa: A001
+    return _wrap(_core.min(t.data, _axes(axis), keepdims))
+
+
+def argmax(t: Tensor, axis=None, keepdims=False) -> Tensor:
+    return _wrap(_core.argmax(t.data, axis, keepdims))
+
+
+def argmin(t: Tensor, axis=None, keepdims=False) -> Tensor:
+    return _wrap(_core.argmin(t.data, axis, keepdims))
+
+
+def softmax(t: Tensor, axis: int = -1, out=None) -> Tensor:
+    """exp(t - max) / sum(exp(t - max)) along `axis` (the last by default; SINGA's is row-wise)."""
+    shifted = _core.sub(t.data, _core.max(t.data, [axis], True))
+    e = _core.exp(shifted, out=shifted)
+    r = _core.div(e, _core.sum(e, [axis], True), out=out.data if out is not None else None)
+    return out if out is not None else _wrap(r)
+
+
+def _unary(name):
+    fn = getattr(_core, name)
+
+    def op(t: Tensor, out: Tensor | None = None) -> Tensor:
+        r = fn(t.data, out.data if out is not None else None)
+        return out if out is not None else t._derive(r)
+
+    op.__name__ = name
+    op.__doc__ = f"Element-wise {name}."
+    return op
+
+
+exp = _unary("exp")
+log = _unary("log")
+sigmoid = _unary("sigmoid")
+sign = _unary("sign")
+sqrt = _unary("sqrt")
+square = _unary("square")
+tanh = _unary("tanh")
+relu = _unary("relu")
+abs = _unary("abs")  # noqa: A001
+neg = _unary("neg")
+reciprocal = _unary("reciprocal")
+sin = _unary("sin")
+cos = _unary("cos")
+floor = _unary("floor")
+ceil = _unary("ceil")
+round = _unary("round")  # noqa: A001
+log1p = _unary("log1p")
+expm1 = _unary("expm1")
+erf = _unary("erf")
+softplus = _unary("softplus")
+
+
+def clip(t: Tensor, min=None, max=None, out=None) -> Tensor:  # noqa: A002
+    r = _core.clip(t.data, min, max, out.data if out is not None else None)
+    return out if out is not None else t._derive(r)
+
+
+def _ret(name):
+    def op(lhs: Tensor, rhs, ret: Tensor | None = None) -> Tensor:
+        return _binary(name, lhs, rhs, out=ret)
+
+    op.__name__ = name
+    return op
+
+
+add = _ret("add")
+sub = _ret("sub")
+eltwise_mult = _ret("mul")
+mul = eltwise_mult
+div = _ret("div")
+maximum = _ret("maximum")
+minimum = _ret("minimum")
+
+
+def pow(t: Tensor, x, out=None) -> Tensor:  # noqa: A001
+    return _binary("pow", t, x, out=out)
+
+
+def lt(t: Tensor, x) -> Tensor: return _binary("lt", t, x)
+def le(t: Tensor, x) -> Tensor: return _binary("le", t, x)
+def gt(t: Tensor, x) -> Tensor: return _binary("gt", t, x)
+def ge(t: Tensor, x) -> Tensor: return _binary("ge", t, x)
+def eq(t: Tensor, x) -> Tensor: return _binary("eq", t, x)
+def ne(t: Tensor, x) -> Tensor: return _binary("ne", t, x)
+
+
+def matmul(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
+    r = _core.matmul(a.data, _raw(b, like=a), out.data if out is not None else None)
+    return out if out is not None else Tensor(data=r, requires_grad=a.requires_grad)
+
+
+def mult(A: Tensor, B: Tensor, C: Tensor | None = None, alpha: float = 1.0, beta: float = 0.0) -> Tensor:
+    """SINGA's GEMM: C = alpha * A @ B + beta * C (a new tensor when C is None)."""
+    prod = _core.matmul(A.data, B.data)
+    if alpha != 1.0:
+        _core.mul_scalar(prod, float(alpha), out=prod)
+    if C is None:
+        return _wrap(prod)
+    if beta == 0.0:
+        _core.copy_(C.data, prod)
+    else:
+        _core.mul_scalar(C.data, float(beta), out=C.data)
+        _core.add(C.data, prod, out=C.data)
+    return C
+
+
+def axpy(alpha: float, x: Tensor, y: Tensor) -> Tensor:
+    """y += alpha * x, in place; returns y."""
+    _core.axpy_(float(alpha), x.data, y.data)
+    return y
+
+
+def bernoulli(p: float, t: Tensor) -> Tensor:
+    return t.bernoulli(p)
+
+
+def gaussian(mean: float, std: float, t: Tensor) -> Tensor:
+    return t.gaussian(mean, std)
+
+
+def uniform(low: float, high: float, t: Tensor) -> Tensor:
+    return t.uniform(low, high)
+
+
+def add_column(alpha: float, v: Tensor, beta: float, M: Tensor) -> Tensor:
+    """M = beta * M + alpha * v[:, None], in place."""
+    _core.mul_scalar(M.data, float(beta), out=M.data)
+    _core.axpy_(float(alpha), v.data.reshape([v.size(), 1]), M.data)
+    return M
+
+
+def add_row(alpha: float, v: Tensor, beta: float, M: Tensor) -> Tensor:
+    """M = beta * M + alpha * v[None, :], in place."""
+    _core.mul_scalar(M.data, float(beta), out=M.data)
+    _core.axpy_(float(alpha), v.data.reshape([1, v.size()]), M.data)
+    return M
+
+
+def sum_columns(M: Tensor) -> Tensor:
+    """Sum over the columns of a matrix: one value per row."""
+    return _wrap(_core.sum(M.data, [1]))
+
+
+def sum_rows(M: Tensor) -> Tensor:
+    """Sum over the rows of a matrix: one value per column."""
+    return _wrap(_core.sum(M.data, [0]))
+
+
+def concatenate(tensors, axis: int = 0) -> Tensor:
+    return _wrap(_core.concat([t.data for t in tensors], axis))
+
+
+concat = concatenate
+
+
+def stack(tensors, axis: int = 0) -> Tensor:
+    return _wrap(_core.stack([t.data for t in tensors], axis))
+
+
+def split(t: Tensor, sizes_or_sections, axis: int = 0) -> list:
+    """Views of t: equal `sections` (an int) or pieces of the given sizes (a list)."""
+    if isinstance(sizes_or_sections, numbers.Integral):
+        parts = _core.split_sections(t.data, int(sizes_or_sections), axis)
+    else:
+        parts = _core.split(t.data, [int(s) for s in sizes_or_sections], axis)
+    return [t._derive(p) for p in parts]
+
+
+def one_hot(indices: Tensor, depth: int, dtype=float32) -> Tensor:
+    return _wrap(_core.one_hot(indices.data, int(depth), to_dtype(dtype)))
+
+
+def repeat(t: Tensor, repeats, axis=None) -> Tensor:
+    """numpy.repeat: each element repeated `repeats` times along `axis` (flattened when axis is None)."""
+    src = t.data if axis is not None else t.data.reshape([-1])
+    ax = 0 if axis is None else axis
+    ax = ax + src.ndim if ax < 0 else ax
+    if not 0 <= ax < src.ndim:
+        raise IndexError(f"repeat: axis {axis} is out of range for {src.ndim} dimensions")
+    if isinstance(repeats, numbers.Integral):
+        if repeats < 0:
+            raise ValueError(f"repeat: repeats must be >= 0, got {repeats}")
+        shape = list(src.shape)
+        expanded = src.unsqueeze(ax + 1)
+        target = shape[:ax + 1] + [int(repeats)] + shape[ax + 1:]
+        merged = shape[:ax] + [shape[ax] * int(repeats)] + shape[ax + 1:]
+        return t._derive(expanded.broadcast_to(target).reshape(merged))
+    reps = [int(r) for r in repeats]
+    if len(reps) != src.shape[ax]:
+        raise ValueError(f"repeat: {len(reps)} repeat counts for an axis of size {src.shape[ax]}")
+    pieces = [src.slice(ax, i, i + 1, 1) for i, r in enumerate(reps) for _ in range(r)]
+    if not pieces:
+        shape = list(src.shape)
+        shape[ax] = 0
+        return t._derive(_core.Tensor(shape, src.dtype, src.device))
+    return t._derive(_core.concat(pieces, ax))
+
+
+def tensordot(A: Tensor, B: Tensor, axes=2) -> Tensor:
+    """numpy.tensordot: contracts the last `axes` axes of A with the first of B (or explicit lists)."""
+    if isinstance(axes, numbers.Integral):
+        a_axes = list(range(A.ndim() - axes, A.ndim()))
+        b_axes = list(range(axes))
+    else:
+        a_axes, b_axes = [list(x) if not isinstance(x, numbers.Integral) else [x] for x in axes]
+    a_axes = [a % A.ndim() for a in a_axes]
+    b_axes = [b % B.ndim() for b in b_axes]
+    if len(a_axes) != len(b_axes) or any(A.shape[i] != B.shape[j] for i, j in zip(a_axes, b_axes)):
+        raise ValueError(f"tensordot: axes {a_axes} of {A.shape} do not match axes {b_axes} of {B.shape}")
+    a_free = [i for i in range(A.ndim()) if i not in a_axes]
+    b_free = [i for i in range(B.ndim()) if i not in b_axes]
+    k = product(A.shape[i] for i in a_axes)
+    a2 = A.data.transpose(a_free + a_axes).reshape([product(A.shape[i] for i in a_free), k])
+    b2 = B.data.transpose(b_axes + b_free).reshape([k, product(B.shape[i] for i in b_free)])
+    out_shape = [A.shape[i] for i in a_free] + [B.shape[i] for i in b_free]
+    return _wrap(_core.matmul(a2, b2).reshape(out_shape))
+
+
+def einsum(ops: str, *args: Tensor) -> Tensor:
+    """Einstein summation for two operands, by tensordot after moving the summed axes (no repeated labels)."""
+    if len(args) != 2:
+        raise ValueError(f"einsum: supports exactly two operands, got {len(args)}")
+    lhs, _, out = ops.replace(" ", "").partition("->")
+    a_lab, b_lab = lhs.split(",")
+    if len(set(a_lab)) != len(a_lab) or len(set(b_lab)) != len(b_lab):
+        raise ValueError(f"einsum: repeated labels within one operand are not supported ('{ops}')")
+    A, B = args
+    if len(a_lab) != A.ndim() or len(b_lab) != B.ndim():
+        raise ValueError(f"einsum: '{ops}' does not match operand dimensions {A.shape} and {B.shape}")
+    if not _:
+        out = "".join(sorted(c for c in a_lab + b_lab if (a_lab + b_lab).count(c) == 1))
+    shared = [c for c in a_lab if c in b_lab]
+    batch = [c for c in shared if c in out]
+    summed = [c for c in shared if c not in out]
+    a_only = [c for c in a_lab if c not in b_lab]
+    b_only = [c for c in b_lab if c not in a_lab]
+    # A -> [batch, a_only, summed], B -> [batch, summed, b_only], then a batched matmul.
+    Ap = A.data.transpose([a_lab.index(c) for c in batch + a_only + summed])
+    Bp = B.data.transpose([b_lab.index(c) for c in batch + summed + b_only])
+    dims = {c: A.shape[a_lab.index(c)] for c in a_lab}
+    dims.update({c: B.shape[b_lab.index(c)] for c in b_lab})
+    nb = [dims[c] for c in batch]
+    m, k, n = product(dims[c] for c in a_only), product(dims[c] for c in summed), product(dims[c] for c in b_only)
+    r = _core.matmul(Ap.reshape(nb + [m, k]), Bp.reshape(nb + [k, n]))
+    r = r.reshape(nb + [dims[c] for c in a_only] + [dims[c] for c in b_only])
+    order = batch + a_only + b_only
+    for c in out:
+        if c not in order:
+            raise ValueError(f"einsum: output label '{c}' is not an input label or is summed ('{ops}')")
+    return _wrap(r.transpose([order.index(c) for c in out]).contiguous())
+
+
+def cast(t: Tensor, dtype) -> Tensor:
+    return t.as_type(dtype)

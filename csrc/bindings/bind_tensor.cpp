@@ -67,6 +67,7 @@ struct DLContext {
   Tensor tensor;  // keeps the storage alive while the consumer holds the capsule
   std::vector<int64_t> shape, strides;
   dlpack::DLManagedTensor managed;
+  dlpack::DLManagedTensorVersioned versioned;
 };
 
 dlpack::DLDataType dl_dtype(DType t) {
@@ -93,10 +94,11 @@ DType dtype_from_dl(dlpack::DLDataType t) {
                       " bits); supported: float16/32/64, int32, int64, bool"));
 }
 
-py::capsule to_dlpack(const Tensor& t) {
+// versioned: a DLPack 1.0 capsule (the consumer passed max_version >= (1, 0)), otherwise a legacy one.
+py::capsule to_dlpack(const Tensor& t, bool versioned) {
   check_defined(t, "__dlpack__", "tensor");
-  auto* ctx = new DLContext{t, t.shape(), t.strides(), {}};
-  auto& dl = ctx->managed.dl_tensor;
+  auto* ctx = new DLContext{t, t.shape(), t.strides(), {}, {}};
+  dlpack::DLTensor dl;
   dl.data = t.data_ptr();
   dl.device = {t.device().is_cpu() ? dlpack::kDLCPU : dlpack::kDLCUDA, t.device().index};
   dl.ndim = t.ndim();
@@ -104,9 +106,19 @@ py::capsule to_dlpack(const Tensor& t) {
   dl.shape = ctx->shape.data();
   dl.strides = ctx->strides.data();
   dl.byte_offset = 0;
-  ctx->managed.manager_ctx = ctx;
-  ctx->managed.deleter = [](dlpack::DLManagedTensor* self) { delete static_cast<DLContext*>(self->manager_ctx); };
-  // A consumer renames the capsule to "used_dltensor" and calls the deleter itself; an unused one is freed here.
+  // A consumer renames the capsule ("used_...") and calls the deleter itself; an unused one is freed here.
+  if (versioned) {
+    ctx->versioned = {{1, 0}, ctx, [](dlpack::DLManagedTensorVersioned* self) {
+                        delete static_cast<DLContext*>(self->manager_ctx);
+                      }, 0, dl};
+    return py::capsule(&ctx->versioned, "dltensor_versioned", [](PyObject* cap) {
+      if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        auto* m = static_cast<dlpack::DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap, "dltensor_versioned"));
+        m->deleter(m);
+      }
+    });
+  }
+  ctx->managed = {dl, ctx, [](dlpack::DLManagedTensor* self) { delete static_cast<DLContext*>(self->manager_ctx); }};
   return py::capsule(&ctx->managed, "dltensor", [](PyObject* cap) {
     if (PyCapsule_IsValid(cap, "dltensor")) {
       auto* m = static_cast<dlpack::DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
@@ -168,7 +180,12 @@ void bind_tensor(py::module_& m) {
       .def_static("from_buffer", &from_buffer, py::arg("obj"), "Shares a buffer-protocol object's memory (no copy).")
       .def_static("from_dlpack", &from_dlpack, py::arg("obj"), "Shares a DLPack producer's memory (no copy).")
       .def_buffer(&to_buffer)
-      .def("__dlpack__", [](const Tensor& t, py::kwargs) { return to_dlpack(t); })
+      .def("__dlpack__", [](const Tensor& t, py::kwargs kw) {
+        bool versioned = false;
+        if (kw.contains("max_version") && !kw["max_version"].is_none())
+          versioned = kw["max_version"].cast<py::tuple>()[0].cast<int>() >= 1;
+        return to_dlpack(t, versioned);
+      })
       .def("__dlpack_device__", [](const Tensor& t) {
         return py::make_tuple(t.device().is_cpu() ? int(dlpack::kDLCPU) : int(dlpack::kDLCUDA), t.device().index);
       })

@@ -1,4 +1,4 @@
-// The DLPack ABI (v0.8 "dltensor" capsules), declared here from the public specification so that
+// The DLPack ABI (legacy "dltensor" and 1.0 "dltensor_versioned" capsules), declared here from the public specification so that
 // numpy.from_dlpack, torch, cupy and mpi4py can share tensor memory with singa_lite without copies.
 #pragma once
 #include <cstdint>
@@ -30,6 +30,19 @@ struct DLManagedTensor {
   DLTensor dl_tensor;
   void* manager_ctx;
   void (*deleter)(DLManagedTensor* self);
+};
+// DLPack >= 1.0 ("dltensor_versioned" capsules): carries a version and flags (we set none, so the
+// consumer may write: numpy marks legacy capsules read-only).
+struct DLPackVersion {
+  uint32_t major;
+  uint32_t minor;
+};
+struct DLManagedTensorVersioned {
+  DLPackVersion version;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensorVersioned* self);
+  uint64_t flags;
+  DLTensor dl_tensor;
 };
 
 }  // namespace sl::dlpack

@@ -1,6 +1,7 @@
 // Element-wise CPU kernels: binary (tensor-tensor and tensor-scalar), unary, clip, axpy, fill, arange.
 // Each row function has a unit-stride branch with a plain loop the compiler vectorises.
 #include <cmath>
+#include <limits>
 #include <type_traits>
 
 #include "core/errors.h"
@@ -83,7 +84,8 @@ template <BinaryOp Op, bool ScalarFirst, typename T>
 void binary_scalar_typed(const Tensor& out, const Tensor& a, double s) {
   using C = compute_t<T>;
   using Out = std::conditional_t<Op >= BinaryOp::kEq, bool, T>;
-  const C sv = static_cast<C>(s);
+  // The scalar takes a's dtype first (ops.h, and numpy): for float16 it is rounded to half, not kept as float.
+  const C sv = C(convert<T>(s));
   StridedLoop<2> L({&out, &a});
   for_each_row(L, [sv](char* const* p, const int64_t* st, int64_t n) {
     Out* o = reinterpret_cast<Out*>(p[0]);
@@ -122,8 +124,12 @@ void with_binary_op(BinaryOp op, Fn&& fn) {
 // ---------------------------------------------------------------- unary
 template <UnaryOp Op, typename C>
 inline C apply_unary(C v) {
-  if constexpr (Op == UnaryOp::kNeg) return C(0) - v;
-  else if constexpr (Op == UnaryOp::kAbs) return v < C(0) ? C(0) - v : v;
+  // -v, not 0 - v, and fabs: IEEE negation gives neg(+0) = -0 and abs(-0) = +0, as numpy.
+  if constexpr (Op == UnaryOp::kNeg) return C(-v);
+  else if constexpr (Op == UnaryOp::kAbs) {
+    if constexpr (std::is_integral_v<C>) return v < C(0) ? C(0) - v : v;
+    else return std::fabs(v);
+  }
   else if constexpr (Op == UnaryOp::kSign) return C((C(0) < v) - (v < C(0))) + (v != v ? v : C(0));
   else if constexpr (Op == UnaryOp::kSquare) return v * v;
   else if constexpr (Op == UnaryOp::kRelu) return v > C(0) ? v : (v != v ? v : C(0));
@@ -216,10 +222,21 @@ void unary(UnaryOp op, const Tensor& out, const Tensor& x) {
   });
 }
 
+// A clip bound in the compute type; for integers, bounds beyond the type's range (the infinities of an open
+// bound included) saturate to its ends instead of an undefined cast.
+template <typename C>
+C clip_bound(double v) {
+  if constexpr (std::is_integral_v<C>) {
+    if (v <= double(std::numeric_limits<C>::min())) return std::numeric_limits<C>::min();
+    if (v >= double(std::numeric_limits<C>::max())) return std::numeric_limits<C>::max();
+  }
+  return static_cast<C>(v);
+}
+
 void clip(const Tensor& out, const Tensor& x, double lo, double hi) {
   SL_DISPATCH_NUMERIC(x.dtype(), "clip", [&] {
     using C = compute_t<scalar_t>;
-    const C l = static_cast<C>(lo), h = static_cast<C>(hi);
+    const C l = clip_bound<C>(lo), h = clip_bound<C>(hi);
     StridedLoop<2> L({&out, &x});
     for_each_row(L, [l, h](char* const* p, const int64_t* s, int64_t n) {
       scalar_t* o = reinterpret_cast<scalar_t*>(p[0]);

@@ -35,6 +35,20 @@ void check_arith_dtype(BinaryOp op, const Tensor& a) {
              "as_type(int32) first");
 }
 
+// A scalar used with an integer (or bool) tensor must be an integer, and for int32 / int64 one the dtype can
+// hold: casting nan, inf or an out-of-range double to an integer type is undefined behaviour in C++ (seen as
+// eq_scalar(int32 tensor, nan) being true for INT32_MIN, and int tensors silently using a truncated value).
+void check_int_scalar(const char* op, const char* what, double s, DType dtype) {
+  SL_CHECK(std::nearbyint(s) == s, TypeError, op, ": ", what, " ", s, " is not an integer but the tensor is ",
+           dtype_name(dtype), "; cast the tensor to a float dtype with as_type() first");
+  if (dtype == DType::kInt32)
+    SL_CHECK(s >= -2147483648.0 && s <= 2147483647.0, TypeError, op, ": ", what, " ", s,
+             " is out of range for int32");
+  if (dtype == DType::kInt64)
+    SL_CHECK(s >= -9223372036854775808.0 && s < 9223372036854775808.0, TypeError, op, ": ", what, " ", s,
+             " is out of range for int64");
+}
+
 // Prepares `out`: allocates it, or checks a given one; a given out that partially overlaps an input is
 // computed into a temporary and copied back (`result`), so in-place use never reads overwritten data.
 struct OutPlan {
@@ -80,10 +94,7 @@ Tensor binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first, 
   check_defined(a, name, "tensor");
   check_arith_dtype(op, a);
   check_kernel_device(name, a);
-  if (!is_floating(a.dtype()) && !std::isnan(s)) {
-    SL_CHECK(std::nearbyint(s) == s, TypeError, name, ": the scalar ", s, " is not an integer but the tensor is ",
-             dtype_name(a.dtype()), "; cast the tensor to a float dtype with as_type() first");
-  }
+  if (!is_floating(a.dtype())) check_int_scalar(name, "the scalar", s, a.dtype());
   OutPlan p = plan_out(name, out, a.shape(), result_dtype(op, a.dtype()), a.device(), {&a});
   cpu::binary_scalar(op, p.out, a, s, scalar_first);
   return finish(p);
@@ -106,14 +117,13 @@ Tensor clip(const Tensor& x, std::optional<double> lo, std::optional<double> hi,
   SL_CHECK(x.dtype() != DType::kBool, TypeError, "clip: not defined for bool tensors");
   double l = lo.value_or(-INFINITY), h = hi.value_or(INFINITY);
   SL_CHECK(!(l > h), ValueError, "clip: min ", l, " is greater than max ", h);
-  if (!is_floating(x.dtype())) {  // integer bounds: clamp the infinities into range
-    l = std::max(l, -9.2e18);
-    h = std::min(h, 9.2e18);
-    if (x.dtype() == DType::kInt32) {
-      l = std::max(l, -2147483648.0);
-      h = std::min(h, 2147483647.0);
-    }
-  }
+  // Integer tensors: finite bounds must be integers (1.5 used to truncate to 1 and let 1 < 1.5 through);
+  // out-of-range bounds and the open infinities saturate in the kernel (they used to be clamped to
+  // +-9.2e18, which clipped int64 values beyond that with no bound given).
+  if (!is_floating(x.dtype()))
+    for (double b : {l, h})
+      SL_CHECK(std::isinf(b) || std::nearbyint(b) == b, TypeError, "clip: the bound ", b,
+               " is not an integer but the tensor is ", dtype_name(x.dtype()));
   OutPlan p = plan_out("clip", out, x.shape(), x.dtype(), x.device(), {&x});
   cpu::clip(p.out, x, l, h);
   return finish(p);
@@ -126,6 +136,7 @@ void axpy_(double alpha, const Tensor& x, const Tensor& y) {
   check_same_device("axpy", x, y);
   check_kernel_device("axpy", y);
   SL_CHECK(y.dtype() != DType::kBool, TypeError, "axpy: not defined for bool tensors");
+  if (!is_floating(y.dtype())) check_int_scalar("axpy", "alpha", alpha, y.dtype());  // 0.5 used to become 0
   Shape shape = broadcast_shapes(x.shape(), y.shape(), "axpy");
   SL_CHECK(shape == y.shape(), ValueError, "axpy: x of shape ", shape_str(x.shape()),
            " does not broadcast to y's shape ", shape_str(y.shape()));
@@ -138,9 +149,7 @@ void axpy_(double alpha, const Tensor& x, const Tensor& y) {
 
 void fill_(const Tensor& t, double value) {
   check_defined(t, "fill", "tensor");
-  if (!is_floating(t.dtype()) && t.dtype() != DType::kBool && !std::isnan(value))
-    SL_CHECK(std::nearbyint(value) == value, TypeError, "fill: the value ", value, " is not an integer but the tensor is ",
-             dtype_name(t.dtype()));
+  if (!is_floating(t.dtype()) && t.dtype() != DType::kBool) check_int_scalar("fill", "the value", value, t.dtype());
 #ifdef SINGA_LITE_WITH_CUDA
   if (t.device().is_cuda()) {
     SL_CHECK(t.is_contiguous(), ValueError, "fill: CUDA tensors must be contiguous for now; call contiguous()");

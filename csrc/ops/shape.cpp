@@ -85,9 +85,10 @@ Tensor one_hot(const Tensor& indices, int64_t depth, DType dtype) {
            "; cast labels with as_type(int32)");
   SL_CHECK(depth > 0, ValueError, "one_hot: depth must be > 0, got ", depth);
   Tensor idx = indices.contiguous();
-  // Check every index before writing anything.
-  Tensor lo = reduce(ReduceOp::kMin, idx, std::nullopt, false), hi = reduce(ReduceOp::kMax, idx, std::nullopt, false);
+  // Check every index before writing anything. (Only when there are indices: min/max of an empty tensor
+  // raise, which made one_hot of an empty batch fail.)
   if (idx.numel() > 0) {
+    Tensor lo = reduce(ReduceOp::kMin, idx, std::nullopt, false), hi = reduce(ReduceOp::kMax, idx, std::nullopt, false);
     int64_t mn = idx.dtype() == DType::kInt32 ? *lo.data<int32_t>() : *lo.data<int64_t>();
     int64_t mx = idx.dtype() == DType::kInt32 ? *hi.data<int32_t>() : *hi.data<int64_t>();
     SL_CHECK(mn >= 0 && mx < depth, IndexError, "one_hot: indices must lie in [0, ", depth, "), got values in [", mn,

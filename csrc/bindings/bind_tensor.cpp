@@ -16,7 +16,7 @@ namespace {
 DType dtype_from_format(const std::string& format_in, ssize_t itemsize) {
   std::string f = format_in;
   while (!f.empty() && (f[0] == '<' || f[0] == '=' || f[0] == '@' || f[0] == '!' || f[0] == '>')) {
-    SL_CHECK(f[0] != '>' && f[0] != '!', TypeError, "from_numpy: big-endian data is not supported; use "
+    SL_CHECK(f[0] != '>' && f[0] != '!', TypeError, "from_buffer: big-endian data is not supported; use "
              "array.astype(array.dtype.newbyteorder('<'))");
     f = f.substr(1);
   }
@@ -28,18 +28,20 @@ DType dtype_from_format(const std::string& format_in, ssize_t itemsize) {
     if (itemsize == 4) return DType::kInt32;
     if (itemsize == 8) return DType::kInt64;
   }
-  throw TypeError(str("from_numpy: unsupported element type '", format_in, "' (", itemsize,
+  throw TypeError(str("from_buffer: unsupported element type '", format_in, "' (", itemsize,
                       " bytes); singa_lite supports float16/32/64, int32, int64 and bool. "
                       "Convert first, e.g. array.astype(numpy.float32)"));
 }
 
-// Shares the memory of any buffer-protocol object (numpy array, memoryview, ...) without copying.
+// Shares the memory of a writable buffer-protocol object (numpy array, memoryview, ...) without copying.
+// A read-only buffer (np.frombuffer of bytes, np.broadcast_to, ...) is copied instead, so writing to
+// the tensor can never modify memory its owner declared immutable.
 Tensor from_buffer(const py::buffer& obj) {
   py::buffer_info info = obj.request();
   DType dtype = dtype_from_format(info.format, info.itemsize);
   Shape shape(info.shape.begin(), info.shape.end()), strides;
   for (ssize_t s : info.strides) {
-    SL_CHECK(s % info.itemsize == 0, ValueError, "from_numpy: strides ", s, " are not a multiple of the item size ",
+    SL_CHECK(s % info.itemsize == 0, ValueError, "from_buffer: strides ", s, " are not a multiple of the item size ",
              info.itemsize, "; pass numpy.ascontiguousarray(array)");
     strides.push_back(s / info.itemsize);
   }
@@ -50,7 +52,10 @@ Tensor from_buffer(const py::buffer& obj) {
     delete owner;
   };
   auto storage = std::make_shared<Storage>(info.ptr, size_t(numel_of(shape)) * itemsize(dtype), Device::cpu(), deleter);
-  return Tensor(storage, shape, strides, 0, dtype);
+  Tensor shared(storage, shape, strides, 0, dtype);
+  if (!info.readonly) return shared;
+  py::gil_scoped_release release;
+  return shared.clone();
 }
 
 py::buffer_info to_buffer(const Tensor& t) {
@@ -177,7 +182,7 @@ void bind_tensor(py::module_& m) {
            }),
            py::arg("shape"), py::arg("dtype") = DType::kFloat32, py::arg("device") = Device::cpu(),
            "An uninitialised tensor.")
-      .def_static("from_buffer", &from_buffer, py::arg("obj"), "Shares a buffer-protocol object's memory (no copy).")
+      .def_static("from_buffer", &from_buffer, py::arg("obj"), "Shares a writable buffer-protocol object's memory (no copy); copies a read-only one.")
       .def_static("from_dlpack", &from_dlpack, py::arg("obj"), "Shares a DLPack producer's memory (no copy).")
       .def_buffer(&to_buffer)
       .def("__dlpack__", [](const Tensor& t, py::kwargs kw) {

@@ -1,6 +1,8 @@
 // Element types and the IEEE binary16 type used for float16 tensors on the CPU.
 #pragma once
 #include <cstdint>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -57,10 +59,26 @@ inline uint16_t float_to_half_bits(float f) {
   return sign | uint16_t(ax >> 13);
 }
 
+// double -> binary16 with a single rounding: narrow to float rounding to odd (an inexact result gets
+// its lowest mantissa bit set), then round to nearest even. Going through a plain float conversion
+// would round twice and can land one ulp off.
+inline uint16_t double_to_half_bits(double d) {
+  float f = static_cast<float>(d);
+  if (static_cast<double>(f) != d && d == d && f - f == 0.0f) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    if (std::abs(static_cast<double>(f)) > std::abs(d)) --b;  // truncate toward zero (same sign)
+    b |= 1u;                                                   // sticky: "there was more"
+    std::memcpy(&f, &b, 4);
+  }
+  return float_to_half_bits(f);
+}
+
 struct half {
   uint16_t bits = 0;
   half() = default;
   explicit half(float f) : bits(float_to_half_bits(f)) {}
+  explicit half(double d) : bits(double_to_half_bits(d)) {}
   operator float() const { return half_bits_to_float(bits); }
 };
 

@@ -21,16 +21,19 @@ C int_floor_div(C a, C b) {
   return q;
 }
 
+// Wraps on overflow like numpy (unsigned arithmetic: signed overflow would be undefined behaviour).
+// Negative exponents are rejected by the front-end; 1 and -1 are still handled for direct kernel use.
 template <typename C>
 C int_pow(C base, C exp) {
   if (exp < 0) return base == 1 ? 1 : (base == -1 ? ((exp & 1) ? -1 : 1) : 0);
-  C result = 1;
+  using U = std::make_unsigned_t<C>;
+  U result = 1, b = U(base);
   while (exp > 0) {
-    if (exp & 1) result *= base;
-    base *= base;
+    if (exp & 1) result *= b;
+    b *= b;
     exp >>= 1;
   }
-  return result;
+  return C(result);
 }
 
 template <BinaryOp Op, typename C>
@@ -125,9 +128,13 @@ void with_binary_op(BinaryOp op, Fn&& fn) {
 template <UnaryOp Op, typename C>
 inline C apply_unary(C v) {
   // -v, not 0 - v, and fabs: IEEE negation gives neg(+0) = -0 and abs(-0) = +0, as numpy.
-  if constexpr (Op == UnaryOp::kNeg) return C(-v);
-  else if constexpr (Op == UnaryOp::kAbs) {
-    if constexpr (std::is_integral_v<C>) return v < C(0) ? C(0) - v : v;
+  // Integers negate in unsigned arithmetic: -INT_MIN wraps to INT_MIN (as numpy) instead of being undefined.
+  if constexpr (Op == UnaryOp::kNeg) {
+    if constexpr (std::is_integral_v<C>) return C(std::make_unsigned_t<C>(0) - std::make_unsigned_t<C>(v));
+    else return C(-v);
+  } else if constexpr (Op == UnaryOp::kAbs) {
+    if constexpr (std::is_integral_v<C>)
+      return v < C(0) ? C(std::make_unsigned_t<C>(0) - std::make_unsigned_t<C>(v)) : v;
     else return std::fabs(v);
   }
   else if constexpr (Op == UnaryOp::kSign) return C((C(0) < v) - (v < C(0))) + (v != v ? v : C(0));

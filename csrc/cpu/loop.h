@@ -107,6 +107,7 @@ void for_each_row(const StridedLoop<N>& L, Row&& row) {
 template <typename Out, typename In>
 inline Out convert(In v) {
   if constexpr (std::is_same_v<Out, In>) return v;
+  else if constexpr (std::is_same_v<Out, half> && std::is_same_v<In, double>) return half(v);  // one rounding
   else if constexpr (std::is_same_v<Out, half>) return half(static_cast<float>(v));
   else if constexpr (std::is_same_v<In, half>) return convert<Out>(static_cast<float>(v));
   else if constexpr (std::is_same_v<Out, bool>) return v != In(0);

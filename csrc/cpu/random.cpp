@@ -2,6 +2,7 @@
 // four 32-bit words per counter, so the front-end reserves ceil(n / 4) counters per draw.
 // float64 uses two words per uniform (53 random bits), so two elements per counter.
 #include <cmath>
+#include <limits>
 
 #include "core/errors.h"
 #include "core/generator.h"
@@ -18,7 +19,23 @@ inline double u53(uint32_t hi, uint32_t lo) {
   return double((uint64_t(hi) << 21) ^ (lo >> 11)) * (1.0 / 9007199254740992.0);  // [0, 1)
 }
 
-// Fills contiguous t; gen(counter_words, lane) -> value in the compute type.
+// The largest value of type T strictly below `high` (rounding low + u * (high - low) to T can reach high).
+template <typename T>
+T largest_below(double high) {
+  T v = convert<T>(high);
+  while (double(compute_t<T>(v)) >= high) {
+    if constexpr (std::is_same_v<T, half>) {
+      if (v.bits == 0x0000u) v.bits = 0x8001u;           // +0 -> the negative subnormal closest to 0
+      else if (v.bits & 0x8000u) ++v.bits;               // negative: larger magnitude
+      else --v.bits;                                     // positive: smaller magnitude
+    } else {
+      v = std::nextafter(v, -std::numeric_limits<T>::infinity());
+    }
+  }
+  return v;
+}
+
+// Fills contiguous t; gen(counter_words, lane) -> the element's value of type T.
 template <typename T, typename Gen>
 void fill_random(const Tensor& t, uint64_t seed, uint64_t offset, Gen gen) {
   T* o = t.data<T>();
@@ -27,7 +44,7 @@ void fill_random(const Tensor& t, uint64_t seed, uint64_t offset, Gen gen) {
     for (int64_t i = b; i < e;) {
       const int64_t c = i / per;
       const auto words = philox4x32(offset + uint64_t(c), seed);
-      for (int lane = int(i % per); lane < per && i < e; ++lane, ++i) o[i] = convert<T>(gen(words, lane));
+      for (int lane = int(i % per); lane < per && i < e; ++lane, ++i) o[i] = gen(words, lane);
     }
   }, 8);
 }
@@ -37,9 +54,11 @@ void fill_random(const Tensor& t, uint64_t seed, uint64_t offset, Gen gen) {
 void uniform(const Tensor& t, double low, double high, uint64_t seed, uint64_t offset) {
   SL_DISPATCH_FLOAT(t.dtype(), "uniform", [&] {
     using C = compute_t<scalar_t>;
+    const scalar_t top = high > low ? largest_below<scalar_t>(high) : convert<scalar_t>(low);
     fill_random<scalar_t>(t, seed, offset, [&](const std::array<uint32_t, 4>& w, int lane) {
-      if constexpr (std::is_same_v<C, double>) return low + (high - low) * u53(w[2 * lane], w[2 * lane + 1]);
-      else return C(low + (high - low) * double(u24(w[lane])));
+      double u = std::is_same_v<C, double> ? u53(w[2 * lane], w[2 * lane + 1]) : double(u24(w[lane]));
+      scalar_t v = convert<scalar_t>(low + (high - low) * u);
+      return double(C(v)) >= high && high > low ? top : v;  // keep the interval half-open: [low, high)
     });
   });
 }
@@ -52,13 +71,13 @@ void gaussian(const Tensor& t, double mean, double std, uint64_t seed, uint64_t 
       if constexpr (std::is_same_v<C, double>) {
         double u1 = 1.0 - u53(w[0], w[1]), u2 = u53(w[2], w[3]);  // u1 in (0, 1]
         double r = std::sqrt(-2.0 * std::log(u1));
-        return mean + std * (lane == 0 ? r * std::cos(kTwoPi * u2) : r * std::sin(kTwoPi * u2));
+        return convert<scalar_t>(mean + std * (lane == 0 ? r * std::cos(kTwoPi * u2) : r * std::sin(kTwoPi * u2)));
       } else {
         int pair = lane / 2;
         float u1 = 1.0f - u24(w[2 * pair]), u2 = u24(w[2 * pair + 1]);
         float r = std::sqrt(-2.0f * std::log(u1));
         float z = (lane % 2 == 0) ? r * std::cos(float(kTwoPi) * u2) : r * std::sin(float(kTwoPi) * u2);
-        return C(mean + std * double(z));
+        return convert<scalar_t>(mean + std * double(z));
       }
     });
   });
@@ -67,8 +86,8 @@ void gaussian(const Tensor& t, double mean, double std, uint64_t seed, uint64_t 
 void bernoulli(const Tensor& t, double p, uint64_t seed, uint64_t offset) {
   SL_DISPATCH_ALL(t.dtype(), "bernoulli", [&] {
     fill_random<scalar_t>(t, seed, offset, [&](const std::array<uint32_t, 4>& w, int lane) {
-      if constexpr (std::is_same_v<scalar_t, double>) return double(u53(w[2 * lane], w[2 * lane + 1]) < p);
-      else return double(double(u24(w[lane])) < p);
+      if constexpr (std::is_same_v<scalar_t, double>) return convert<scalar_t>(double(u53(w[2 * lane], w[2 * lane + 1]) < p));
+      else return convert<scalar_t>(double(double(u24(w[lane])) < p));
     });
   });
 }

@@ -73,6 +73,17 @@ Tensor finish(const OutPlan& p) {
   return p.result;
 }
 
+
+// Integer powers with a negative exponent have no integer result; numpy raises too.
+void check_int_pow_exponent(const Tensor& exponent) {
+  if (is_floating(exponent.dtype()) || exponent.numel() == 0) return;
+  Tensor lo = Tensor::empty({}, exponent.dtype(), exponent.device());
+  cpu::reduce(ReduceOp::kMin, lo, exponent, std::vector<bool>(exponent.ndim(), true));
+  int64_t mn = exponent.dtype() == DType::kInt32 ? *lo.data<int32_t>() : *lo.data<int64_t>();
+  SL_CHECK(mn >= 0, ValueError, "pow: integers to negative integer powers are not allowed (smallest exponent ", mn,
+           "); cast to a float dtype with as_type() first");
+}
+
 }  // namespace
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor out) {
@@ -84,6 +95,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor out) {
   check_arith_dtype(op, a);
   check_kernel_device(name, a);
   Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
+  if (op == BinaryOp::kPow) check_int_pow_exponent(b);
   OutPlan p = plan_out(name, out, shape, result_dtype(op, a.dtype()), a.device(), {&a, &b});
   cpu::binary(op, p.out, a.broadcast_to(shape), b.broadcast_to(shape));
   return finish(p);
@@ -95,6 +107,11 @@ Tensor binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first, 
   check_arith_dtype(op, a);
   check_kernel_device(name, a);
   if (!is_floating(a.dtype())) check_int_scalar(name, "the scalar", s, a.dtype());
+  if (op == BinaryOp::kPow && !is_floating(a.dtype())) {
+    if (scalar_first) check_int_pow_exponent(a);
+    else SL_CHECK(s >= 0, ValueError, "pow: integers to negative integer powers are not allowed (exponent ", s,
+                  "); cast to a float dtype with as_type() first");
+  }
   OutPlan p = plan_out(name, out, a.shape(), result_dtype(op, a.dtype()), a.device(), {&a});
   cpu::binary_scalar(op, p.out, a, s, scalar_first);
   return finish(p);

@@ -34,11 +34,12 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, Tensor out) {
   if (a_in.ndim() > 1) result.push_back(M);
   if (b_in.ndim() > 1) result.push_back(N);
 
+  if (out.defined()) check_out("matmul", out, result, a.dtype(), a.device());  // before any work
+  // GEMM writes a packed result; a given `out` (possibly an operand, possibly strided) is filled from it.
   Tensor target = Tensor::empty(full, a.dtype(), a.device());
   cpu::matmul(target, a.broadcast_to(a_full), b.broadcast_to(b_full));
   Tensor r = target.view(result);
   if (!out.defined()) return r;
-  check_out("matmul", out, result, a.dtype(), a.device());
   cpu::copy(out, r);
   return out;
 }

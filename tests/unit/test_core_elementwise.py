@@ -173,6 +173,28 @@ def test_integer_pow(dtype):
     a = np.array([2, -3, 0, 1, -1, 5, 0, 7], dtype)
     b = np.array([10, 3, 0, 9, 7, 0, 5, 2], dtype)
     assert_same(_core.pow(tensor(a), tensor(b)), np.power(a, b))
+    big = np.array([3, -3, 7], dtype)  # overflow wraps, as numpy
+    assert_same(_core.pow(tensor(big), tensor(np.array([41, 41, 40], dtype))), np.power(big, np.array([41, 41, 40], dtype)))
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=ids(INTS))
+def test_integer_pow_rejects_negative_exponents(dtype):
+    a = np.array([2, 3], dtype)
+    with pytest.raises(ValueError, match="pow: integers to negative integer powers"):
+        _core.pow(tensor(a), tensor(np.array([1, -1], dtype)))
+    with pytest.raises(ValueError, match="pow: integers to negative"):
+        _core.pow_scalar(tensor(a), -2.0)
+    with pytest.raises(ValueError, match="pow: integers to negative"):
+        _core.pow_scalar(tensor(np.array([1, -1], dtype)), 2.0, scalar_first=True)
+    assert_same(_core.pow_scalar(tensor(a), 2.0, scalar_first=True), np.power(dtype(2), a))
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=ids(INTS))
+def test_integer_neg_abs_of_min_wrap_like_numpy(dtype):
+    a = np.array([np.iinfo(dtype).min, -1, 0, 1], dtype)
+    with np.errstate(over="ignore"):
+        assert_same(_core.neg(tensor(a)), np.negative(a))
+        assert_same(_core.abs(tensor(a)), np.abs(a))
 
 
 def test_binary_large_parallel():

@@ -373,3 +373,13 @@ def test_property_arg_reduce(shape, name, keepdims, layout, data):
     if data.draw(st.booleans()):
         x.reshape(-1)[data.draw(st.integers(0, x.size - 1))] = np.nan
     assert_same(getattr(_core, name)(make(x, layout), axis, keepdims), np_arg(name, x, axis, keepdims))
+
+
+def test_float_sums_are_bitwise_independent_of_thread_count(restore_threads):
+    rng = np.random.default_rng(11)
+    x = tensor(rng.standard_normal(3_000_001).astype(np.float32) * 1000)
+    results = []
+    for n in (1, 2):
+        _core.set_num_threads(n)
+        results.append((to_np(_core.sum(x)).tobytes(), to_np(_core.mean(x)).tobytes()))
+    assert results[0] == results[1]

@@ -463,3 +463,19 @@ def test_property_view_chains_match_numpy(data):
         _core.fill_(t, -1.0)
         v[...] = -1  # v is a view of root, as t is of base
         assert_same(base, root)
+
+
+def test_from_buffer_copies_read_only_arrays():
+    # A read-only buffer (np.frombuffer of bytes, a broadcast view) must never be written through.
+    ro = np.frombuffer(np.arange(6, dtype=np.float32).tobytes(), dtype=np.float32)
+    assert not ro.flags.writeable
+    t = _core.Tensor.from_buffer(ro)
+    _core.fill_(t, 9.0)
+    assert (ro == np.arange(6)).all() and (to_np(t) == 9).all()
+    b = np.broadcast_to(np.float32(1.0), (3, 4))
+    tb = _core.Tensor.from_buffer(b)
+    assert tb.strides == (4, 1), "a read-only broadcast view arrives packed, not as aliasing stride-0 memory"
+    w = np.zeros(3, np.float32)
+    tw = _core.Tensor.from_buffer(w)
+    _core.fill_(tw, 2.0)
+    assert (w == 2).all(), "a writable array is shared"

@@ -1,0 +1,59 @@
+"""The CUDA runtime pieces of the foundation: devices, memory, fill, copies between host and GPU.
+Marked `gpu`: skipped (with the reason) where no GPU is usable."""
+import numpy as np
+import pytest
+
+import singa_lite
+from singa_lite import _core, device, tensor
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def gpu():
+    return device.create_cuda_gpu_on(0)
+
+
+def test_build_reports_cuda(gpu):
+    info = singa_lite.build_info()["cuda"]
+    assert info["compiled"] and info["device_count"] >= 1 and info["driver_version"] > 0
+    assert gpu.id() == 0 and gpu.lang() == "cuda"
+
+
+@pytest.mark.parametrize("dtype", [tensor.float16, tensor.float32, tensor.float64, tensor.int32, tensor.int64,
+                                   tensor.bool_])
+def test_new_gpu_tensor_is_zero_and_fill_works(gpu, dtype):
+    t = tensor.Tensor((3, 1000), gpu, dtype)
+    assert t.device is gpu
+    assert not tensor.to_numpy(t).any()
+    t.set_value(1)
+    np.testing.assert_array_equal(tensor.to_numpy(t), np.ones((3, 1000), tensor._TO_NUMPY[dtype]))
+
+
+def test_host_device_roundtrip(gpu):
+    a = np.random.default_rng(0).standard_normal((17, 33)).astype(np.float32)
+    t = tensor.from_numpy(a).to_device(gpu)
+    assert t.device is gpu
+    np.testing.assert_array_equal(tensor.to_numpy(t), a)
+    back = tensor.to_host(t)
+    assert back.device.is_cpu()
+    np.testing.assert_array_equal(tensor.to_numpy(back), a)
+    c = t.clone()  # device-to-device
+    np.testing.assert_array_equal(tensor.to_numpy(c), a)
+
+
+def test_copy_from_numpy_into_gpu_tensor(gpu):
+    t = tensor.Tensor((4, 5), gpu, tensor.float32)
+    t.copy_from_numpy(np.arange(20, dtype=np.float64))
+    np.testing.assert_array_equal(tensor.to_numpy(t).ravel(), np.arange(20))
+
+
+def test_ops_without_gpu_kernels_raise_a_clear_error(gpu):
+    t = tensor.Tensor((2, 2), gpu)
+    with pytest.raises(ValueError, match="no kernel for cuda:0"):
+        t + t
+
+
+def test_out_of_range_gpu_id_is_an_error():
+    with pytest.raises(singa_lite.CudaError, match="ids 0 to"):
+        device.create_cuda_gpu_on(_core.cuda_device_count())

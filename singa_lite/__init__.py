@@ -8,6 +8,21 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 
+def _thread_defaults() -> None:
+    # Our OpenMP kernels and OpenBLAS's own threads take turns on the same cores (a GEMM, then
+    # element-wise work, then a GEMM...). By default both keep idle workers spinning for a long while, so
+    # each slows the other down: measured 8.9 ms instead of 1.4 ms for a 512 GEMM plus a 1e6 add on 2 cores
+    # (docs/benchmarks.md). Short spins keep small ops fast and hand the cores over quickly. Set before
+    # libgomp and OpenBLAS load, since both read them once; a user's own settings win.
+    import os
+
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+
+_thread_defaults()
+
+
 def _preload_openblas() -> None:
     # _core links libscipy_openblas.so from the scipy-openblas32 wheel. Loading it first, globally, lets
     # the dynamic linker resolve that dependency wherever pip put the wheel (editable installs included).

@@ -19,7 +19,9 @@ inline int threads_for(int64_t work) {
   return int(std::min<int64_t>(omp_get_max_threads(), work / kParallelGrain));
 }
 
-// Runs fn(begin, end) over [0, total) split across threads (chunks aligned to 64 elements).
+// Runs fn(begin, end) over [0, total) split across threads. The range is cut into about four chunks per
+// thread (aligned to 64 items for element-wise work) handed out dynamically: a thread whose core is
+// shared with another process simply takes fewer chunks instead of holding everyone up.
 template <typename F>
 void parallel_range(int64_t total, F&& fn, int64_t work_per_item = 1) {
   int nt = threads_for(total * work_per_item);
@@ -27,14 +29,11 @@ void parallel_range(int64_t total, F&& fn, int64_t work_per_item = 1) {
     if (total > 0) fn(int64_t(0), total);
     return;
   }
-#pragma omp parallel num_threads(nt)
-  {
-    int t = omp_get_thread_num(), n = omp_get_num_threads();
-    int64_t chunk = (total + n - 1) / n;
-    if (work_per_item == 1) chunk = (chunk + 63) / 64 * 64;
-    int64_t b = std::min(total, t * chunk), e = std::min(total, b + chunk);
-    if (b < e) fn(b, e);
-  }
+  int64_t chunk = (total + 4 * nt - 1) / (4 * nt);
+  if (work_per_item == 1) chunk = (chunk + 63) / 64 * 64;
+  const int64_t nchunks = (total + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int64_t c = 0; c < nchunks; ++c) fn(c * chunk, std::min(total, (c + 1) * chunk));
 }
 
 template <int N>

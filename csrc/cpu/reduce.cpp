@@ -117,7 +117,15 @@ void reduce_outer(ReduceOp op, T* out, const T* x, int64_t R, int64_t K) {
     std::vector<L> acc(e - b);
     std::vector<char> nan(is_sum ? 0 : e - b, 0);
     for (int64_t k = b; k < e; ++k) acc[k - b] = is_sum ? L(0) : L(C(x[k]));
-    for (int64_t r = 0; r < R; ++r) {
+    int64_t r0 = 0;
+    if (is_sum) {  // four rows per pass: one accumulator load/store per four inputs
+      L* a = acc.data() - b;
+      for (; r0 + 4 <= R; r0 += 4) {
+        const T *p0 = x + r0 * K, *p1 = p0 + K, *p2 = p1 + K, *p3 = p2 + K;
+        for (int64_t k = b; k < e; ++k) a[k] += (L(p0[k]) + L(p1[k])) + (L(p2[k]) + L(p3[k]));
+      }
+    }
+    for (int64_t r = r0; r < R; ++r) {
       const T* row = x + r * K;
       if (is_sum) {
         for (int64_t k = b; k < e; ++k) acc[k - b] += L(row[k]);

@@ -44,18 +44,11 @@ void bind_ops(py::module_& m) {
   m.def("copy_", &copy_, py::arg("dst"), py::arg("src"), release,
         "Copies src into dst (broadcasting and casting; across devices).");
 
-  m.def("sum", [](const Tensor& x, std::optional<std::vector<int64_t>> axes, bool keepdims) {
-    return reduce(ReduceOp::kSum, x, axes, keepdims);
-  }, py::arg("x"), py::arg("axes") = py::none(), py::arg("keepdims") = false, release);
-  m.def("mean", [](const Tensor& x, std::optional<std::vector<int64_t>> axes, bool keepdims) {
-    return reduce(ReduceOp::kMean, x, axes, keepdims);
-  }, py::arg("x"), py::arg("axes") = py::none(), py::arg("keepdims") = false, release);
-  m.def("max", [](const Tensor& x, std::optional<std::vector<int64_t>> axes, bool keepdims) {
-    return reduce(ReduceOp::kMax, x, axes, keepdims);
-  }, py::arg("x"), py::arg("axes") = py::none(), py::arg("keepdims") = false, release);
-  m.def("min", [](const Tensor& x, std::optional<std::vector<int64_t>> axes, bool keepdims) {
-    return reduce(ReduceOp::kMin, x, axes, keepdims);
-  }, py::arg("x"), py::arg("axes") = py::none(), py::arg("keepdims") = false, release);
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax, ReduceOp::kMin}) {
+    m.def(op_name(op), [op](const Tensor& x, std::optional<std::vector<int64_t>> axes, bool keepdims) {
+      return reduce(op, x, axes, keepdims);
+    }, py::arg("x"), py::arg("axes") = py::none(), py::arg("keepdims") = false, release);
+  }
   m.def("argmax", &argmax, py::arg("x"), py::arg("axis") = py::none(), py::arg("keepdims") = false, release);
   m.def("argmin", &argmin, py::arg("x"), py::arg("axis") = py::none(), py::arg("keepdims") = false, release);
 

@@ -97,7 +97,8 @@ template <> struct dtype_of<bool> { static constexpr DType value = DType::kBool;
 
 }  // namespace sl
 
-// Runs the body with `scalar_t` bound to the C++ type of `dtype`. FLOAT_ONLY restricts to float types.
+// Runs the body with `scalar_t` bound to the C++ type of `dtype`: ALL types, NUMERIC (no bool) or FLOAT.
+// The case lists nest, so a new dtype is added in one place.
 #define SL_DISPATCH_CASE(enum_val, type, ...) \
   case enum_val: {                            \
     using scalar_t = type;                    \
@@ -105,36 +106,35 @@ template <> struct dtype_of<bool> { static constexpr DType value = DType::kBool;
     break;                                    \
   }
 
-#define SL_DISPATCH_ALL(dtype, op_name, ...)                                     \
-  switch (dtype) {                                                               \
-    SL_DISPATCH_CASE(::sl::DType::kFloat16, ::sl::half, __VA_ARGS__)             \
-    SL_DISPATCH_CASE(::sl::DType::kFloat32, float, __VA_ARGS__)                  \
-    SL_DISPATCH_CASE(::sl::DType::kFloat64, double, __VA_ARGS__)                 \
-    SL_DISPATCH_CASE(::sl::DType::kInt32, int32_t, __VA_ARGS__)                  \
-    SL_DISPATCH_CASE(::sl::DType::kInt64, int64_t, __VA_ARGS__)                  \
-    SL_DISPATCH_CASE(::sl::DType::kBool, bool, __VA_ARGS__)                      \
-    default:                                                                     \
+#define SL_FLOAT_CASES(...)                                           \
+  SL_DISPATCH_CASE(::sl::DType::kFloat16, ::sl::half, __VA_ARGS__)    \
+  SL_DISPATCH_CASE(::sl::DType::kFloat32, float, __VA_ARGS__)         \
+  SL_DISPATCH_CASE(::sl::DType::kFloat64, double, __VA_ARGS__)
+#define SL_NUMERIC_CASES(...)                                         \
+  SL_FLOAT_CASES(__VA_ARGS__)                                         \
+  SL_DISPATCH_CASE(::sl::DType::kInt32, int32_t, __VA_ARGS__)         \
+  SL_DISPATCH_CASE(::sl::DType::kInt64, int64_t, __VA_ARGS__)
+
+#define SL_DISPATCH_ALL(dtype, op_name, ...)                                         \
+  switch (dtype) {                                                                   \
+    SL_NUMERIC_CASES(__VA_ARGS__)                                                    \
+    SL_DISPATCH_CASE(::sl::DType::kBool, bool, __VA_ARGS__)                          \
+    default:                                                                         \
       throw ::sl::TypeError(::sl::str(op_name, ": unsupported dtype ", int(dtype))); \
   }
 
-#define SL_DISPATCH_NUMERIC(dtype, op_name, ...)                                                \
-  switch (dtype) {                                                                              \
-    SL_DISPATCH_CASE(::sl::DType::kFloat16, ::sl::half, __VA_ARGS__)                            \
-    SL_DISPATCH_CASE(::sl::DType::kFloat32, float, __VA_ARGS__)                                 \
-    SL_DISPATCH_CASE(::sl::DType::kFloat64, double, __VA_ARGS__)                                \
-    SL_DISPATCH_CASE(::sl::DType::kInt32, int32_t, __VA_ARGS__)                                 \
-    SL_DISPATCH_CASE(::sl::DType::kInt64, int64_t, __VA_ARGS__)                                 \
-    default:                                                                                    \
+#define SL_DISPATCH_NUMERIC(dtype, op_name, ...)                                                        \
+  switch (dtype) {                                                                                      \
+    SL_NUMERIC_CASES(__VA_ARGS__)                                                                       \
+    default:                                                                                            \
       throw ::sl::TypeError(::sl::str(op_name, ": expected a numeric dtype, got ", ::sl::dtype_name(dtype), \
-                                      "; cast with as_type() first"));                          \
+                                      "; cast with as_type() first"));                                  \
   }
 
-#define SL_DISPATCH_FLOAT(dtype, op_name, ...)                                                  \
-  switch (dtype) {                                                                              \
-    SL_DISPATCH_CASE(::sl::DType::kFloat16, ::sl::half, __VA_ARGS__)                            \
-    SL_DISPATCH_CASE(::sl::DType::kFloat32, float, __VA_ARGS__)                                 \
-    SL_DISPATCH_CASE(::sl::DType::kFloat64, double, __VA_ARGS__)                                \
-    default:                                                                                    \
+#define SL_DISPATCH_FLOAT(dtype, op_name, ...)                                                          \
+  switch (dtype) {                                                                                      \
+    SL_FLOAT_CASES(__VA_ARGS__)                                                                         \
+    default:                                                                                            \
       throw ::sl::TypeError(::sl::str(op_name, ": expected a floating dtype (float16, float32, float64), got ", \
-                                      ::sl::dtype_name(dtype), "; cast with as_type() first"));  \
+                                      ::sl::dtype_name(dtype), "; cast with as_type() first"));          \
   }

@@ -7,5 +7,6 @@ void bind_errors(pybind11::module_& m);
 void bind_device(pybind11::module_& m);
 void bind_tensor(pybind11::module_& m);
 void bind_ops(pybind11::module_& m);
+void bind_nn(pybind11::module_& m);
 void bind_build_info(pybind11::module_& m);
 }  // namespace sl::bindings

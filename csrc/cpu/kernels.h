@@ -24,6 +24,14 @@ void arg_reduce(bool is_max, const Tensor& out, const Tensor& x);
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b);
 
 void one_hot(const Tensor& out, const Tensor& indices, int64_t depth);
+
+// NCHW, contiguous; geometry checked by the front-end (ops/nn.cpp).
+void im2col(const Tensor& cols, const Tensor& x, const Conv2dGeometry& g);
+void col2im(const Tensor& x, const Tensor& cols, const Conv2dGeometry& g);
+void max_pool2d(const Tensor& out, const Tensor& argmax, const Tensor& x, const Pool2dGeometry& g);
+void max_pool2d_backward(const Tensor& dx, const Tensor& dy, const Tensor& argmax);
+void avg_pool2d(const Tensor& out, const Tensor& x, const Pool2dGeometry& g, bool count_include_pad);
+void avg_pool2d_backward(const Tensor& dx, const Tensor& dy, const Pool2dGeometry& g, bool count_include_pad);
 void uniform(const Tensor& t, double low, double high, uint64_t seed, uint64_t offset);
 void gaussian(const Tensor& t, double mean, double std, uint64_t seed, uint64_t offset);
 void bernoulli(const Tensor& t, double p, uint64_t seed, uint64_t offset);

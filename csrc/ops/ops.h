@@ -2,7 +2,9 @@
 // the output, then hands raw tensors to the kernel of the tensors' device (cpu:: today, cuda:: later).
 // Checks throw typed errors from core/errors.h; kernels never see bad input.
 #pragma once
+#include <array>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -47,6 +49,25 @@ Tensor stack(const std::vector<Tensor>& xs, int64_t axis);
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t axis);  // views
 std::vector<Tensor> split_sections(const Tensor& x, int64_t sections, int64_t axis);          // views
 Tensor one_hot(const Tensor& indices, int64_t depth, DType dtype);
+
+// ----- convolution and pooling helpers (NCHW; see ops/nn.cpp)
+using Pair = std::array<int64_t, 2>;  // (height, width)
+struct Conv2dGeometry {
+  int64_t kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, out_h, out_w;
+};
+struct Pool2dGeometry {
+  int64_t kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, out_h, out_w;
+};
+// x [N, C, H, W] -> cols [N, C*kh*kw, OH*OW]: a convolution becomes a (batched) GEMM with the weights.
+Tensor im2col(const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dilation);
+// The adjoint: cols [N, C*kh*kw, OH*OW] -> x [N, C, H, W], overlapping entries summed.
+Tensor col2im(const Tensor& cols, const Shape& x_shape, Pair kernel, Pair stride, Pair padding, Pair dilation);
+// Returns (y, argmax): argmax holds the flat h*W+w index of each window's maximum, for the backward.
+std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding);
+Tensor max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& x_shape);
+Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, bool count_include_pad);
+Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x_shape, Pair kernel, Pair stride, Pair padding,
+                           bool count_include_pad);
 
 // ----- random (per-device counter-based generator; see core/generator.h)
 void uniform_(const Tensor& t, double low, double high);

@@ -1,0 +1,145 @@
+"""im2col / col2im and 2-D pooling against direct numpy loops (and torch when it is installed)."""
+import numpy as np
+import pytest
+
+from singa_lite import _core
+
+T = _core.Tensor.from_buffer
+
+CONV_CASES = [  # N, C, H, W, kernel, stride, padding, dilation
+    (2, 3, 7, 9, (3, 2), (2, 1), (1, 0), (1, 2)),
+    (3, 4, 12, 12, (5, 5), (1, 1), (0, 0), (1, 1)),
+    (1, 2, 5, 5, (3, 3), (3, 3), (1, 1), (1, 1)),
+    (2, 1, 4, 6, (1, 1), (1, 2), (0, 2), (1, 1)),
+]
+POOL_CASES = [  # N, C, H, W, kernel, stride, padding
+    (2, 3, 8, 8, (2, 2), (2, 2), (0, 0)),
+    (2, 3, 7, 9, (3, 3), (2, 1), (1, 1)),
+    (1, 1, 5, 5, (3, 2), (1, 2), (1, 1)),
+]
+
+
+def out_size(n, k, s, p, d=1):
+    return (n + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def ref_im2col(x, k, s, p, d):
+    N, C, H, W = x.shape
+    oh, ow = out_size(H, k[0], s[0], p[0], d[0]), out_size(W, k[1], s[1], p[1], d[1])
+    xp = np.pad(x, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])))
+    cols = np.zeros((N, C, k[0], k[1], oh, ow), x.dtype)
+    for i in range(k[0]):
+        for j in range(k[1]):
+            hi, wj = i * d[0], j * d[1]
+            cols[:, :, i, j] = xp[:, :, hi:hi + s[0] * oh:s[0], wj:wj + s[1] * ow:s[1]]
+    return cols.reshape(N, C * k[0] * k[1], oh * ow)
+
+
+def ref_col2im(cols, shape, k, s, p, d):
+    N, C, H, W = shape
+    oh, ow = out_size(H, k[0], s[0], p[0], d[0]), out_size(W, k[1], s[1], p[1], d[1])
+    xp = np.zeros((N, C, H + 2 * p[0], W + 2 * p[1]), cols.dtype)
+    c6 = cols.reshape(N, C, k[0], k[1], oh, ow)
+    for i in range(k[0]):
+        for j in range(k[1]):
+            hi, wj = i * d[0], j * d[1]
+            xp[:, :, hi:hi + s[0] * oh:s[0], wj:wj + s[1] * ow:s[1]] += c6[:, :, i, j]
+    return xp[:, :, p[0]:p[0] + H, p[1]:p[1] + W]
+
+
+def ref_pool(x, k, s, p, mode, count_include_pad=True):
+    N, C, H, W = x.shape
+    oh, ow = out_size(H, k[0], s[0], p[0]), out_size(W, k[1], s[1], p[1])
+    y = np.zeros((N, C, oh, ow))
+    for a in range(oh):
+        for b in range(ow):
+            h0, w0 = a * s[0] - p[0], b * s[1] - p[1]
+            win = x[:, :, max(h0, 0):min(h0 + k[0], H), max(w0, 0):min(w0 + k[1], W)]
+            if mode == "max":
+                y[:, :, a, b] = win.max(axis=(2, 3))
+            else:
+                count = k[0] * k[1] if count_include_pad else win.shape[2] * win.shape[3]
+                y[:, :, a, b] = win.sum(axis=(2, 3)) / count
+    return y
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_im2col_and_col2im_match_numpy(case, dtype):
+    N, C, H, W, k, s, p, d = case
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((N, C, H, W)).astype(dtype)
+    cols = _core.im2col(T(x), k, s, p, d)
+    np.testing.assert_array_equal(np.asarray(cols), ref_im2col(x, k, s, p, d))
+    g = rng.standard_normal(cols.shape).astype(dtype)
+    np.testing.assert_allclose(np.asarray(_core.col2im(T(g), [N, C, H, W], k, s, p, d)),
+                               ref_col2im(g, (N, C, H, W), k, s, p, d), rtol=1e-5, atol=1e-5)
+
+
+def test_col2im_is_the_adjoint_of_im2col():
+    # <im2col(x), c> == <x, col2im(c)> for any x, c: what makes conv2d's backward correct.
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 3, 6, 7))
+    k, s, p, d = (3, 3), (2, 1), (1, 1), (1, 1)
+    c = rng.standard_normal(_core.im2col(T(x), k, s, p, d).shape)
+    lhs = (np.asarray(_core.im2col(T(x), k, s, p, d)) * c).sum()
+    rhs = (x * np.asarray(_core.col2im(T(c), list(x.shape), k, s, p, d))).sum()
+    assert abs(lhs - rhs) < 1e-9 * max(1.0, abs(lhs))
+
+
+@pytest.mark.parametrize("case", POOL_CASES)
+def test_max_pool_forward_backward(case):
+    N, C, H, W, k, s, p = case
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((N, C, H, W))
+    y, argmax = _core.max_pool2d(T(x), k, s, p)
+    np.testing.assert_array_equal(np.asarray(y), ref_pool(x, k, s, p, "max"))
+    flat = x.reshape(N, C, H * W)
+    np.testing.assert_array_equal(np.take_along_axis(flat, np.asarray(argmax).reshape(N, C, -1), 2),
+                                  np.asarray(y).reshape(N, C, -1))
+    gy = rng.standard_normal(y.shape)
+    dx = np.asarray(_core.max_pool2d_backward(T(gy), argmax, [N, C, H, W]))
+    expected = np.zeros((N, C, H * W))
+    for n in range(N):
+        for c in range(C):
+            np.add.at(expected[n, c], np.asarray(argmax)[n, c].ravel(), gy[n, c].ravel())
+    np.testing.assert_allclose(dx, expected.reshape(x.shape), rtol=1e-12)
+
+
+@pytest.mark.parametrize("case", POOL_CASES)
+@pytest.mark.parametrize("count_include_pad", [True, False])
+def test_avg_pool_forward_backward(case, count_include_pad):
+    N, C, H, W, k, s, p = case
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((N, C, H, W))
+    y = _core.avg_pool2d(T(x), k, s, p, count_include_pad)
+    np.testing.assert_allclose(np.asarray(y), ref_pool(x, k, s, p, "avg", count_include_pad), rtol=1e-12)
+    # The backward is the adjoint of the forward: <avg(x), g> == <x, avg_backward(g)>.
+    g = rng.standard_normal(y.shape)
+    dx = np.asarray(_core.avg_pool2d_backward(T(g), [N, C, H, W], k, s, p, count_include_pad))
+    assert abs((np.asarray(y) * g).sum() - (x * dx).sum()) < 1e-9
+
+
+def test_against_torch_when_available():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 3, 9, 8))
+    w = rng.standard_normal((4, 3, 3, 3))
+    cols = np.asarray(_core.im2col(T(x), (3, 3), (2, 1), (1, 1), (1, 1)))
+    y = np.einsum("ok,nkl->nol", w.reshape(4, -1), cols)
+    ref = F.conv2d(torch.tensor(x), torch.tensor(w), stride=(2, 1), padding=1).numpy()
+    np.testing.assert_allclose(y.reshape(ref.shape), ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: _core.im2col(T(np.zeros((2, 3, 4), np.float32)), (2, 2), (1, 1), (0, 0)), "4-D NCHW"),
+    (lambda: _core.im2col(T(np.zeros((1, 1, 2, 2), np.float32)), (3, 3), (1, 1), (0, 0)), "smaller than the kernel"),
+    (lambda: _core.im2col(T(np.zeros((1, 1, 4, 4), np.float32)), (2, 2), (0, 1), (0, 0)), "stride must be >= 1"),
+    (lambda: _core.max_pool2d(T(np.zeros((1, 1, 4, 4), np.float32)), (2, 2), (1, 1), (2, 2)), "at most half"),
+    (lambda: _core.avg_pool2d(T(np.zeros((1, 1, 4, 4), np.int32)), (2, 2), (1, 1), (0, 0)), "floating"),
+    (lambda: _core.col2im(T(np.zeros((1, 5, 9), np.float32)), [1, 1, 4, 4], (2, 2), (1, 1), (0, 0)), "col2im: cols"),
+])
+def test_bad_geometry_raises(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()

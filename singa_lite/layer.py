@@ -1,0 +1,339 @@
+"""Layers, with SINGA 3's names (``singa.layer``); the same classes are exported by ``autograd`` for
+scripts written against SINGA's autograd layers (``autograd.Conv2d(1, 20, 5)``, ``autograd.Linear(800, 500)``).
+
+A :class:`Layer` is called like a function. Parameters (tensors with ``stores_grad=True``) are created in
+the constructor when all shapes are known, otherwise lazily on the first call from the input's shape, as
+SINGA does: ``Linear(500)`` and ``Linear(800, 500)`` are both valid, and so are ``Conv2d(20, 5)`` and
+``Conv2d(1, 20, 5)``.
+
+Names. Assigning a layer to an attribute of another layer makes it a sublayer. A parameter's name is its
+attribute path from the outermost layer (``conv1.W``, ``block.fc.b``): that is the key of ``get_params()``
+and ``get_states()`` and the name optimizers key their state by, so it is the same in every run. A layer
+used on its own (not an attribute of another layer, as in SINGA's seed scripts where the model is a plain
+class) keeps a unique automatic prefix (``Conv2d#3.W``), so two such layers never share optimizer state.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import autograd, tensor
+from .tensor import Tensor
+
+__all__ = ["Layer", "Linear", "Conv2d", "MaxPool2d", "AvgPool2d", "GlobalAvgPool2d", "BatchNorm2d", "ReLU",
+           "Sigmoid", "Tanh", "Gelu", "Flatten", "Dropout", "SoftMax", "SoftMaxCrossEntropy", "MeanSquareError"]
+
+
+def _pair(v, what: str) -> tuple:
+    if isinstance(v, int):
+        return (v, v)
+    if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(i, int) for i in v):
+        return tuple(v)
+    raise TypeError(f"{what} must be an int or a pair of ints, got {v!r}")
+
+
+class Layer:
+    """Base of all layers. Subclasses implement ``forward`` and, for lazily shaped parameters,
+    ``initialize(*inputs)``; auxiliary (non-trainable) state tensors are listed in ``aux_states``."""
+
+    aux_states: tuple = ()  # attribute names of non-trainable state tensors (e.g. running statistics)
+    _count = 0
+
+    def __init__(self, name: str | None = None):
+        object.__setattr__(self, "_layers", {})
+        object.__setattr__(self, "_parent", None)
+        object.__setattr__(self, "_attr", None)
+        object.__setattr__(self, "_initialized", False)
+        if name is None:
+            name = f"{type(self).__name__}#{Layer._count}"
+            Layer._count += 1
+        object.__setattr__(self, "name", name)
+
+    # ----- structure and names
+    def __setattr__(self, key, value):
+        object.__setattr__(self, key, value)
+        if isinstance(value, Layer) and not key.startswith("_"):
+            self._layers[key] = value
+            object.__setattr__(value, "_parent", self)
+            object.__setattr__(value, "_attr", key)
+            self._root()._rename()
+        elif isinstance(value, Tensor) and (value.stores_grad or key in self.aux_states):
+            value.name = self._prefix() + key
+
+    def _root(self) -> Layer:
+        layer = self
+        while layer._parent is not None:
+            layer = layer._parent
+        return layer
+
+    def _prefix(self) -> str:
+        if self._parent is not None:
+            return self._parent._prefix() + self._attr + "."
+        return "" if self._layers else self.name + "."
+
+    def _own_tensors(self) -> dict:
+        return {k: v for k, v in vars(self).items()
+                if isinstance(v, Tensor) and (v.stores_grad or k in self.aux_states)}
+
+    def _rename(self) -> None:
+        prefix = self._prefix()
+        for k, v in self._own_tensors().items():
+            v.name = prefix + k
+        for sub in self._layers.values():
+            sub._rename()
+
+    def _param(self, shape, attr: str) -> Tensor:
+        """A new zero parameter, named and registered as attribute `attr`."""
+        p = Tensor(tuple(shape), requires_grad=True, stores_grad=True)
+        setattr(self, attr, p)
+        return p
+
+    def _aux(self, shape, attr: str, value: float) -> Tensor:
+        t = Tensor(tuple(shape), requires_grad=False, stores_grad=False).set_value(value)
+        setattr(self, attr, t)
+        return t
+
+    # ----- calling
+    def __call__(self, *xs, **kwargs):
+        if not self._initialized:
+            self.initialize(*xs)
+            object.__setattr__(self, "_initialized", True)
+        self.device_check(*xs)
+        return self.forward(*xs, **kwargs)
+
+    def initialize(self, *xs) -> None:
+        """Creates parameters whose shapes depend on the input (called once, before the first forward)."""
+
+    def forward(self, *xs):
+        raise NotImplementedError(f"{type(self).__name__} must implement forward()")
+
+    def device_check(self, *xs) -> None:
+        """Moves this layer's tensors to the first input's device (SINGA's behaviour)."""
+        dev = next((x.device for x in xs if isinstance(x, Tensor)), None)
+        if dev is None:
+            return
+        for t in self._own_tensors().values():
+            if t.device != dev:
+                t.to_device(dev)
+
+    # ----- parameters and states
+    def get_params(self) -> dict:
+        """Trainable tensors by attribute path relative to this layer."""
+        return self._collect(lambda layer: {k: v for k, v in vars(layer).items()
+                                            if isinstance(v, Tensor) and v.stores_grad})
+
+    def get_states(self) -> dict:
+        """Parameters plus auxiliary states (running statistics...): what a checkpoint must hold."""
+        return self._collect(lambda layer: layer._own_tensors())
+
+    def _collect(self, own) -> dict:
+        out = dict(own(self))
+        for attr, sub in self._layers.items():
+            out.update({f"{attr}.{k}": v for k, v in sub._collect(own).items()})
+        return out
+
+    def set_params(self, parameters=None, **kwargs) -> None:
+        """Copies values (Tensors or numpy arrays) into parameters, in place; all names are checked first."""
+        self._assign(self.get_params(), dict(parameters or {}, **kwargs), "set_params")
+
+    def set_states(self, states=None, **kwargs) -> None:
+        self._assign(self.get_states(), dict(states or {}, **kwargs), "set_states")
+
+    def _assign(self, targets: dict, values: dict, what: str) -> None:
+        values = _flatten(values)
+        checked = []
+        for k, v in values.items():  # validate everything before writing anything
+            if k not in targets:
+                kind = "parameter" if what == "set_params" else "state"
+                raise KeyError(f"{self.name}.{what}: no {kind} {k!r}; the {kind}s are {sorted(targets)}")
+            src = v if isinstance(v, Tensor) else tensor.from_numpy(np.asarray(v))
+            if src.shape != targets[k].shape:
+                raise ValueError(f"{self.name}.{what}: {k!r} has shape {targets[k].shape}, the value has "
+                                 f"{src.shape}")
+            checked.append((targets[k], src))
+        for dst, src in checked:
+            dst.copy_data(src)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+# ---------------------------------------------------------------- layers with parameters
+class Linear(Layer):
+    """y = x W + b, W of shape (in_features, out_features) ~ N(0, 2 / (in + out)), b = 0.
+
+    ``Linear(out_features)`` infers in_features from the first input; ``Linear(in_features, out_features)``
+    creates the parameters at once (SINGA's autograd spelling)."""
+
+    def __init__(self, out_features: int, *args, bias: bool = True, name: str | None = None):
+        super().__init__(name)
+        in_features = None
+        if args:
+            in_features, out_features = out_features, args[0]
+        self.in_features, self.out_features, self.bias = in_features, out_features, bias
+        if in_features is not None:
+            self._create(in_features)
+            object.__setattr__(self, "_initialized", True)
+
+    def initialize(self, x):
+        self._create(x.shape[-1])
+
+    def _create(self, in_features: int):
+        self.in_features = in_features
+        self._param((in_features, self.out_features), "W").gaussian(
+            0.0, math.sqrt(2.0 / (in_features + self.out_features)))
+        if self.bias:
+            self._param((self.out_features,), "b")
+
+    def forward(self, x):
+        y = autograd.matmul(x, self.W)
+        if not self.bias:
+            return y
+        return autograd.add_bias(y, self.b, axis=0) if y.ndim() == 2 else autograd.add(y, self.b)
+
+
+class Conv2d(Layer):
+    """2-D convolution on NCHW input. ``Conv2d(nb_kernels, kernel_size, stride=1, padding=0, dilation=1,
+    group=1, bias=True)`` infers in_channels from the first input; ``Conv2d(in_channels, nb_kernels,
+    kernel_size, ...)`` creates the parameters at once. W ~ N(0, 2 / (fan_in + fan_out)), b = 0."""
+
+    def __init__(self, nb_kernels: int, kernel_size, *args, stride=1, padding=0, dilation=1, group: int = 1,
+                 bias: bool = True, name: str | None = None):
+        super().__init__(name)
+        in_channels = None
+        if args:
+            in_channels, nb_kernels, kernel_size = nb_kernels, kernel_size, args[0]
+        self.nb_kernels, self.kernel_size = nb_kernels, _pair(kernel_size, "kernel_size")
+        self.stride, self.padding = _pair(stride, "stride"), _pair(padding, "padding")
+        self.dilation, self.group, self.bias = _pair(dilation, "dilation"), group, bias
+        if group < 1 or nb_kernels % group:
+            raise ValueError(f"Conv2d: group {group} must be >= 1 and divide nb_kernels {nb_kernels}")
+        self.in_channels = in_channels
+        if in_channels is not None:
+            self._create(in_channels)
+            object.__setattr__(self, "_initialized", True)
+
+    def initialize(self, x):
+        if x.ndim() != 4:
+            raise ValueError(f"{self.name}: expected NCHW input, got shape {x.shape}")
+        self._create(x.shape[1])
+
+    def _create(self, in_channels: int):
+        if in_channels % self.group:
+            raise ValueError(f"Conv2d: group {self.group} must divide in_channels {in_channels}")
+        self.in_channels = in_channels
+        kh, kw = self.kernel_size
+        fan_in = in_channels // self.group * kh * kw
+        fan_out = self.nb_kernels // self.group * kh * kw
+        self._param((self.nb_kernels, in_channels // self.group, kh, kw), "W").gaussian(
+            0.0, math.sqrt(2.0 / (fan_in + fan_out)))
+        if self.bias:
+            self._param((self.nb_kernels,), "b")
+
+    def forward(self, x):
+        return autograd.conv2d(x, self.W, self.b if self.bias else None, self.stride, self.padding,
+                               self.dilation, self.group)
+
+
+class BatchNorm2d(Layer):
+    """Batch normalisation over (N, H, W) per channel. ``BatchNorm2d(momentum=0.9)`` infers the channels;
+    ``BatchNorm2d(num_features, momentum=0.9)`` creates the tensors at once. Training mode uses batch
+    statistics and updates ``running_mean`` / ``running_var`` (SINGA's momentum convention, see
+    ``autograd.batchnorm_2d``); evaluation mode uses the running statistics."""
+
+    aux_states = ("running_mean", "running_var")
+
+    def __init__(self, *args, momentum: float = 0.9, eps: float = 1e-5, name: str | None = None):
+        super().__init__(name)
+        if len(args) > 1:
+            raise TypeError(f"BatchNorm2d takes at most one positional argument (num_features), got {args}")
+        self.momentum, self.eps = momentum, eps
+        if args:
+            self._create(int(args[0]))
+            object.__setattr__(self, "_initialized", True)
+
+    def initialize(self, x):
+        if x.ndim() != 4:
+            raise ValueError(f"{self.name}: expected NCHW input, got shape {x.shape}")
+        self._create(x.shape[1])
+
+    def _create(self, channels: int):
+        self.num_features = channels
+        self._param((channels,), "scale").set_value(1.0)
+        self._param((channels,), "bias")
+        self._aux((channels,), "running_mean", 0.0)
+        self._aux((channels,), "running_var", 1.0)
+
+    def forward(self, x):
+        return autograd.batchnorm_2d(x, self.scale, self.bias, self.running_mean, self.running_var,
+                                     self.momentum, self.eps)
+
+
+# ---------------------------------------------------------------- layers without parameters
+class MaxPool2d(Layer):
+    def __init__(self, kernel_size, stride=None, padding=0, name: str | None = None):
+        super().__init__(name)
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.stride = self.kernel_size if stride is None else _pair(stride, "stride")
+        self.padding = _pair(padding, "padding")
+
+    def forward(self, x):
+        return autograd.max_pool2d(x, self.kernel_size, self.stride, self.padding)
+
+
+class AvgPool2d(Layer):
+    def __init__(self, kernel_size, stride=None, padding=0, count_include_pad: bool = True,
+                 name: str | None = None):
+        super().__init__(name)
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.stride = self.kernel_size if stride is None else _pair(stride, "stride")
+        self.padding = _pair(padding, "padding")
+        self.count_include_pad = count_include_pad
+
+    def forward(self, x):
+        return autograd.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.count_include_pad)
+
+
+class GlobalAvgPool2d(Layer):
+    """Mean over H and W: (N, C, H, W) -> (N, C, 1, 1)."""
+
+    def forward(self, x):
+        return autograd.global_avg_pool2d(x)
+
+
+class _FunctionLayer(Layer):
+    """A parameter-free layer applying ``autograd.<function>``; constructor arguments are passed on."""
+
+    function = ""
+
+    def __init__(self, *args, name: str | None = None, **kwargs):
+        super().__init__(name)
+        self.args, self.kwargs = args, kwargs
+
+    def forward(self, *xs):
+        return getattr(autograd, self.function)(*xs, *self.args, **self.kwargs)
+
+
+def _function_layer(name: str, function: str, doc: str) -> type:
+    return type(name, (_FunctionLayer,), {"function": function, "__doc__": doc, "__module__": __name__})
+
+
+ReLU = _function_layer("ReLU", "relu", "max(x, 0).")
+Sigmoid = _function_layer("Sigmoid", "sigmoid", "1 / (1 + exp(-x)).")
+Tanh = _function_layer("Tanh", "tanh", "tanh(x).")
+Gelu = _function_layer("Gelu", "gelu", "x * Phi(x), the exact erf form.")
+Flatten = _function_layer("Flatten", "flatten", "Flatten(axis=1): keeps the axes before `axis`, merges the rest.")
+Dropout = _function_layer("Dropout", "dropout", "Dropout(ratio=0.5): inverted dropout when training, identity "
+                                                "in evaluation.")
+SoftMax = _function_layer("SoftMax", "softmax", "SoftMax(axis=1).")
+SoftMaxCrossEntropy = _function_layer("SoftMaxCrossEntropy", "softmax_cross_entropy",
+                                      "loss(logits, target): integer labels or one-hot targets, mean over the batch.")
+MeanSquareError = _function_layer("MeanSquareError", "mse_loss", "loss(prediction, target): mean squared error.")

@@ -1,0 +1,161 @@
+"""SINGA 3's ``singa.model``: a :class:`Model` is a :class:`~singa_lite.layer.Layer` with a training
+step, train/eval modes and checkpoints.
+
+Usage, as in SINGA::
+
+    class CNN(model.Model):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = layer.Conv2d(20, 5)
+            ...
+            self.loss = layer.SoftMaxCrossEntropy()
+
+        def forward(self, x):
+            ...
+
+        def train_one_batch(self, x, y):
+            out = self.forward(x)
+            loss = self.loss(out, y)
+            self.optimizer(loss)
+            return out, loss
+
+    m = CNN()
+    m.set_optimizer(opt.SGD(lr=0.05))
+    m.compile([tx], is_train=True)
+    out, loss = m(tx, ty)              # training mode: train_one_batch
+    m.eval(); out = m(tx)              # evaluation mode: forward
+
+Checkpoints (``save_states`` / ``load_states``) are a zip holding ``tensor_dict.npz`` (the arrays, no
+pickle) and ``states_attr.json`` (shapes, dtypes, which entries are auxiliary), SINGA's layout. They are
+written to a temporary file in the same directory and renamed into place, so a crash never leaves a
+half-written checkpoint.
+
+SINGA's ``use_graph`` buffers the operations of a step and replays them on CUDA. singa_lite runs every
+step eagerly; ``compile(use_graph=...)`` and ``graph()`` are accepted so SINGA scripts run, and the
+flag is kept in ``graph_mode``, but it changes nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import zipfile
+
+import numpy as np
+
+from . import autograd, tensor
+from .layer import Layer
+from .tensor import Tensor
+
+TENSOR_DICT_FILENAME = "tensor_dict.npz"
+STATES_ATTR_FILENAME = "states_attr.json"
+MODEL_STATE_TYPE = 0
+AUX_STATE_TYPE = 1
+
+
+class Model(Layer):
+    """Base class of models: override ``forward`` and ``train_one_batch``."""
+
+    def __init__(self, name: str | None = None):
+        super().__init__(name)
+        self.training = True
+        self.graph_mode = False
+        self.sequential = False
+
+    def _prefix(self) -> str:
+        # A model is the root of its parameters' names: "conv1.W", never "CNN#0.conv1.W".
+        return "" if self._parent is None else super()._prefix()
+
+    def set_optimizer(self, optimizer) -> None:
+        """The optimizer ``train_one_batch`` uses (``self.optimizer``), as SINGA's examples do."""
+        self.optimizer = optimizer
+
+    def compile(self, inputs, is_train: bool = True, use_graph: bool = False, sequential: bool = False):
+        """Creates lazily shaped parameters by running ``forward`` once on `inputs` (nothing is recorded for
+        backward), then sets the mode."""
+        if not inputs or not all(isinstance(x, Tensor) for x in inputs):
+            raise TypeError("compile: expected a non-empty list of input Tensors (placeholders with the input "
+                            "shapes), e.g. model.compile([tx], is_train=True)")
+        was_training = autograd.training
+        autograd.training = False
+        try:
+            self.forward(*inputs)
+        finally:
+            autograd.training = was_training
+        self.train(is_train)
+        self.graph(use_graph, sequential)
+
+    def forward(self, *xs):
+        raise NotImplementedError(f"{type(self).__name__} must implement forward()")
+
+    def train_one_batch(self, *xs, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} must implement train_one_batch()")
+
+    def __call__(self, *xs, **kwargs):
+        if not self._initialized:
+            object.__setattr__(self, "_initialized", True)
+        if self.training:
+            return self.train_one_batch(*xs, **kwargs)
+        return self.forward(*xs, **kwargs)
+
+    def train(self, mode: bool = True) -> None:
+        """Training mode: calls run ``train_one_batch`` and operators record the graph."""
+        self.training = bool(mode)
+        autograd.training = bool(mode)
+
+    def eval(self) -> None:
+        self.train(False)
+
+    def graph(self, mode: bool = True, sequential: bool = False) -> None:
+        """Accepted for SINGA compatibility; steps always run eagerly (see the module docstring)."""
+        self.graph_mode, self.sequential = bool(mode), bool(sequential)
+
+    # ----- checkpoints
+    def save_states(self, fpath: str, aux_states: dict | None = None) -> None:
+        """Writes parameters, auxiliary states and `aux_states` (epoch, optimizer states... as Tensors,
+        numpy arrays or numbers) to the zip file `fpath`, atomically. Refuses to overwrite an existing file."""
+        if os.path.exists(fpath):
+            raise FileExistsError(f"save_states: {fpath} already exists; remove it or choose another path")
+        arrays, attrs = {}, {}
+        for kind, states in ((MODEL_STATE_TYPE, self.get_states()), (AUX_STATE_TYPE, aux_states or {})):
+            for k, v in states.items():
+                if k in arrays:
+                    raise ValueError(f"save_states: the name {k!r} is both a model state and an aux state")
+                arr = tensor.to_numpy(v) if isinstance(v, Tensor) else np.asarray(v)
+                if arr.dtype == object:
+                    raise TypeError(f"save_states: {k!r} is not numeric data ({type(v).__name__})")
+                arrays[k] = arr
+                attrs[k] = {"state_type": kind, "shape": list(arr.shape), "dtype": str(arr.dtype)}
+        directory = os.path.dirname(os.path.abspath(fpath))
+        fd, tmp = tempfile.mkstemp(prefix=".singa_lite_states_", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as zf:
+                with zf.open(TENSOR_DICT_FILENAME, "w") as f:
+                    np.savez(f, **arrays)
+                zf.writestr(STATES_ATTR_FILENAME, json.dumps(attrs))
+            os.replace(tmp, fpath)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+
+    def load_states(self, fpath: str) -> dict:
+        """Restores the model's states from `fpath` (all names and shapes are checked before anything is
+        written) and returns the auxiliary states as a dict of Tensors."""
+        if not os.path.isfile(fpath):
+            raise FileNotFoundError(f"load_states: {fpath} does not exist")
+        with zipfile.ZipFile(fpath) as zf:
+            names = set(zf.namelist())
+            if {TENSOR_DICT_FILENAME, STATES_ATTR_FILENAME} - names:
+                raise ValueError(f"load_states: {fpath} is not a singa_lite/SINGA checkpoint (it holds {sorted(names)})")
+            attrs = json.loads(zf.read(STATES_ATTR_FILENAME))
+            with zf.open(TENSOR_DICT_FILENAME) as f, np.load(f, allow_pickle=False) as npz:
+                arrays = {k: npz[k] for k in npz.files}
+        model_states = {k: v for k, v in arrays.items() if attrs.get(k, {}).get("state_type") == MODEL_STATE_TYPE}
+        aux = {k: tensor.from_numpy(v) for k, v in arrays.items()
+               if attrs.get(k, {}).get("state_type") == AUX_STATE_TYPE}
+        missing = set(self.get_states()) - set(model_states)
+        if missing:
+            raise KeyError(f"load_states: {fpath} lacks {sorted(missing)}; was it saved from another model?")
+        self.set_states(model_states)
+        return aux

@@ -1,0 +1,159 @@
+"""One training step (forward + backward + SGD update) of singa_lite against PyTorch eager on the CPU,
+same model, same data, same thread count, measured in the same run.
+
+Cases: SINGA's MNIST CNN (conv 20@5x5, pool, conv 50@5x5, pool, fc 500, fc 10) at batch 64 and 256, and
+the MLP of the DDP exercises (1024 -> 256 -> 256 -> 256 -> 32, tanh) at batch 64. Blocks of steps are
+interleaved (singa_lite, torch, singa_lite, ...) with a short sleep before each, so machine noise hits
+both; medians over blocks are reported. ratio = torch step time / singa_lite step time (> 1: singa_lite
+faster); the goal is ratio >= 1.0 (singa_lite's step at most PyTorch's).
+
+    python bench/bench_train.py                    # all cases
+    python bench/bench_train.py --threads 1 --repeat 9
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--threads", type=int, default=None, help="threads for both libraries (default: all cores)")
+    p.add_argument("--repeat", type=int, default=7, help="timed blocks per library per case")
+    p.add_argument("--steps", type=int, default=10, help="training steps per timed block")
+    p.add_argument("--gap", type=float, default=0.2, help="seconds of sleep before each block")
+    p.add_argument("--filter", default="", help="run only cases whose name contains this")
+    return p.parse_args()
+
+
+ARGS = parse_args()
+if ARGS.threads:
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(ARGS.threads)
+
+import numpy as np  # noqa: E402
+
+try:
+    import torch  # noqa: E402
+except ImportError:
+    sys.exit("this benchmark compares against PyTorch: pip install torch (CPU build); it is not a dependency "
+             "of singa_lite")
+
+from singa_lite import autograd, device, opt, tensor  # noqa: E402
+
+if ARGS.threads:
+    device.set_num_threads(ARGS.threads)
+    torch.set_num_threads(ARGS.threads)
+
+
+# ---------------------------------------------------------------- the same models in both libraries
+class SingaCNN:
+    def __init__(self):
+        self.conv1 = autograd.Conv2d(1, 20, 5)
+        self.conv2 = autograd.Conv2d(20, 50, 5)
+        self.fc1 = autograd.Linear(800, 500)
+        self.fc2 = autograd.Linear(500, 10)
+        self.pool = autograd.MaxPool2d(2, 2)
+
+    def forward(self, x):
+        y = self.pool(autograd.relu(self.conv1(x)))
+        y = self.pool(autograd.relu(self.conv2(y)))
+        return self.fc2(autograd.relu(self.fc1(autograd.flatten(y))))
+
+
+class SingaMLP:
+    def __init__(self, sizes=(1024, 256, 256, 256, 32)):
+        self.layers = [autograd.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:])]
+
+    def forward(self, x):
+        for layer in self.layers[:-1]:
+            x = autograd.tanh(layer(x))
+        return self.layers[-1](x)
+
+
+def torch_cnn():
+    nn = torch.nn
+    return nn.Sequential(nn.Conv2d(1, 20, 5), nn.ReLU(), nn.MaxPool2d(2, 2), nn.Conv2d(20, 50, 5), nn.ReLU(),
+                         nn.MaxPool2d(2, 2), nn.Flatten(), nn.Linear(800, 500), nn.ReLU(), nn.Linear(500, 10))
+
+
+def torch_mlp(sizes=(1024, 256, 256, 256, 32)):
+    nn = torch.nn
+    layers = []
+    for a, b in zip(sizes[:-1], sizes[1:]):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    return nn.Sequential(*layers[:-1])
+
+
+def make_case(name, batch):
+    rng = np.random.default_rng(0)
+    if name == "cnn":
+        x = rng.standard_normal((batch, 1, 28, 28)).astype(np.float32)
+        y = rng.integers(0, 10, batch).astype(np.int32)
+        s_model, t_model = SingaCNN(), torch_cnn()
+    else:
+        x = rng.standard_normal((batch, 1024)).astype(np.float32)
+        y = rng.integers(0, 32, batch).astype(np.int32)
+        s_model, t_model = SingaMLP(), torch_mlp()
+    sgd = opt.SGD(lr=0.01, momentum=0.9)
+    tx, ty = tensor.from_numpy(x), tensor.from_numpy(y)
+
+    def singa_step():
+        autograd.training = True
+        loss = autograd.softmax_cross_entropy(s_model.forward(tx), ty)
+        sgd(loss)
+
+    t_opt = torch.optim.SGD(t_model.parameters(), lr=0.01, momentum=0.9)
+    t_x, t_y = torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def torch_step():
+        t_opt.zero_grad(set_to_none=True)
+        loss_fn(t_model(t_x), t_y).backward()
+        t_opt.step()
+
+    return singa_step, torch_step
+
+
+def time_block(step, n):
+    t = time.perf_counter()
+    for _ in range(n):
+        step()
+    return (time.perf_counter() - t) / n
+
+
+def main():
+    cases = [("cnn_b64", "cnn", 64), ("cnn_b256", "cnn", 256), ("mlp_b64", "mlp", 64)]
+    print(f"singa_lite vs PyTorch {torch.__version__} eager, one training step (forward + backward + SGD)")
+    print(f"threads: singa_lite {device.get_num_threads()}, torch {torch.get_num_threads()}; "
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; {ARGS.repeat} blocks of "
+          f"{ARGS.steps} steps, interleaved")
+    print(f"{'case':10s} {'torch ms':>9s} {'singa ms':>9s} {'ratio':>6s} {'per-block ratios':s}")
+    for name, kind, batch in cases:
+        if ARGS.filter not in name:
+            continue
+        singa_step, torch_step = make_case(kind, batch)
+        for _ in range(3):
+            singa_step()
+            torch_step()
+        s_times, t_times = [], []
+        for _ in range(ARGS.repeat):
+            time.sleep(ARGS.gap)
+            s_times.append(time_block(singa_step, ARGS.steps))
+            time.sleep(ARGS.gap)
+            t_times.append(time_block(torch_step, ARGS.steps))
+        s_med, t_med = statistics.median(s_times), statistics.median(t_times)
+        ratios = sorted(t / s for s, t in zip(s_times, t_times))
+        verdict = "PASS" if t_med / s_med >= 1.0 else "BELOW"
+        print(f"{name:10s} {1e3 * t_med:9.2f} {1e3 * s_med:9.2f} {t_med / s_med:6.2f} "
+              f"{', '.join(f'{r:.2f}' for r in ratios)}  {verdict}")
+    autograd.training = False
+
+
+if __name__ == "__main__":
+    main()

@@ -108,61 +108,59 @@ class _Conv2d(Operator):
 
     def forward(self, x, W, b=None):
         oh, ow = self._check(x, W, b)
-        N, C, _, _ = x.shape
+        N = x.shape[0]
         OC, Cg, kh, kw = W.shape
-        g, L = self.groups, oh * ow
+        g, NL = self.groups, N * oh * ow
+        OCg, Kg = OC // g, Cg * kh * kw
         self.kernel = [kh, kw]
-        cols = _core.im2col(x, self.kernel, self.stride, self.padding, self.dilation)  # (N, C*kh*kw, L)
-        W2 = W.reshape([OC, Cg * kh * kw])
+        # cols [K, N*L]: every image's columns side by side, so each group is one GEMM for the whole batch.
+        cols = _core.im2col(x, self.kernel, self.stride, self.padding, self.dilation)
+        W2 = W.reshape([OC, Kg])
         if g == 1:
-            y = _core.matmul(W2, cols)  # W broadcast over the batch: (N, OC, L)
+            y2 = _core.matmul(W2, cols)  # (OC, N*L)
         else:
-            y = CTensor([N, OC, L], x.dtype, x.device)
-            OCg, Kg = OC // g, Cg * kh * kw
+            y2 = CTensor([OC, NL], x.dtype, x.device)
             for i in range(g):
-                _core.matmul(W2.slice(0, i * OCg, (i + 1) * OCg), cols.slice(1, i * Kg, (i + 1) * Kg),
-                             out=y.slice(1, i * OCg, (i + 1) * OCg))
+                _core.matmul(W2.slice(0, i * OCg, (i + 1) * OCg), cols.slice(0, i * Kg, (i + 1) * Kg),
+                             out=y2.slice(0, i * OCg, (i + 1) * OCg))
         if b is not None:
-            _core.add(y, b.reshape([1, OC, 1]), out=y)
+            _core.add(y2, b.reshape([OC, 1]), out=y2)
         self.cols, self.W2, self.x_shape, self.has_bias = cols, W2, list(x.shape), b is not None
-        return y.reshape([N, OC, oh, ow])
+        # (OC, N, L) -> (N, OC, L): one pass over the output puts it in NCHW order.
+        return y2.reshape([OC, N, oh * ow]).transpose([1, 0, 2]).contiguous().reshape([N, OC, oh, ow])
 
     def backward(self, dy):
-        N = self.x_shape[0]
-        OC, Kg = self.W2.shape  # Kg = C/groups * kh * kw; cols have K = groups * Kg rows
+        N, OC, oh, ow = dy.shape
+        Kg = self.W2.shape[1]  # C/groups * kh * kw; cols have K = groups * Kg rows
         g = self.groups
         OCg, K = OC // g, Kg * g
-        dy3 = dy.reshape([N, OC, dy.shape[2] * dy.shape[3]])
+        # dy in the forward's (OC, N*L) layout; then dW, db and dcols are each one GEMM / reduction per group.
+        dy2 = dy.reshape([N, OC, oh * ow]).transpose([1, 0, 2]).contiguous().reshape([OC, N * oh * ow])
         need = tuple(self.needs_grad) + (False,) * 3
         dx = dW = db = None
-        if need[1]:  # sum_n dy[n] @ cols[n]^T, accumulated per sample (no N x OC x K intermediate)
-            dW = CTensor([OC, Kg], dy.dtype, dy.device) if g > 1 else None
-            for i in range(g):
-                acc = None
-                for n in range(N):
-                    d = dy3.select(0, n)
-                    c = self.cols.select(0, n)
-                    if g > 1:
-                        d, c = d.slice(0, i * OCg, (i + 1) * OCg), c.slice(0, i * Kg, (i + 1) * Kg)
-                    p = _core.matmul(d, c.transpose([1, 0]))
-                    acc = p if acc is None else _core.add(acc, p, out=acc)
-                if g == 1:
-                    dW = acc
-                else:
-                    _core.copy_(dW.slice(0, i * OCg, (i + 1) * OCg), acc)
+        if need[1]:  # dW = dy2 @ cols^T; the transposed view goes to BLAS as a flag, not a copy
+            if g == 1:
+                dW = _core.matmul(dy2, self.cols.transpose([1, 0]))
+            else:
+                dW = CTensor([OC, Kg], dy.dtype, dy.device)
+                for i in range(g):
+                    _core.matmul(dy2.slice(0, i * OCg, (i + 1) * OCg),
+                                 self.cols.slice(0, i * Kg, (i + 1) * Kg).transpose([1, 0]),
+                                 out=dW.slice(0, i * OCg, (i + 1) * OCg))
             dW = dW.reshape([OC, Kg // (self.kernel[0] * self.kernel[1]), *self.kernel])
         if self.has_bias and need[2]:
-            db = _core.sum(dy3, [0, 2], False)
+            db = _core.sum(dy2, [1], False)
         if need[0]:
             W2T = self.W2.transpose([1, 0])
             if g == 1:
-                dcols = _core.matmul(W2T, dy3)  # (N, K, L)
+                dcols = _core.matmul(W2T, dy2)  # (K, N*L)
             else:
-                dcols = CTensor([N, K, dy3.shape[2]], dy.dtype, dy.device)
+                dcols = CTensor([K, dy2.shape[1]], dy.dtype, dy.device)
                 for i in range(g):
-                    _core.matmul(W2T.slice(1, i * OCg, (i + 1) * OCg),
-                                 dy3.slice(1, i * OCg, (i + 1) * OCg), out=dcols.slice(1, i * Kg, (i + 1) * Kg))
+                    _core.matmul(W2T.slice(1, i * OCg, (i + 1) * OCg), dy2.slice(0, i * OCg, (i + 1) * OCg),
+                                 out=dcols.slice(0, i * Kg, (i + 1) * Kg))
             dx = _core.col2im(dcols, self.x_shape, self.kernel, self.stride, self.padding, self.dilation)
+        self.cols = None  # the columns are the largest cached tensor: release them with the graph
         return (dx, dW, db) if self.has_bias else (dx, dW)
 
 

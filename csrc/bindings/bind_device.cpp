@@ -7,6 +7,7 @@
 #include "core/device.h"
 #include "core/errors.h"
 #include "core/generator.h"
+#include "core/storage.h"
 
 extern "C" void scipy_openblas_set_num_threads(int);
 extern "C" int scipy_openblas_get_num_threads(void);
@@ -66,6 +67,8 @@ void bind_device(py::module_& m) {
     scipy_openblas_set_num_threads(n);
   }, py::arg("n"), "Threads used by the CPU kernels and by OpenBLAS.");
   m.def("get_num_threads", [] { return omp_get_max_threads(); });
+  m.def("cpu_cache_bytes", &cpu_cache_bytes, "Bytes of released CPU blocks kept for reuse.");
+  m.def("empty_cache", &empty_cpu_cache, "Returns the cached CPU blocks to the system.");
 }
 
 }  // namespace sl::bindings

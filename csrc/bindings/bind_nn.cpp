@@ -11,7 +11,7 @@ namespace sl::bindings {
 void bind_nn(py::module_& m) {
   const auto release = py::call_guard<py::gil_scoped_release>();
   m.def("im2col", &im2col, py::arg("x"), py::arg("kernel"), py::arg("stride"), py::arg("padding"),
-        py::arg("dilation") = Pair{1, 1}, release, "x [N,C,H,W] -> cols [N, C*kh*kw, OH*OW].");
+        py::arg("dilation") = Pair{1, 1}, release, "x [N,C,H,W] -> cols [C*kh*kw, N*OH*OW].");
   m.def("col2im", &col2im, py::arg("cols"), py::arg("x_shape"), py::arg("kernel"), py::arg("stride"),
         py::arg("padding"), py::arg("dilation") = Pair{1, 1}, release, "The adjoint of im2col.");
   m.def("max_pool2d", &max_pool2d, py::arg("x"), py::arg("kernel"), py::arg("stride"), py::arg("padding"), release,

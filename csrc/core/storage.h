@@ -31,4 +31,9 @@ class Storage {
   Deleter deleter_;
 };
 
+// The CPU block cache behind Storage::allocate (see storage.cpp): bytes held for reuse, and a release
+// of all of them back to the system.
+size_t cpu_cache_bytes();
+void empty_cpu_cache();
+
 }  // namespace sl

@@ -11,7 +11,8 @@
 
 namespace sl::cpu {
 
-// cols[n, (c, i, j), (oh, ow)] = x[n, c, oh*sh - ph + i*dh, ow*sw - pw + j*dw] (0 outside the image).
+// cols[(c, i, j), (n, oh, ow)] = x[n, c, oh*sh - ph + i*dh, ow*sw - pw + j*dw] (0 outside the image).
+// All images' columns sit side by side, so a convolution of the whole batch is one GEMM W[OC, K] @ cols.
 void im2col(const Tensor& cols, const Tensor& x, const Conv2dGeometry& g) {
   SL_DISPATCH_FLOAT(x.dtype(), "im2col", [&] {
     const scalar_t* src = x.data<scalar_t>();
@@ -24,7 +25,7 @@ void im2col(const Tensor& cols, const Tensor& x, const Conv2dGeometry& g) {
         const int64_t n = nr / rows, r = nr % rows;
         const int64_t c = r / (g.kernel_h * g.kernel_w), i = (r / g.kernel_w) % g.kernel_h, j = r % g.kernel_w;
         const scalar_t* plane = src + (n * C + c) * H * W;
-        scalar_t* out = dst + nr * OHW;
+        scalar_t* out = dst + (r * N + n) * OHW;
         for (int64_t oh = 0; oh < g.out_h; ++oh) {
           const int64_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
           scalar_t* orow = out + oh * g.out_w;
@@ -57,10 +58,11 @@ void col2im(const Tensor& x, const Tensor& cols, const Conv2dGeometry& g) {
     parallel_range(N * C, [&](int64_t b, int64_t e) {
       std::vector<C_t> acc(static_cast<size_t>(H * W));
       for (int64_t nc = b; nc < e; ++nc) {
+        const int64_t n = nc / C, c = nc % C;
         std::fill(acc.begin(), acc.end(), C_t(0));
         for (int64_t r = 0; r < K; ++r) {
           const int64_t i = r / g.kernel_w, j = r % g.kernel_w;
-          const scalar_t* crow = src + (nc * K + r) * OHW;
+          const scalar_t* crow = src + ((c * K + r) * N + n) * OHW;
           for (int64_t oh = 0; oh < g.out_h; ++oh) {
             const int64_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
             if (ih < 0 || ih >= H) continue;

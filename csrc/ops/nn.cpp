@@ -50,7 +50,7 @@ Pool2dGeometry pool_geometry(const char* op, const Shape& x, Pair k, Pair s, Pai
 Tensor im2col(const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dilation) {
   check_nchw("im2col", x);
   Conv2dGeometry g = conv_geometry("im2col", x.shape(), kernel, stride, padding, dilation);
-  Tensor cols = Tensor::empty({x.shape()[0], x.shape()[1] * g.kernel_h * g.kernel_w, g.out_h * g.out_w}, x.dtype(),
+  Tensor cols = Tensor::empty({x.shape()[1] * g.kernel_h * g.kernel_w, x.shape()[0] * g.out_h * g.out_w}, x.dtype(),
                               x.device());
   cpu::im2col(cols, x.contiguous(), g);
   return cols;
@@ -62,7 +62,7 @@ Tensor col2im(const Tensor& cols, const Shape& x_shape, Pair kernel, Pair stride
   check_floating("col2im", cols);
   SL_CHECK(x_shape.size() == 4, ValueError, "col2im: expected a 4-D NCHW image shape, got ", shape_str(x_shape));
   Conv2dGeometry g = conv_geometry("col2im", x_shape, kernel, stride, padding, dilation);
-  Shape want = {x_shape[0], x_shape[1] * g.kernel_h * g.kernel_w, g.out_h * g.out_w};
+  Shape want = {x_shape[1] * g.kernel_h * g.kernel_w, x_shape[0] * g.out_h * g.out_w};
   SL_CHECK(cols.shape() == want, ValueError, "col2im: cols has shape ", shape_str(cols.shape()), ", expected ",
            shape_str(want), " for images of shape ", shape_str(x_shape));
   Tensor x = Tensor::empty(x_shape, cols.dtype(), cols.device());

@@ -58,9 +58,10 @@ struct Conv2dGeometry {
 struct Pool2dGeometry {
   int64_t kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, out_h, out_w;
 };
-// x [N, C, H, W] -> cols [N, C*kh*kw, OH*OW]: a convolution becomes a (batched) GEMM with the weights.
+// x [N, C, H, W] -> cols [C*kh*kw, N*OH*OW] (all images side by side): a convolution of the whole batch
+// becomes one GEMM with the weights, W[OC, C*kh*kw] @ cols.
 Tensor im2col(const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dilation);
-// The adjoint: cols [N, C*kh*kw, OH*OW] -> x [N, C, H, W], overlapping entries summed.
+// The adjoint: cols [C*kh*kw, N*OH*OW] -> x [N, C, H, W], overlapping entries summed.
 Tensor col2im(const Tensor& cols, const Shape& x_shape, Pair kernel, Pair stride, Pair padding, Pair dilation);
 // Returns (y, argmax): argmax holds the flat h*W+w index of each window's maximum, for the backward.
 std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding);

@@ -70,9 +70,11 @@ def test_im2col_and_col2im_match_numpy(case, dtype):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((N, C, H, W)).astype(dtype)
     cols = _core.im2col(T(x), k, s, p, d)
-    np.testing.assert_array_equal(np.asarray(cols), ref_im2col(x, k, s, p, d))
-    g = rng.standard_normal(cols.shape).astype(dtype)
-    np.testing.assert_allclose(np.asarray(_core.col2im(T(g), [N, C, H, W], k, s, p, d)),
+    ref = ref_im2col(x, k, s, p, d)  # (N, K, L); singa_lite lays the images side by side: (K, N*L)
+    np.testing.assert_array_equal(np.asarray(cols), ref.transpose(1, 0, 2).reshape(ref.shape[1], -1))
+    g = rng.standard_normal(ref.shape).astype(dtype)
+    g_knl = np.ascontiguousarray(g.transpose(1, 0, 2).reshape(ref.shape[1], -1))
+    np.testing.assert_allclose(np.asarray(_core.col2im(T(g_knl), [N, C, H, W], k, s, p, d)),
                                ref_col2im(g, (N, C, H, W), k, s, p, d), rtol=1e-5, atol=1e-5)
 
 
@@ -126,8 +128,8 @@ def test_against_torch_when_available():
     rng = np.random.default_rng(4)
     x = rng.standard_normal((2, 3, 9, 8))
     w = rng.standard_normal((4, 3, 3, 3))
-    cols = np.asarray(_core.im2col(T(x), (3, 3), (2, 1), (1, 1), (1, 1)))
-    y = np.einsum("ok,nkl->nol", w.reshape(4, -1), cols)
+    cols = np.asarray(_core.im2col(T(x), (3, 3), (2, 1), (1, 1), (1, 1)))  # (K, N*L)
+    y = (w.reshape(4, -1) @ cols).reshape(4, 2, -1).transpose(1, 0, 2)
     ref = F.conv2d(torch.tensor(x), torch.tensor(w), stride=(2, 1), padding=1).numpy()
     np.testing.assert_allclose(y.reshape(ref.shape), ref, rtol=1e-10, atol=1e-10)
 
@@ -138,7 +140,7 @@ def test_against_torch_when_available():
     (lambda: _core.im2col(T(np.zeros((1, 1, 4, 4), np.float32)), (2, 2), (0, 1), (0, 0)), "stride must be >= 1"),
     (lambda: _core.max_pool2d(T(np.zeros((1, 1, 4, 4), np.float32)), (2, 2), (1, 1), (2, 2)), "at most half"),
     (lambda: _core.avg_pool2d(T(np.zeros((1, 1, 4, 4), np.int32)), (2, 2), (1, 1), (0, 0)), "floating"),
-    (lambda: _core.col2im(T(np.zeros((1, 5, 9), np.float32)), [1, 1, 4, 4], (2, 2), (1, 1), (0, 0)), "col2im: cols"),
+    (lambda: _core.col2im(T(np.zeros((5, 9), np.float32)), [1, 1, 4, 4], (2, 2), (1, 1), (0, 0)), "col2im: cols"),
 ])
 def test_bad_geometry_raises(call, match):
     with pytest.raises((ValueError, TypeError), match=match):

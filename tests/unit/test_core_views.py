@@ -479,3 +479,19 @@ def test_from_buffer_copies_read_only_arrays():
     tw = _core.Tensor.from_buffer(w)
     _core.fill_(tw, 2.0)
     assert (w == 2).all(), "a writable array is shared"
+
+
+def test_large_cpu_blocks_are_reused_and_can_be_released():
+    # Training allocates the same large shapes every step: a released block comes back for the next tensor
+    # of its size class, without new page faults; empty_cache() hands everything back to the system.
+    _core.empty_cache()
+    t = _core.Tensor((1 << 20,), DT.float32, CPU)  # 4 MiB
+    ptr = t.data_ptr
+    del t
+    assert _core.cpu_cache_bytes() >= 4 << 20
+    u = _core.Tensor((1 << 20,), DT.float32, CPU)
+    assert u.data_ptr == ptr and _core.cpu_cache_bytes() == 0
+    small = _core.Tensor((100,), DT.float32, CPU)  # below the cached sizes: plain malloc
+    del u, small
+    _core.empty_cache()
+    assert _core.cpu_cache_bytes() == 0

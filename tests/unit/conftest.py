@@ -153,3 +153,29 @@ def restore_threads():
     n = _core.get_num_threads()
     yield n
     _core.set_num_threads(n)
+
+
+# ---------------------------------------------------------------- finite differences (autograd tests)
+GRAD_EPS = 1e-6
+
+
+def numeric_grads(fn, arrays, R, eps=GRAD_EPS):
+    """Central differences of sum(fn(*arrays) * R) with respect to every element of every array; fn takes
+    singa_lite Tensors (built from float64 copies, no gradient) and returns one Tensor."""
+    from singa_lite import tensor as sl_tensor
+
+    def value(args):
+        y = fn(*[sl_tensor.Tensor(data=a.copy(), requires_grad=False) for a in args])
+        return float((np.asarray(sl_tensor.to_numpy(y), np.float64) * R).sum())
+
+    grads = []
+    for i, a in enumerate(arrays):
+        g = np.zeros_like(a)
+        for idx in np.ndindex(a.shape):
+            plus = [b.copy() for b in arrays]
+            minus = [b.copy() for b in arrays]
+            plus[i][idx] += eps
+            minus[i][idx] -= eps
+            g[idx] = (value(plus) - value(minus)) / (2 * eps)
+        grads.append(g)
+    return grads

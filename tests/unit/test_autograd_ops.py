@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from singa_lite import autograd, device, tensor
+from core_testutil import numeric_grads
 
-EPS = 1e-6
 RTOL = ATOL = 1e-5
 
 
@@ -152,25 +152,6 @@ def make_inputs(rng, specs):
         shape, gen = (s, normal) if not (len(s) == 2 and callable(s[1])) else s
         out.append(np.asarray(gen(rng, shape), np.float64))
     return out
-
-
-def forward_np(fn, arrays):
-    y = fn(*[tensor.Tensor(data=a.copy(), requires_grad=False) for a in arrays])
-    return np.asarray(tensor.to_numpy(y), np.float64)
-
-
-def numeric_grads(fn, arrays, R):
-    grads = []
-    for i, a in enumerate(arrays):
-        g = np.zeros_like(a)
-        for idx in np.ndindex(a.shape):
-            plus = [b.copy() for b in arrays]
-            minus = [b.copy() for b in arrays]
-            plus[i][idx] += EPS
-            minus[i][idx] -= EPS
-            g[idx] = ((forward_np(fn, plus) * R).sum() - (forward_np(fn, minus) * R).sum()) / (2 * EPS)
-        grads.append(g)
-    return grads
 
 
 @pytest.mark.parametrize("name,fn,ref,specs", CASES, ids=[c[0] for c in CASES])

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from singa_lite import _core, autograd, device, tensor
+from core_testutil import numeric_grads
 
-EPS = 1e-6
 RTOL = ATOL = 1e-5
 
 
@@ -34,26 +34,6 @@ def param(a):
 
 def const(a, dtype=np.float64):
     return tensor.Tensor(data=np.array(a, dtype), requires_grad=False)
-
-
-def forward_np(fn, arrays):
-    y = fn(*[const(a) for a in arrays])
-    return np.asarray(tensor.to_numpy(y), np.float64)
-
-
-def numeric_grads(fn, arrays, R):
-    """Central differences of sum(fn(*arrays) * R) with respect to every element of every array."""
-    grads = []
-    for i, a in enumerate(arrays):
-        g = np.zeros_like(a)
-        for idx in np.ndindex(a.shape):
-            plus = [b.copy() for b in arrays]
-            minus = [b.copy() for b in arrays]
-            plus[i][idx] += EPS
-            minus[i][idx] -= EPS
-            g[idx] = ((forward_np(fn, plus) * R).sum() - (forward_np(fn, minus) * R).sum()) / (2 * EPS)
-        grads.append(g)
-    return grads
 
 
 def check_gradients(fn, arrays, rng):

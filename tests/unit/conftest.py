@@ -179,3 +179,31 @@ def numeric_grads(fn, arrays, R, eps=GRAD_EPS):
             g[idx] = (value(plus) - value(minus)) / (2 * eps)
         grads.append(g)
     return grads
+
+
+# ---------------------------------------------------------------- numpy references for NCHW kernels
+def pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def out_size(n, k, s, p, d=1):
+    return (n + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def np_pool(x, kernel, stride=None, padding=0, mode="max", count_include_pad=True):
+    k = pair(kernel)
+    s = k if stride is None else pair(stride)
+    p = pair(padding)
+    N, C, H, W = x.shape
+    oh, ow = out_size(H, k[0], s[0], p[0]), out_size(W, k[1], s[1], p[1])
+    y = np.zeros((N, C, oh, ow))
+    for a in range(oh):
+        for b in range(ow):
+            h0, w0 = a * s[0] - p[0], b * s[1] - p[1]
+            win = x[:, :, max(h0, 0):min(h0 + k[0], H), max(w0, 0):min(w0 + k[1], W)]
+            if mode == "max":
+                y[:, :, a, b] = win.max(axis=(2, 3))
+            else:
+                div = k[0] * k[1] if count_include_pad else win.shape[2] * win.shape[3]
+                y[:, :, a, b] = win.sum(axis=(2, 3)) / div
+    return y

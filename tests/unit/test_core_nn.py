@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from singa_lite import _core
+from core_testutil import np_pool, out_size
 
 T = _core.Tensor.from_buffer
 
@@ -17,10 +18,6 @@ POOL_CASES = [  # N, C, H, W, kernel, stride, padding
     (2, 3, 7, 9, (3, 3), (2, 1), (1, 1)),
     (1, 1, 5, 5, (3, 2), (1, 2), (1, 1)),
 ]
-
-
-def out_size(n, k, s, p, d=1):
-    return (n + 2 * p - d * (k - 1) - 1) // s + 1
 
 
 def ref_im2col(x, k, s, p, d):
@@ -45,22 +42,6 @@ def ref_col2im(cols, shape, k, s, p, d):
             hi, wj = i * d[0], j * d[1]
             xp[:, :, hi:hi + s[0] * oh:s[0], wj:wj + s[1] * ow:s[1]] += c6[:, :, i, j]
     return xp[:, :, p[0]:p[0] + H, p[1]:p[1] + W]
-
-
-def ref_pool(x, k, s, p, mode, count_include_pad=True):
-    N, C, H, W = x.shape
-    oh, ow = out_size(H, k[0], s[0], p[0]), out_size(W, k[1], s[1], p[1])
-    y = np.zeros((N, C, oh, ow))
-    for a in range(oh):
-        for b in range(ow):
-            h0, w0 = a * s[0] - p[0], b * s[1] - p[1]
-            win = x[:, :, max(h0, 0):min(h0 + k[0], H), max(w0, 0):min(w0 + k[1], W)]
-            if mode == "max":
-                y[:, :, a, b] = win.max(axis=(2, 3))
-            else:
-                count = k[0] * k[1] if count_include_pad else win.shape[2] * win.shape[3]
-                y[:, :, a, b] = win.sum(axis=(2, 3)) / count
-    return y
 
 
 @pytest.mark.parametrize("case", CONV_CASES)
@@ -95,7 +76,7 @@ def test_max_pool_forward_backward(case):
     rng = np.random.default_rng(2)
     x = rng.standard_normal((N, C, H, W))
     y, argmax = _core.max_pool2d(T(x), k, s, p)
-    np.testing.assert_array_equal(np.asarray(y), ref_pool(x, k, s, p, "max"))
+    np.testing.assert_array_equal(np.asarray(y), np_pool(x, k, s, p, "max"))
     flat = x.reshape(N, C, H * W)
     np.testing.assert_array_equal(np.take_along_axis(flat, np.asarray(argmax).reshape(N, C, -1), 2),
                                   np.asarray(y).reshape(N, C, -1))
@@ -115,7 +96,7 @@ def test_avg_pool_forward_backward(case, count_include_pad):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((N, C, H, W))
     y = _core.avg_pool2d(T(x), k, s, p, count_include_pad)
-    np.testing.assert_allclose(np.asarray(y), ref_pool(x, k, s, p, "avg", count_include_pad), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(y), np_pool(x, k, s, p, "avg", count_include_pad), rtol=1e-12)
     # The backward is the adjoint of the forward: <avg(x), g> == <x, avg_backward(g)>.
     g = rng.standard_normal(y.shape)
     dx = np.asarray(_core.avg_pool2d_backward(T(g), [N, C, H, W], k, s, p, count_include_pad))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from singa_lite import _core, autograd, device, tensor
-from core_testutil import numeric_grads
+from core_testutil import np_pool, numeric_grads, out_size, pair as _pair
 
 RTOL = ATOL = 1e-5
 
@@ -57,14 +57,6 @@ def distinct(rng, shape, spacing=0.01):
 
 
 # ---------------------------------------------------------------- numpy references
-def _pair(v):
-    return (v, v) if isinstance(v, int) else tuple(v)
-
-
-def out_size(n, k, s, p, d=1):
-    return (n + 2 * p - d * (k - 1) - 1) // s + 1
-
-
 def np_conv2d(x, W, b=None, stride=1, padding=0, dilation=1, groups=1):
     s, p, d = _pair(stride), _pair(padding), _pair(dilation)
     N, C, H, Wd = x.shape
@@ -80,25 +72,6 @@ def np_conv2d(x, W, b=None, stride=1, padding=0, dilation=1, groups=1):
             y += np.einsum("ngchw,goc->ngohw", patch, Wg[:, :, :, i, j])
     y = y.reshape(N, OC, oh, ow)
     return y if b is None else y + b[None, :, None, None]
-
-
-def np_pool(x, kernel, stride=None, padding=0, mode="max", count_include_pad=True):
-    k = _pair(kernel)
-    s = k if stride is None else _pair(stride)
-    p = _pair(padding)
-    N, C, H, W = x.shape
-    oh, ow = out_size(H, k[0], s[0], p[0]), out_size(W, k[1], s[1], p[1])
-    y = np.zeros((N, C, oh, ow))
-    for a in range(oh):
-        for b in range(ow):
-            h0, w0 = a * s[0] - p[0], b * s[1] - p[1]
-            win = x[:, :, max(h0, 0):min(h0 + k[0], H), max(w0, 0):min(w0 + k[1], W)]
-            if mode == "max":
-                y[:, :, a, b] = win.max(axis=(2, 3))
-            else:
-                div = k[0] * k[1] if count_include_pad else win.shape[2] * win.shape[3]
-                y[:, :, a, b] = win.sum(axis=(2, 3)) / div
-    return y
 
 
 def np_batchnorm_train(x, scale, bias, rm, rv, momentum, eps):

@@ -207,3 +207,15 @@ def np_pool(x, kernel, stride=None, padding=0, mode="max", count_include_pad=Tru
                 div = k[0] * k[1] if count_include_pad else win.shape[2] * win.shape[3]
                 y[:, :, a, b] = win.sum(axis=(2, 3)) / div
     return y
+
+
+@pytest.fixture
+def training_mode():
+    """autograd in training mode with a seeded CPU generator for the test; the previous mode is restored."""
+    from singa_lite import autograd, device
+
+    device.get_default_device().SetRandSeed(0)
+    saved = autograd.training
+    autograd.training = True
+    yield
+    autograd.training = saved

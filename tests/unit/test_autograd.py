@@ -9,12 +9,7 @@ import pytest
 from singa_lite import _core, autograd, device, tensor
 
 
-@pytest.fixture(autouse=True)
-def _training():
-    device.get_default_device().SetRandSeed(0)
-    autograd.training = True
-    yield
-    autograd.training = False
+pytestmark = pytest.mark.usefixtures("training_mode")
 
 
 def param(a, name=None, dtype=np.float64):

@@ -8,18 +8,13 @@ import zlib
 import numpy as np
 import pytest
 
-from singa_lite import autograd, device, tensor
+from singa_lite import autograd, tensor
 from core_testutil import numeric_grads
 
 RTOL = ATOL = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def _training():
-    device.get_default_device().SetRandSeed(0)
-    autograd.training = True
-    yield
-    autograd.training = False
+pytestmark = pytest.mark.usefixtures("training_mode")
 
 
 def param(a):

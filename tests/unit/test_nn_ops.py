@@ -9,19 +9,13 @@ import zlib
 import numpy as np
 import pytest
 
-from singa_lite import _core, autograd, device, tensor
+from singa_lite import _core, autograd, tensor
 from core_testutil import np_pool, numeric_grads, out_size, pair as _pair
 
 RTOL = ATOL = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def _training():
-    device.get_default_device().SetRandSeed(0)
-    saved = autograd.training
-    autograd.training = True
-    yield
-    autograd.training = saved
+pytestmark = pytest.mark.usefixtures("training_mode")
 
 
 def rng_for(name):

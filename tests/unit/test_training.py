@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from singa_lite import autograd, device, opt, tensor
+from singa_lite import autograd, opt, tensor
 
 
 class MLP(autograd.Layer):
@@ -27,12 +27,7 @@ def blobs(n, classes, dim, seed):
     return x.astype(np.float32), labels.astype(np.int32)
 
 
-@pytest.fixture(autouse=True)
-def train_mode():
-    device.get_default_device().SetRandSeed(0)
-    autograd.training = True
-    yield
-    autograd.training = False
+pytestmark = pytest.mark.usefixtures("training_mode")
 
 
 def test_sgd_call_applies_exactly_the_autograd_gradients():

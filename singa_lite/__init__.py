@@ -9,17 +9,14 @@ __version__ = "0.1.0"
 
 
 def _thread_defaults() -> None:
-    # Our OpenMP kernels and OpenBLAS's own threads take turns on the same cores (a GEMM, then
-    # element-wise work, then a GEMM...). By default both keep idle workers spinning for a long while, so
-    # each slows the other down: measured 8.9 ms instead of 1.4 ms for a 512 GEMM plus a 1e6 add on 2 cores
-    # (docs/benchmarks.md). Short spins hand the cores over quickly: OpenBLAS workers spin 2^16 cycles
-    # (~25 us: long enough to stay hot across back-to-back GEMMs, 2^4 made a 256 GEMM 5-10% slower), OpenMP
-    # workers 10k rounds. Set before libgomp and OpenBLAS load, since both read them once; a user's own
-    # settings win.
+    # One thread pool: GEMMs are split over singa_lite's OpenMP threads, each calling OpenBLAS on a single
+    # thread (csrc/cpu/matmul.cpp), so OpenBLAS needs no threads of its own. With two pools taking turns
+    # on the same cores, each pool's idle workers spun while the other worked, and every GEMM of a CNN
+    # training step ran about twice as slow as alone (docs/benchmarks.md). Set before OpenBLAS loads, since
+    # it reads the variable once; the thread count is OMP_NUM_THREADS or device.set_num_threads().
     import os
 
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 _thread_defaults()

@@ -10,7 +10,6 @@
 #include "core/storage.h"
 
 extern "C" void scipy_openblas_set_num_threads(int);
-extern "C" int scipy_openblas_get_num_threads(void);
 
 namespace py = pybind11;
 
@@ -61,11 +60,12 @@ void bind_device(py::module_& m) {
   m.def("manual_seed", &manual_seed, py::arg("device"), py::arg("seed"),
         "Seeds the device's random generator and restarts its stream.");
   m.def("current_seed", &current_seed, py::arg("device"));
+  // One pool: GEMMs are split over our OpenMP threads (cpu/matmul.cpp), each calling OpenBLAS on one thread.
+  scipy_openblas_set_num_threads(1);
   m.def("set_num_threads", [](int n) {
     SL_CHECK(n >= 1, ValueError, "set_num_threads: expected n >= 1, got ", n);
     omp_set_num_threads(n);
-    scipy_openblas_set_num_threads(n);
-  }, py::arg("n"), "Threads used by the CPU kernels and by OpenBLAS.");
+  }, py::arg("n"), "Threads used by the CPU kernels, GEMMs included (OpenBLAS itself runs on one thread).");
   m.def("get_num_threads", [] { return omp_get_max_threads(); });
   m.def("cpu_cache_bytes", &cpu_cache_bytes, "Bytes of released CPU blocks kept for reuse.");
   m.def("empty_cache", &empty_cpu_cache, "Returns the cached CPU blocks to the system.");

@@ -1,8 +1,14 @@
 // Matrix products through OpenBLAS (scipy-openblas32: 32-bit indices, scipy_-prefixed symbols).
 // A transposed view is passed to GEMM as a transposition flag, not copied; only operands whose last two
 // axes are strided in both directions get packed. float16 computes in float32; integers use a plain loop.
+//
+// One thread pool: OpenBLAS runs single-threaded (set when the module loads) and every GEMM is split here
+// over our OpenMP threads. With two pools on the same cores, each pool's idle workers spin while the other
+// works; in a CNN training step that made every GEMM about twice as slow as alone (docs/benchmarks.md).
 #include <cblas.h>
+#include <omp.h>
 
+#include <array>
 #include <climits>
 #include <vector>
 
@@ -65,6 +71,58 @@ void gemm_call(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, in
                       blasint(ldb), 0.0, C, blasint(ldc));
 }
 
+// Work (multiply-adds) below which a GEMM runs on one thread: forking costs a few microseconds.
+constexpr int64_t kGemmGrain = int64_t(1) << 18;
+// The inner dimension is cut into chunks of this size when the output is too small to share out; the chunk
+// size does not depend on the thread count, so neither does the result (partials are summed in order).
+constexpr int64_t kSplitK = 8192;
+
+// C = op(A) @ op(B) on up to omp_get_max_threads() threads, each calling single-threaded BLAS on a block:
+// the larger of M / N is split when it gives every thread a reasonable block, otherwise K is split and the
+// partial products are summed (a dW GEMM of a small convolution: 20 x 25 outputs over K = 147456).
+template <typename T>
+void gemm_parallel(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
+                   int64_t ldb, T* C, int64_t ldc, int max_threads) {
+  const int64_t work = M * N * K;
+  const int nt = int(std::min<int64_t>(max_threads, work / kGemmGrain));
+  if (nt <= 1) return gemm_call<T>(ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+  // Element (i, k) of op(A) and (k, j) of op(B), as pointers.
+  auto a_at = [&](int64_t i, int64_t k) { return ta ? A + k * lda + i : A + i * lda + k; };
+  auto b_at = [&](int64_t k, int64_t j) { return tb ? B + j * ldb + k : B + k * ldb + j; };
+  constexpr int64_t kMinBlock = 32;
+  if (std::max(M, N) >= kMinBlock * nt || K < 2 * kSplitK) {
+    const bool by_cols = N >= M;
+    const int64_t extent = by_cols ? N : M;
+    const int64_t parts = std::min<int64_t>(nt, (extent + 15) / 16);
+    const int64_t block = ((extent + parts - 1) / parts + 15) / 16 * 16;  // multiples of 16: whole SIMD tiles
+#pragma omp parallel for num_threads(nt) schedule(static, 1)
+    for (int64_t p = 0; p < parts; ++p) {
+      const int64_t lo = p * block, hi = std::min(extent, lo + block);
+      if (lo >= hi) continue;
+      if (by_cols)
+        gemm_call<T>(ta, tb, M, hi - lo, K, A, lda, b_at(0, lo), ldb, C + lo, ldc);
+      else
+        gemm_call<T>(ta, tb, hi - lo, N, K, a_at(lo, 0), lda, B, ldb, C + lo * ldc, ldc);
+    }
+    return;
+  }
+  const int64_t chunks = (K + kSplitK - 1) / kSplitK;
+  std::vector<T> partial(static_cast<size_t>((chunks - 1) * M * N));
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t k0 = c * kSplitK, kc = std::min(K, k0 + kSplitK) - k0;
+    if (c == 0)
+      gemm_call<T>(ta, tb, M, N, kc, a_at(0, k0), lda, b_at(k0, 0), ldb, C, ldc);
+    else
+      gemm_call<T>(ta, tb, M, N, kc, a_at(0, k0), lda, b_at(k0, 0), ldb, partial.data() + (c - 1) * M * N, N);
+  }
+  for (int64_t c = 1; c < chunks; ++c) {
+    const T* p = partial.data() + (c - 1) * M * N;
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] += p[i * N + j];
+  }
+}
+
 template <typename T>
 void matmul_blas(const Tensor& out, Tensor a, Tensor b) {
   const int n = out.ndim();
@@ -90,8 +148,23 @@ void matmul_blas(const Tensor& out, Tensor a, Tensor b) {
   const T* pa = a.data<T>();
   const T* pb = b.data<T>();
   T* po = out.data<T>();
+  int64_t batches = 1;
+  for (int d = 0; d < n - 2; ++d) batches *= out.shape()[d];
+  const int max_threads = omp_get_max_threads();
+  if (batches >= max_threads && batches * M * N * K >= 2 * kGemmGrain) {
+    // Many small products (attention-style batches): one whole GEMM per task.
+    std::vector<std::array<int64_t, 3>> offsets;
+    offsets.reserve(static_cast<size_t>(batches));
+    for_each_batch(out, a, b, [&](int64_t oo, int64_t oa, int64_t ob) { offsets.push_back({oo, oa, ob}); });
+#pragma omp parallel for num_threads(max_threads) schedule(dynamic, 1)
+    for (int64_t i = 0; i < batches; ++i) {
+      const auto& o = offsets[size_t(i)];
+      gemm_call<T>(la.trans, lb.trans, M, N, K, pa + o[1], la.ld, pb + o[2], lb.ld, po + o[0], N);
+    }
+    return;
+  }
   for_each_batch(out, a, b, [&](int64_t oo, int64_t oa, int64_t ob) {
-    gemm_call<T>(la.trans, lb.trans, M, N, K, pa + oa, la.ld, pb + ob, lb.ld, po + oo, N);
+    gemm_parallel<T>(la.trans, lb.trans, M, N, K, pa + oa, la.ld, pb + ob, lb.ld, po + oo, N, max_threads);
   });
 }
 

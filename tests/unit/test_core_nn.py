@@ -89,6 +89,44 @@ def test_max_pool_forward_backward(case):
     np.testing.assert_allclose(dx, expected.reshape(x.shape), rtol=1e-12)
 
 
+def np_max_pool_argmax(x, k, s, p):
+    """Per window (row-major over the clipped window): the first maximum, or the first nan if any."""
+    N, C, H, W = x.shape
+    oh, ow = out_size(H, k[0], s[0], p[0]), out_size(W, k[1], s[1], p[1])
+    idx = np.zeros((N, C, oh, ow), np.int64)
+    for a in range(oh):
+        for b in range(ow):
+            h0, w0 = a * s[0] - p[0], b * s[1] - p[1]
+            hs, ws = max(h0, 0), max(w0, 0)
+            win = x[:, :, hs:min(h0 + k[0], H), ws:min(w0 + k[1], W)]
+            wh, ww = win.shape[2], win.shape[3]
+            flat = win.reshape(N, C, -1)
+            first = np.argmax(flat, axis=2)  # numpy: first maximum, and a nan counts as the maximum
+            idx[:, :, a, b] = (hs + first // ww) * W + ws + first % ww
+    return idx
+
+
+# Wide rows and many window positions so every dtype's fast path (SIMD rows for float32) and the
+# padded borders are both exercised; small integers make ties common.
+TIE_POOL_CASES = POOL_CASES + [(2, 2, 9, 150, (2, 2), (2, 2), (0, 0)), (1, 2, 6, 131, (3, 3), (2, 3), (1, 1)),
+                               (1, 1, 4, 70, (2, 3), (1, 1), (1, 1))]
+
+
+@pytest.mark.parametrize("case", TIE_POOL_CASES)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_max_pool_ties_and_nan_pick_the_first(case, dtype):
+    N, C, H, W, k, s, p = case
+    rng = np.random.default_rng(5)
+    x = rng.integers(-2, 3, (N, C, H, W)).astype(dtype)
+    x.reshape(-1)[rng.choice(x.size, max(1, x.size // 40), replace=False)] = np.nan
+    y, argmax = _core.max_pool2d(T(x), k, s, p)
+    expected = np_max_pool_argmax(x, k, s, p)
+    np.testing.assert_array_equal(np.asarray(argmax), expected)
+    flat = x.reshape(N, C, H * W)
+    np.testing.assert_array_equal(np.asarray(y),
+                                  np.take_along_axis(flat, expected.reshape(N, C, -1), 2).reshape(y.shape))
+
+
 @pytest.mark.parametrize("case", POOL_CASES)
 @pytest.mark.parametrize("count_include_pad", [True, False])
 def test_avg_pool_forward_backward(case, count_include_pad):

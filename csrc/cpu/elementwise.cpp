@@ -7,6 +7,7 @@
 #include "core/errors.h"
 #include "cpu/kernels.h"
 #include "cpu/loop.h"
+#include "cpu/vecmath.h"
 
 namespace sl::cpu {
 namespace {
@@ -141,6 +142,10 @@ inline C apply_unary(C v) {
   else if constexpr (Op == UnaryOp::kSquare) return v * v;
   else if constexpr (Op == UnaryOp::kRelu) return v > C(0) ? v : (v != v ? v : C(0));
   else if constexpr (std::is_integral_v<C>) return v;  // unreachable: the front-end rejects the rest for ints
+  // float32 (and float16, computed in float32): the SIMD-friendly forms of cpu/vecmath.h.
+  else if constexpr (std::is_same_v<C, float> && Op == UnaryOp::kExp) return vecmath::exp_f32(v);
+  else if constexpr (std::is_same_v<C, float> && Op == UnaryOp::kTanh) return vecmath::tanh_f32(v);
+  else if constexpr (std::is_same_v<C, float> && Op == UnaryOp::kSigmoid) return vecmath::sigmoid_f32(v);
   else if constexpr (Op == UnaryOp::kExp) return std::exp(v);
   else if constexpr (Op == UnaryOp::kLog) return std::log(v);
   else if constexpr (Op == UnaryOp::kSqrt) return std::sqrt(v);

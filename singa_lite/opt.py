@@ -430,15 +430,6 @@ def _plus_decay(g: _core.Tensor, p: _core.Tensor, weight_decay: float) -> _core.
     return gw
 
 
-def _scale_(x: _core.Tensor, s: float) -> None:
-    """x *= s in place. float16 goes through axpy, whose scalar stays float32 (mul_scalar would round s to
-    half precision first, biasing e.g. a 0.9 momentum to 0.8999)."""
-    if x.dtype == tensor.float16:
-        _core.axpy_(s - 1.0, x, x)
-    else:
-        _core.mul_scalar(x, s, out=x)
-
-
 # ---------------------------------------------------------------- optimizers
 class SGD(Optimizer):
     """Stochastic gradient descent with momentum, dampening, Nesterov momentum and weight decay (L2).
@@ -473,30 +464,19 @@ class SGD(Optimizer):
         g = self._check(param_name, param_value, param_grad)
         p = param_value.data
         lr, mom, damp, wd = self.lr_value, self.mom_value, self.dam_value, self.decay_value
+        # One fused pass per parameter (_core.sgd_update_), not one op per term of the formula.
         if mom == 0:
-            if wd != 0:
-                _core.axpy_(-lr * wd, p, p)  # p -= lr * (g + wd * p), the decay term first
-            _core.axpy_(-lr, g, p)
+            _core.sgd_update_(p, g, None, lr, 0.0, damp, wd)
             return
         buf = self._get_state("moments", param_name, param_value)
-        if buf is None:  # the buffer starts as the (decayed) gradient
-            buf = self._new_state("moments", param_name, param_value).data
-            _core.copy_(buf, g)
-            if wd != 0:
-                _core.axpy_(wd, p, buf)
-        else:
-            buf = buf.data
-            _scale_(buf, mom)
-            _core.axpy_(1.0 - damp, g, buf)
-            if wd != 0:
-                _core.axpy_((1.0 - damp) * wd, p, buf)
-        if self.nesterov:  # p -= lr * (g + wd * p + mom * buf)
-            if wd != 0:
-                _core.axpy_(-lr * wd, p, p)
-            _core.axpy_(-lr, g, p)
-            _core.axpy_(-lr * mom, buf, p)
-        else:
-            _core.axpy_(-lr, buf, p)
+        first = buf is None  # the buffer starts as the (decayed) gradient
+        buf = self._new_state("moments", param_name, param_value) if first else buf
+        try:
+            _core.sgd_update_(p, g, buf.data, lr, mom, damp, wd, self.nesterov, first)
+        except Exception:
+            if first:  # nothing was written: the next step is still this parameter's first
+                del self.moments[param_name]
+            raise
 
 
 class RMSProp(Optimizer):

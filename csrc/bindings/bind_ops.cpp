@@ -38,6 +38,15 @@ void bind_ops(py::module_& m) {
     return clip(x, lo, hi, or_empty(out));
   }, py::arg("x"), py::arg("min") = py::none(), py::arg("max") = py::none(), py::arg("out") = py::none(), release);
   m.def("axpy_", &axpy_, py::arg("alpha"), py::arg("x"), py::arg("y"), release, "y += alpha * x, in place.");
+  m.def("sgd_update_", [](const Tensor& param, const Tensor& grad, const OptTensor& buf, double lr, double momentum,
+                          double dampening, double weight_decay, bool nesterov, bool first) {
+    sgd_update_(param, grad, or_empty(buf), SgdStep{lr, momentum, dampening, weight_decay, nesterov, first});
+  }, py::arg("param"), py::arg("grad"), py::arg("buf"), py::arg("lr"), py::arg("momentum") = 0.0,
+        py::arg("dampening") = 0.0, py::arg("weight_decay") = 0.0, py::arg("nesterov") = false,
+        py::arg("first") = false, release,
+        "One SGD step in place, in one pass: d = grad + weight_decay * param; buf = d if first else "
+        "momentum * buf + (1 - dampening) * d; param -= lr * (d + momentum * buf if nesterov else buf). "
+        "buf=None: param -= lr * d.");
   m.def("fill_", &fill_, py::arg("t"), py::arg("value"), release);
   m.def("arange", &arange, py::arg("start"), py::arg("stop"), py::arg("step"), py::arg("dtype"), py::arg("device"),
         release);

@@ -12,6 +12,7 @@ void unary(UnaryOp op, const Tensor& out, const Tensor& x);
 void clip(const Tensor& out, const Tensor& x, double lo, double hi);
 void axpy(double alpha, const Tensor& x, const Tensor& y);
 void fill(const Tensor& t, double value);
+void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& buf, const SgdStep& s);
 void arange(const Tensor& t, double start, double step);
 void copy(const Tensor& dst, const Tensor& src);  // same shape, any dtypes
 

@@ -32,6 +32,15 @@ Tensor unary(UnaryOp op, const Tensor& x, Tensor out = Tensor());
 Tensor clip(const Tensor& x, std::optional<double> lo, std::optional<double> hi, Tensor out = Tensor());
 void axpy_(double alpha, const Tensor& x, const Tensor& y);  // y += alpha * x (x broadcast to y)
 void fill_(const Tensor& t, double value);
+
+// ----- fused optimizer steps (in place on param and buf; see cpu/optim.cpp for the formula)
+struct SgdStep {
+  double lr = 0.1, momentum = 0, dampening = 0, weight_decay = 0;
+  bool nesterov = false;
+  bool first = false;  // the buffer is set to the (decayed) gradient instead of being decayed
+};
+// buf undefined: plain SGD (momentum must be 0). param, grad, buf: same shape, float dtype, device.
+void sgd_update_(const Tensor& param, const Tensor& grad, const Tensor& buf, const SgdStep& step);
 Tensor arange(double start, double stop, double step, DType dtype, Device device);
 void copy_(const Tensor& dst, const Tensor& src);  // src broadcast to dst; casts; crosses devices
 

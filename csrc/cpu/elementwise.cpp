@@ -169,6 +169,25 @@ inline __attribute__((always_inline)) C apply_unary(C v) {
   else return v > C(20) ? v : std::log1p(std::exp(v));  // softplus; exact to rounding above 20
 }
 
+// The float32 polynomial ops (cpu/vecmath.h) are compute-bound: on CPUs with AVX2 their loop runs from a
+// second copy compiled for 8-lane vectors, chosen at run time (the build itself targets baseline x86-64).
+// No FMA in that copy, so both copies round identically and results do not depend on the CPU.
+constexpr bool is_polynomial_f32(UnaryOp op) {
+  return op == UnaryOp::kExp || op == UnaryOp::kTanh || op == UnaryOp::kSigmoid;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+template <UnaryOp Op>
+__attribute__((target("avx2"))) void unary_f32_avx2(float* o, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = apply_unary<Op, float>(x[i]);
+}
+
+bool cpu_has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+#endif
+
 template <UnaryOp Op, typename T>
 void unary_typed(const Tensor& out, const Tensor& x) {
   using C = compute_t<T>;
@@ -177,6 +196,11 @@ void unary_typed(const Tensor& out, const Tensor& x) {
     T* o = reinterpret_cast<T*>(p[0]);
     const T* xs = reinterpret_cast<const T*>(p[1]);
     const int64_t so = s[0] / int64_t(sizeof(T)), sx = s[1] / int64_t(sizeof(T));
+#if defined(__x86_64__) && defined(__GNUC__)
+    if constexpr (std::is_same_v<T, float> && is_polynomial_f32(Op)) {
+      if (so == 1 && sx == 1 && cpu_has_avx2()) return unary_f32_avx2<Op>(o, xs, n);
+    }
+#endif
     if (so == 1 && sx == 1) {
       for (int64_t i = 0; i < n; ++i) o[i] = convert<T>(apply_unary<Op, C>(C(xs[i])));
     } else {

@@ -37,7 +37,7 @@ Choices (differences from SINGA 3 noted):
   does not depend on any parameter; SINGA silently yields nothing for the latter.
 - ``y`` need not be a scalar: ``dy`` defaults to ones of ``y``'s shape (may be a number or a Tensor).
 - Only leaves are yielded; an intermediate tensor with ``stores_grad=True`` is not (SINGA yields it).
-- ``mse_loss`` is the mean of the squared error over all elements (SINGA: sum / (2 * batch)).
+- ``mse_loss`` is SINGA's: sum of squared errors / (2 * batch); it also gives the target a gradient.
 - ``slice`` follows SINGA/ONNX's ``slice(x, starts, ends, axes=None, steps=None)`` with Python's rules
   for negative and out-of-range bounds.
 - ``Linear``'s W is drawn from N(0, 2 / (in + out)) as SINGA does; b starts at zero.

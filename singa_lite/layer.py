@@ -336,4 +336,4 @@ Dropout = _function_layer("Dropout", "dropout", "Dropout(ratio=0.5): inverted dr
 SoftMax = _function_layer("SoftMax", "softmax", "SoftMax(axis=1).")
 SoftMaxCrossEntropy = _function_layer("SoftMaxCrossEntropy", "softmax_cross_entropy",
                                       "loss(logits, target): integer labels or one-hot targets, mean over the batch.")
-MeanSquareError = _function_layer("MeanSquareError", "mse_loss", "loss(prediction, target): mean squared error.")
+MeanSquareError = _function_layer("MeanSquareError", "mse_loss", "loss(prediction, target): sum of squared errors / (2 * batch), as SINGA.")

@@ -790,15 +790,19 @@ def softmax_cross_entropy(x, t):
 
 
 class MeanSquareError(Operator):
-    """mean((x - t)^2) over all elements."""
+    """SINGA's squared-error loss: sum((x - t)^2) / (2 * batch), batch = x.shape[0] (1 for a 0-d x), so
+    the gradient is (x - t) / batch. t broadcasts to x. (torch.nn.MSELoss averages over every element
+    instead: it equals 2 * mse_loss / (x.size / batch).)"""
 
     def forward(self, x, t):
         self.shapes = x.shape, t.shape
+        self.batch = x.shape[0] if x.ndim else 1
         self.err = _core.sub(x, t)
-        return _core.mean(_core.square(self.err))
+        loss = _core.sum(_core.square(self.err))
+        return _core.mul_scalar(loss, 0.5 / max(self.batch, 1), out=loss)
 
     def backward(self, dy):
-        g = _core.mul_scalar(self.err, 2.0 / max(self.err.numel, 1))
+        g = _core.mul_scalar(self.err, 1.0 / max(self.batch, 1))
         _core.mul(g, dy, out=g)
         dt = _core.neg(_reduce_to(g, self.shapes[1])) if self.needs_grad[1] else None
         return _reduce_to(g, self.shapes[0]), dt

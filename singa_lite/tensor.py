@@ -73,15 +73,15 @@ class Tensor:
 
     def __init__(self, shape=(), device=None, dtype=float32, data=None, requires_grad=True, stores_grad=False,
                  creator=None, name=None):
-        dev = as_device(device)
-        if data is None:
-            self.data = _core.Tensor(_shape_tuple(shape), to_dtype(dtype), dev.core)
-            _core.fill_(self.data, 0)
-        elif isinstance(data, _core.Tensor):
+        if isinstance(data, _core.Tensor):  # first: autograd wraps every op's output this way
             self.data = data
+        elif data is None:
+            self.data = _core.Tensor(_shape_tuple(shape), to_dtype(dtype), as_device(device).core)
+            _core.fill_(self.data, 0)
         elif isinstance(data, Tensor):
             self.data = data.data
         else:
+            dev = as_device(device)
             arr = _np_supported(np.asarray(data))
             self.data = _core.Tensor(arr.shape, _FROM_NUMPY[arr.dtype], dev.core)
             _core.copy_(self.data, _core.Tensor.from_buffer(np.ascontiguousarray(arr).reshape(arr.shape)))

@@ -296,8 +296,9 @@ def test_cross_entropy_and_mse_match_numpy():
     xa, ta = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
     x = param(xa)
     loss = autograd.mse_loss(x, data(ta))
-    np.testing.assert_allclose(float(npy(loss)), ((xa - ta) ** 2).mean())
-    np.testing.assert_allclose(npy(autograd.gradients(loss)[x]), 2 * (xa - ta) / xa.size)
+    # SINGA's definition: sum / (2 * batch), gradient (x - t) / batch
+    np.testing.assert_allclose(float(npy(loss)), ((xa - ta) ** 2).sum() / (2 * 3))
+    np.testing.assert_allclose(npy(autograd.gradients(loss)[x]), (xa - ta) / 3)
 
 
 def test_loss_target_errors():

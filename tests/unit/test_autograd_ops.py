@@ -133,8 +133,9 @@ CASES = [
     ("softmax_cross_entropy_soft",
      lambda x: autograd.softmax_cross_entropy(x, tensor.from_numpy(np.full((3, 4), 0.4))),
      lambda x: -(0.4 * np_log_softmax(x, 1)).sum() / 3, [(3, 4)]),
-    ("mse_loss", autograd.mse_loss, lambda x, t: ((x - t) ** 2).mean(), [(3, 4), (3, 4)]),
-    ("mse_loss_broadcast", autograd.mse_loss, lambda x, t: ((x - t) ** 2).mean(), [(3, 4), (4,)]),
+    ("mse_loss", autograd.mse_loss, lambda x, t: ((x - t) ** 2).sum() / (2 * x.shape[0]), [(3, 4), (3, 4)]),
+    ("mse_loss_broadcast", autograd.mse_loss, lambda x, t: ((x - t) ** 2).sum() / (2 * x.shape[0]),
+     [(3, 4), (4,)]),
     ("cast_same_dtype", lambda x: autograd.cast(x, "float64"), lambda x: x, [(3,)]),
     ("chain", lambda x, w, b: autograd.tanh(autograd.add_bias(autograd.matmul(autograd.sigmoid(x), w), b)),
      lambda x, w, b: np.tanh(1 / (1 + np.exp(-x)) @ w + b), [(3, 4), (4, 2), (2,)]),
@@ -168,3 +169,30 @@ def test_forward_and_gradient(name, fn, ref, specs):
         g = grads[p]
         assert g.shape == p.shape and g.dtype == tensor.float64
         np.testing.assert_allclose(tensor.to_numpy(g), num, rtol=RTOL, atol=ATOL)
+
+
+def _half_tolerance(expected):
+    # float16 keeps ~3 decimal digits; errors grow with the values' scale and through chains of ops.
+    scale = max(1.0, float(np.max(np.abs(expected))) if np.size(expected) else 1.0)
+    return dict(rtol=3e-2, atol=3e-2 * scale)
+
+
+@pytest.mark.parametrize("name,fn,ref,specs", CASES, ids=[c[0] for c in CASES])
+def test_float16_forward_and_gradient_follow_float64(name, fn, ref, specs):
+    # The same inputs (rounded to half first) through the float16 graph and the float64 one: every operator
+    # runs in float16 end to end, gradients included, and stays within half precision of the exact result.
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    arrays = [a.astype(np.float16).astype(np.float64) for a in make_inputs(rng, specs)]
+    halves = [tensor.Tensor(data=a.astype(np.float16), requires_grad=True, stores_grad=True) for a in arrays]
+    doubles = [param(a) for a in arrays]
+    y16, y64 = fn(*halves), fn(*doubles)
+    assert y16.dtype == (tensor.float64 if name.startswith("cast") else tensor.float16)  # cast: to float64
+    expected = tensor.to_numpy(y64)
+    np.testing.assert_allclose(tensor.to_numpy(y16).astype(np.float64), expected, **_half_tolerance(expected))
+    R = np.asarray(rng.standard_normal(expected.shape)).astype(np.float16)
+    g16 = autograd.gradients(y16, tensor.Tensor(data=R.astype(tensor.to_numpy(y16).dtype), requires_grad=False))
+    g64 = autograd.gradients(y64, tensor.Tensor(data=R.astype(np.float64), requires_grad=False))
+    for h, d in zip(halves, doubles):
+        assert g16[h].dtype == tensor.float16
+        want = tensor.to_numpy(g64[d])
+        np.testing.assert_allclose(tensor.to_numpy(g16[h]).astype(np.float64), want, **_half_tolerance(want))

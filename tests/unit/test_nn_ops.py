@@ -250,6 +250,39 @@ def test_chain_conv_bn_pool_conv():
     check_gradients(fn, arrays, rng)
 
 
+def test_float16_chain_follows_float64():
+    # conv (groups, stride, padding), batch norm, both poolings, global pooling and a loss, all in float16 end
+    # to end, against the same half-rounded inputs in float64.
+    rng = rng_for("half chain")
+    arrays = [rng.standard_normal((2, 4, 7, 7)), rng.standard_normal((6, 2, 3, 3)) * 0.5, rng.standard_normal(6),
+              rng.uniform(0.5, 1.5, 6), rng.standard_normal(6), rng.standard_normal((5, 6, 2, 2)) * 0.5]
+    arrays = [a.astype(np.float16).astype(np.float64) for a in arrays]
+
+    def fn(dtype):
+        ps = [tensor.Tensor(data=a.astype(dtype), requires_grad=True, stores_grad=True) for a in arrays]
+        x, W1, b1, s, beta, W2 = ps
+        h = autograd.conv2d(x, W1, b1, stride=1, padding=1, groups=2)
+        h = autograd.batchnorm_2d(h, s, beta, const(np.zeros(6), dtype), const(np.ones(6), dtype))
+        h = autograd.max_pool2d(autograd.relu(h), 2, 1)
+        h = autograd.conv2d(h, W2, None, stride=2)
+        h = autograd.avg_pool2d(h, 2, 1, padding=1)
+        y = autograd.global_avg_pool2d(autograd.tanh(h))
+        return ps, y
+
+    p16, y16 = fn(np.float16)
+    p64, y64 = fn(np.float64)
+    assert y16.dtype == tensor.float16
+    np.testing.assert_allclose(tensor.to_numpy(y16).astype(np.float64), tensor.to_numpy(y64), rtol=3e-2, atol=3e-2)
+    R = rng.standard_normal(y64.shape).astype(np.float16)
+    g16 = autograd.gradients(y16, const(R, np.float16))
+    g64 = autograd.gradients(y64, const(R.astype(np.float64)))
+    for a, b in zip(p16, p64):
+        assert g16[a].dtype == tensor.float16
+        want = tensor.to_numpy(g64[b])
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(tensor.to_numpy(g16[a]).astype(np.float64), want, rtol=3e-2, atol=3e-2 * scale)
+
+
 # ---------------------------------------------------------------- errors
 def _raises(fn, *fragments):
     with pytest.raises(ValueError) as e:

@@ -28,6 +28,9 @@ def parse_args():
     p.add_argument("--steps", type=int, default=10, help="training steps per timed block")
     p.add_argument("--gap", type=float, default=0.2, help="seconds of sleep before each block")
     p.add_argument("--filter", default="", help="run only cases whose name contains this")
+    p.add_argument("--only", choices=("singa", "torch"), default=None,
+                   help="time one library alone (run once per library, in separate processes): no idle workers "
+                        "of the other library's thread pool share the cores; no ratio is printed")
     return p.parse_args()
 
 
@@ -138,6 +141,17 @@ def main():
         if ARGS.filter not in name:
             continue
         singa_step, torch_step = make_case(kind, batch)
+        if ARGS.only:
+            step = singa_step if ARGS.only == "singa" else torch_step
+            for _ in range(3):
+                step()
+            times = []
+            for _ in range(ARGS.repeat):
+                time.sleep(ARGS.gap)
+                times.append(time_block(step, ARGS.steps))
+            print(f"{name:10s} {ARGS.only} alone {1e3 * statistics.median(times):9.2f} ms  (blocks: "
+                  f"{', '.join(f'{1e3 * t:.2f}' for t in sorted(times))})")
+            continue
         for _ in range(3):
             singa_step()
             torch_step()

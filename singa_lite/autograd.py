@@ -73,18 +73,22 @@ class Operator:
         self.name = name
 
     def __call__(self, *xs):
+        # Runs for every operator of every step: plain loops and list comprehensions, no generators.
+        requires_grad = False
         for x in xs:
             if not isinstance(x, Tensor):
                 raise TypeError(f"{self.name}: inputs must be tensor.Tensor, got {type(x).__name__}")
+            requires_grad = requires_grad or x.requires_grad
         try:
-            ys = self.forward(*(x.data for x in xs))
+            ys = self.forward(*[x.data for x in xs])
         except (ValueError, TypeError, IndexError) as e:  # say which autograd op failed, keep the type
             raise type(e)(f"{self.name}: {e}") from e
         ys = ys if isinstance(ys, tuple) else (ys,)
-        self.requires_grad = any(x.requires_grad for x in xs)
-        record = training and self.requires_grad
-        outs = tuple(Tensor(data=y, requires_grad=self.requires_grad, creator=self if record else None,
-                            name=f"{self.name}:{i}") for i, y in enumerate(ys))
+        self.requires_grad = requires_grad
+        record = training and requires_grad
+        creator = self if record else None
+        outs = tuple([Tensor(data=y, requires_grad=requires_grad, creator=creator, name=f"{self.name}:{i}")
+                      for i, y in enumerate(ys)])
         if record:  # the graph: one edge per input, (creator op, output index) or (parameter, 0) or None
             self.src = [_edge(x) for x in xs]
             self.y_id2idx = {id(y): i for i, y in enumerate(outs)}

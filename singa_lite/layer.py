@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from . import autograd, tensor
+from .device import as_device
 from .tensor import Tensor
 
 __all__ = ["Layer", "Linear", "Conv2d", "MaxPool2d", "AvgPool2d", "GlobalAvgPool2d", "BatchNorm2d", "ReLU",
@@ -53,6 +54,7 @@ class Layer:
     # ----- structure and names
     def __setattr__(self, key, value):
         object.__setattr__(self, key, value)
+        self.__dict__.pop("_tensor_attrs", None)  # device_check's list of tensor attributes is stale
         if isinstance(value, Layer) and not key.startswith("_"):
             self._layers[key] = value
             object.__setattr__(value, "_parent", self)
@@ -110,12 +112,19 @@ class Layer:
 
     def device_check(self, *xs) -> None:
         """Moves this layer's tensors to the first input's device (SINGA's behaviour)."""
-        dev = next((x.device for x in xs if isinstance(x, Tensor)), None)
-        if dev is None:
+        core_dev = next((x.data.device for x in xs if isinstance(x, Tensor)), None)
+        if core_dev is None:
             return
-        for t in self._own_tensors().values():
-            if t.device != dev:
-                t.to_device(dev)
+        # Runs on every call: compare the C++ devices of the attributes listed once (the list is rebuilt
+        # when an attribute is assigned) instead of rescanning vars() and wrapping each device.
+        names = self.__dict__.get("_tensor_attrs")
+        if names is None:
+            names = tuple(self._own_tensors())
+            object.__setattr__(self, "_tensor_attrs", names)
+        for k in names:
+            t = self.__dict__[k]
+            if t.data.device != core_dev:
+                t.to_device(as_device(core_dev))
 
     # ----- parameters and states
     def get_params(self) -> dict:

@@ -1,0 +1,407 @@
+"""The one communicator interface every backend implements (mpi, shm; nccl with the CUDA build).
+
+The public methods live here and do everything that does not depend on the backend: argument checks (wrong
+dtypes, devices, sizes or roots raise before anything is sent), contiguous staging, output allocation,
+asynchronous handles and object collectives. A backend implements only the ``_xxx`` hooks, each on
+contiguous raw tensors already checked, blocking until done.
+
+Tensors may be ``tensor.Tensor`` or raw ``_core.Tensor`` (what ``t.data`` gives, as SINGA scripts pass).
+Outputs come back in the kind that went in.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import queue
+import threading
+
+import numpy as np
+
+from .. import _core, tensor
+from ..tensor import Tensor
+
+CTensor = _core.Tensor
+CommError = getattr(_core, "CommError", None)
+if CommError is None:  # TEMPORARY until the shm backend's C++ CommError lands
+    class CommError(RuntimeError):
+        pass
+
+REDUCE_OPS = ("sum", "avg", "max", "min", "prod")
+DTYPES = (tensor.float16, tensor.float32, tensor.float64, tensor.int32, tensor.int64)
+DEFAULT_TIMEOUT = 300.0  # seconds; SINGA_LITE_COMM_TIMEOUT or timeout= change it
+
+
+class Work:
+    """Handle of an asynchronous operation: ``wait()`` returns its result (or raises its error)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._done = threading.Event()
+        self._result = None
+        self._error = None
+
+    def _finish(self, result=None, error=None):
+        self._result, self._error = result, error
+        self._done.set()
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None):
+        """Blocks until the operation finished; returns its result. `timeout` (seconds) bounds the wait
+        itself: on expiry ``CommError`` is raised (the operation keeps its own, communicator-wide timeout)."""
+        if not self._done.wait(timeout):
+            raise CommError(f"{self.name}: not finished after waiting {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+class _Runner:
+    """Runs one communicator's operations one at a time, in call order, on a background thread: every rank
+    issues the same sequence of collectives, so a second operation must never start before the first ended."""
+
+    def __init__(self, label: str):
+        self._queue: queue.Queue = queue.Queue()
+        self._label = label
+        self._thread = None
+        self.pending = 0  # submitted and not yet finished
+        self._count = threading.Lock()  # guards pending (changed from two threads)
+        self.lock = threading.Lock()  # held while an operation runs, inline or on the thread
+
+    def submit(self, name: str, fn) -> Work:
+        work = Work(name)
+        with self._count:
+            self.pending += 1
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=f"singa_lite-{self._label}", daemon=True)
+            self._thread.start()
+        self._queue.put((work, fn))
+        return work
+
+    def _loop(self):
+        while True:
+            work, fn = self._queue.get()
+            try:
+                with self.lock:
+                    result = fn()
+                work._finish(result=result)
+            except BaseException as e:  # handed to whoever waits on the work
+                work._finish(error=e)
+            finally:
+                with self._count:
+                    self.pending -= 1
+
+
+def _raw(t, what: str) -> CTensor:
+    if isinstance(t, Tensor):
+        return t.data
+    if isinstance(t, CTensor):
+        return t
+    raise TypeError(f"{what}: expected a tensor.Tensor or a raw tensor (t.data), got {type(t).__name__}")
+
+
+def _like_input(t, raw: CTensor):
+    """raw, wrapped as a tensor.Tensor when the caller passed one."""
+    return Tensor(data=raw, requires_grad=False) if isinstance(t, Tensor) else raw
+
+
+class Communicator:
+    """A group of ``world_size`` processes (ranks) that exchange tensors.
+
+    Collectives (every rank calls them in the same order with matching arguments): ``all_reduce``,
+    ``broadcast``, ``reduce`` (in place); ``all_gather``, ``reduce_scatter``, ``gather``, ``scatter`` (new
+    outputs); ``barrier``; point to point ``send`` / ``recv``; ``broadcast_object`` /
+    ``all_gather_object`` for small metadata. Reduction ``op``: "sum", "avg", "max", "min", "prod" ("avg"
+    only for floating dtypes). Supported dtypes: float16, float32, float64, int32, int64. Pass
+    ``async_op=True`` to get a :class:`Work` handle instead of waiting.
+
+    Every operation has a timeout (``timeout``, seconds); on expiry, or when a rank dies or aborts, the
+    surviving ranks raise ``CommError`` naming the ranks concerned, and the communicator is unusable after.
+    """
+
+    backend = "?"
+    # True: the backend's blocking calls time out by themselves and may run on the caller's thread.
+    # False: every operation runs on the background thread and the caller waits with the timeout.
+    _times_out_itself = True
+
+    def __init__(self, rank: int, world_size: int, local_rank: int, local_size: int, timeout: float):
+        self._rank, self._world_size = int(rank), int(world_size)
+        self._local_rank, self._local_size = int(local_rank), int(local_size)
+        self._timeout = _check_timeout(timeout)
+        self._runner = _Runner(f"{self.backend}-rank{rank}")
+        self._broken = None  # the CommError that made this communicator unusable
+
+    # ----- who we are
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    global_rank = rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self._local_rank
+
+    @property
+    def local_size(self) -> int:
+        return self._local_size
+
+    @property
+    def timeout(self) -> float:
+        """Seconds an operation may take before every surviving rank raises CommError."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._timeout = _check_timeout(seconds)
+        self._timeout_changed()
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size}, "
+                f"local_rank={self.local_rank}, local_size={self.local_size}, timeout={self.timeout})")
+
+    # ----- collectives
+    def all_reduce(self, t, op: str = "sum", async_op: bool = False):
+        """t = op over ranks of t, in place; returns t (or a Work whose wait() returns t)."""
+        raw = self._check_tensor(t, "all_reduce")
+        self._check_op(op, raw, "all_reduce")
+        return self._run("all_reduce", lambda: self._in_place(raw, lambda c: self._all_reduce(c, op)) or t,
+                         async_op)
+
+    def broadcast(self, t, root: int = 0, async_op: bool = False):
+        """Rank `root`'s t copied into every rank's t, in place; returns t."""
+        raw = self._check_tensor(t, "broadcast")
+        self._check_rank(root, "broadcast", "root")
+        return self._run("broadcast", lambda: self._in_place(raw, lambda c: self._broadcast(c, root)) or t,
+                         async_op)
+
+    def reduce(self, t, root: int = 0, op: str = "sum", async_op: bool = False):
+        """op over ranks of t into rank `root`'s t (in place); other ranks' t are left as they were."""
+        raw = self._check_tensor(t, "reduce")
+        self._check_op(op, raw, "reduce")
+        self._check_rank(root, "reduce", "root")
+        return self._run("reduce", lambda: self._in_place(raw, lambda c: self._reduce(c, root, op)) or t,
+                         async_op)
+
+    def all_gather(self, t, async_op: bool = False):
+        """A new tensor of shape (world_size, *t.shape): row r is rank r's t."""
+        raw = self._check_tensor(t, "all_gather")
+
+        def go():
+            out = CTensor([self.world_size, *raw.shape], raw.dtype, raw.device)
+            self._all_gather(out, raw.contiguous())
+            return _like_input(t, out)
+        return self._run("all_gather", go, async_op)
+
+    def reduce_scatter(self, t, op: str = "sum", async_op: bool = False):
+        """t has shape (world_size * m, ...): rank r gets op over ranks of rows [r*m, (r+1)*m), a new tensor
+        of shape (m, ...)."""
+        raw = self._check_tensor(t, "reduce_scatter")
+        self._check_op(op, raw, "reduce_scatter")
+        shape = self._split_shape(raw, "reduce_scatter")
+
+        def go():
+            out = CTensor(shape, raw.dtype, raw.device)
+            self._reduce_scatter(out, raw.contiguous(), op)
+            return _like_input(t, out)
+        return self._run("reduce_scatter", go, async_op)
+
+    def gather(self, t, root: int = 0, async_op: bool = False):
+        """On `root`: a new tensor (world_size, *t.shape) of every rank's t; on the other ranks: None."""
+        raw = self._check_tensor(t, "gather")
+        self._check_rank(root, "gather", "root")
+
+        def go():
+            out = CTensor([self.world_size, *raw.shape], raw.dtype, raw.device) if self.rank == root else None
+            self._gather(out, raw.contiguous(), root)
+            return None if out is None else _like_input(t, out)
+        return self._run("gather", go, async_op)
+
+    def scatter(self, t, root: int = 0, async_op: bool = False):
+        """t has shape (world_size * m, ...) on every rank (only root's values are used): rank r gets rows
+        [r*m, (r+1)*m) of root's t, a new tensor of shape (m, ...)."""
+        raw = self._check_tensor(t, "scatter")
+        self._check_rank(root, "scatter", "root")
+        shape = self._split_shape(raw, "scatter")
+
+        def go():
+            out = CTensor(shape, raw.dtype, raw.device)
+            self._scatter(out, raw.contiguous() if self.rank == root else None, root)
+            return _like_input(t, out)
+        return self._run("scatter", go, async_op)
+
+    def barrier(self, async_op: bool = False):
+        """Returns once every rank has called barrier."""
+        return self._run("barrier", self._barrier, async_op)
+
+    def send(self, t, dst: int, tag: int = 0, async_op: bool = False):
+        """Sends t to rank `dst`, which must call recv(t_like, src=this rank, tag=tag)."""
+        raw = self._check_tensor(t, "send")
+        self._check_peer(dst, "send", "dst")
+        return self._run("send", lambda: self._send(raw.contiguous(), dst, int(tag)), async_op)
+
+    def recv(self, t, src: int, tag: int = 0, async_op: bool = False):
+        """Receives into t (in place) what rank `src` sent with the same tag; returns t."""
+        raw = self._check_tensor(t, "recv")
+        self._check_peer(src, "recv", "src")
+        return self._run("recv", lambda: self._in_place(raw, lambda c: self._recv(c, src, int(tag))) or t,
+                         async_op)
+
+    # ----- small Python objects (metadata), as JSON: no pickle, so nothing received can run code
+    def broadcast_object(self, obj=None, root: int = 0):
+        """Rank `root`'s obj on every rank. obj: JSON data (dict with str keys, list, str, int, float, bool,
+        None) plus bytes; tuples come back as lists."""
+        self._check_rank(root, "broadcast_object", "root")
+        data = _encode(obj, "broadcast_object") if self.rank == root else b""
+        size = self._int_tensor([len(data)])
+        self.broadcast(size, root)
+        buf = self._bytes_tensor(data, int(np.asarray(size)[0]))
+        self.broadcast(buf, root)
+        return _decode(np.asarray(buf).tobytes()[:int(np.asarray(size)[0])])
+
+    def all_gather_object(self, obj) -> list:
+        """[obj of rank 0, obj of rank 1, ...] on every rank (same object rules as broadcast_object)."""
+        data = _encode(obj, "all_gather_object")
+        sizes = np.asarray(self.all_gather(self._int_tensor([len(data)])))[:, 0]
+        gathered = np.asarray(self.all_gather(self._bytes_tensor(data, int(sizes.max()))))
+        return [_decode(gathered[r].tobytes()[:int(sizes[r])]) for r in range(self.world_size)]
+
+    # ----- failure handling
+    def abort(self, reason: str = "aborted by the user") -> None:
+        """Makes every rank's current and future operations raise CommError with this reason."""
+        self._abort(str(reason))
+
+    def close(self) -> None:
+        """Releases the backend's resources; later operations raise CommError."""
+        if self._broken is None:
+            self._broken = CommError(f"{self.backend} communicator of rank {self.rank}: used after close()")
+            self._close()
+
+    # ----- hooks for backends (contiguous raw tensors, checked; blocking)
+    def _all_reduce(self, t, op): raise NotImplementedError
+    def _broadcast(self, t, root): raise NotImplementedError
+    def _reduce(self, t, root, op): raise NotImplementedError
+    def _all_gather(self, out, t): raise NotImplementedError
+    def _reduce_scatter(self, out, t, op): raise NotImplementedError
+    def _gather(self, out, t, root): raise NotImplementedError
+    def _scatter(self, out, t, root): raise NotImplementedError
+    def _barrier(self): raise NotImplementedError
+    def _send(self, t, dst, tag): raise NotImplementedError
+    def _recv(self, t, src, tag): raise NotImplementedError
+    def _abort(self, reason): raise NotImplementedError
+    def _close(self): pass
+    def _timeout_changed(self): pass
+    def _on_timeout(self, name: str) -> CommError:
+        return CommError(f"{self.backend} {name} (rank {self.rank}): not finished after {self.timeout} s")
+    def _check_device(self, raw: CTensor, what: str) -> None:
+        if raw.device.kind != "cpu":
+            raise ValueError(f"{what}: the {self.backend} backend moves CPU tensors, got one on {raw.device}; "
+                             f"use the nccl backend for GPU tensors or move it with to_host()")
+
+    # ----- helpers
+    def _run(self, name: str, fn, async_op: bool):
+        if self._broken is not None:
+            raise self._broken
+        if async_op:
+            return self._runner.submit(name, fn)
+        if self._times_out_itself and self._runner.pending == 0:
+            with self._runner.lock:  # nothing queued: run here, saving a thread hand-off per call
+                return self._guard(fn)
+        work = self._runner.submit(name, lambda: self._guard(fn))
+        try:
+            return work.wait(None if self._times_out_itself else self.timeout)
+        except CommError as e:
+            if work.is_completed():
+                raise
+            self._broken = self._on_timeout(name)
+            raise self._broken from e
+
+    def _guard(self, fn):
+        try:
+            return fn()
+        except CommError as e:
+            self._broken = e
+            raise
+
+    def _check_tensor(self, t, what: str) -> CTensor:
+        raw = _raw(t, what)
+        if raw.dtype not in DTYPES:
+            raise TypeError(f"{what}: tensors of {', '.join(d.name for d in DTYPES)} can be communicated, got "
+                            f"{raw.dtype.name}; cast with as_type()")
+        self._check_device(raw, what)
+        return raw
+
+    def _check_op(self, op, raw: CTensor, what: str) -> None:
+        if op not in REDUCE_OPS:
+            raise ValueError(f"{what}: op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
+        if op == "avg" and raw.dtype in (tensor.int32, tensor.int64):
+            raise TypeError(f"{what}: op='avg' needs a floating dtype, got {raw.dtype.name}; use op='sum' and "
+                            f"divide, or cast to float32")
+
+    def _check_rank(self, r, what: str, name: str) -> None:
+        if not isinstance(r, (int, np.integer)) or isinstance(r, bool) or not 0 <= r < self.world_size:
+            raise ValueError(f"{what}: {name} must be a rank in [0, {self.world_size}), got {r!r}")
+
+    def _check_peer(self, r, what: str, name: str) -> None:
+        self._check_rank(r, what, name)
+        if r == self.rank:
+            raise ValueError(f"{what}: {name}={r} is this rank itself")
+
+    def _split_shape(self, raw: CTensor, what: str) -> list:
+        if raw.ndim == 0 or raw.shape[0] % self.world_size:
+            raise ValueError(f"{what}: the first axis must be a multiple of world_size={self.world_size}, got "
+                             f"shape {tuple(raw.shape)}")
+        return [raw.shape[0] // self.world_size, *raw.shape[1:]]
+
+    @staticmethod
+    def _in_place(raw: CTensor, fn) -> None:
+        """Runs fn on raw, or on a contiguous copy written back afterwards."""
+        if raw.is_contiguous():
+            fn(raw)
+            return None
+        tmp = raw.contiguous()
+        fn(tmp)
+        _core.copy_(raw, tmp)
+        return None
+
+    @staticmethod
+    def _int_tensor(values) -> CTensor:
+        return CTensor.from_buffer(np.asarray(values, np.int64))
+
+    @staticmethod
+    def _bytes_tensor(data: bytes, size: int) -> CTensor:
+        padded = np.zeros(max((size + 3) // 4, 1), np.int32)
+        padded.view(np.uint8)[:len(data)] = np.frombuffer(data, np.uint8)
+        return CTensor.from_buffer(padded)
+
+
+def _check_timeout(seconds) -> float:
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not value > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {seconds!r}")
+    return value
+
+
+def _encode(obj, what: str) -> bytes:
+    def default(o):
+        if isinstance(o, (bytes, bytearray)):
+            return {"__bytes__": base64.b64encode(bytes(o)).decode()}
+        if isinstance(o, np.generic):
+            return o.item()
+        raise TypeError(f"{what}: objects are sent as JSON (dict, list, str, int, float, bool, None, bytes); "
+                        f"cannot send {type(o).__name__}")
+    return json.dumps(obj, default=default).encode()
+
+
+def _decode(data: bytes):
+    def hook(d):
+        return base64.b64decode(d["__bytes__"]) if set(d) == {"__bytes__"} else d
+    return json.loads(data.decode(), object_hook=hook)

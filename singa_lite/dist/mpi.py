@@ -1,0 +1,262 @@
+"""The ``mpi`` backend (CPU tensors, processes started by ``mpiexec``) and the MPI bootstrap helpers.
+
+mpi4py works on the tensors' own memory (buffer protocol, no copies). float16 has no MPI datatype: it
+travels as 2-byte integers reduced by user-defined operations that compute in float32 and round once
+(numpy's float16 arithmetic). Blocking MPI calls cannot time out, so every operation is started as a
+nonblocking one and completed by polling ``Test`` (as ``MPI_Wait`` itself busy-polls in MPICH) until the
+timeout; on expiry the ranks that had not entered the operation are read from an "arrival board" (a
+one-sided MPI window holding each rank's operation count) and named in the ``CommError``. A communicator
+that timed out is broken: at interpreter exit it aborts the MPI job (``MPI_Abort``), as ``MPI_Finalize``
+would otherwise wait forever for the stuck operation.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+from .. import tensor
+from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator
+
+ABORT_GRACE_S = 1.0
+SPIN_S = 0.05  # seconds of continuous polling before a waiting rank starts to sleep between polls
+# Environment variables that mpiexec sets (MPICH's Hydra, Open MPI, PMIx launchers).
+MPI_LAUNCH_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
+
+
+def launched_by_mpiexec() -> bool:
+    return any(v in os.environ for v in MPI_LAUNCH_VARS)
+
+
+def import_mpi():
+    """mpi4py's MPI module, initialised; a clear ImportError when mpi4py or an MPI library is missing."""
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise ImportError(f"the mpi backend needs mpi4py and an MPI library: pip install 'singa_lite[mpi]' "
+                          f"(mpi4py + the MPICH wheel), or mpi4py built against your cluster's MPI ({e})") from e
+    return MPI
+
+
+def broadcast_bytes(data: bytes | None, root: int = 0, comm=None) -> bytes:
+    """Rank `root`'s bytes on every rank of `comm` (default COMM_WORLD): how rank 0's NCCL unique id reaches
+    the others in the MPI bootstrap."""
+    MPI = import_mpi()
+    comm = comm or MPI.COMM_WORLD
+    n = np.array([len(data) if comm.rank == root else 0], np.int64)
+    comm.Bcast(n, root=root)
+    buf = np.frombuffer(data, np.uint8).copy() if comm.rank == root else np.empty(int(n[0]), np.uint8)
+    comm.Bcast(buf, root=root)
+    return buf.tobytes()
+
+
+def _fp16_op(MPI, name: str):
+    ufunc = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[name]
+
+    def combine(inbuf, inoutbuf, datatype):
+        a = np.frombuffer(inbuf, np.float16)
+        b = np.frombuffer(inoutbuf, np.float16)
+        ufunc(a, b, out=b)  # numpy computes float16 arithmetic in float32 and rounds once
+    return MPI.Op.Create(combine, commute=True)
+
+
+class MpiCommunicator(Communicator):
+    """All ranks of an MPI communicator (COMM_WORLD by default); local rank and size from its
+    shared-memory split (the ranks on this host)."""
+
+    backend = "mpi"
+
+    def __init__(self, comm=None, timeout: float = DEFAULT_TIMEOUT, verify: bool = True):
+        MPI = import_mpi()
+        self.verify = bool(verify)
+        self._MPI = MPI
+        self._comm = (comm or MPI.COMM_WORLD).Dup()  # our own context: user traffic cannot interleave
+        local = self._comm.Split_type(MPI.COMM_TYPE_SHARED)
+        super().__init__(self._comm.rank, self._comm.size, local.rank, local.size, timeout)
+        local.Free()
+        self._types = {tensor.float32: MPI.FLOAT, tensor.float64: MPI.DOUBLE, tensor.int32: MPI.INT32_T,
+                       tensor.int64: MPI.INT64_T, tensor.float16: MPI.INT16_T}
+        self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD, "avg": MPI.SUM}
+        self._fp16_ops = {}
+        # The arrival board: entry = number of operations this rank has entered.
+        # One passive-target epoch for the communicator's lifetime: a rank updates its own entry with a
+        # local store + Win_sync, and a timed-out rank reads the others with Get + Flush.
+        self._board = MPI.Win.Allocate(8, 8, comm=self._comm)
+        self._entered = np.frombuffer(self._board.tomemory(), np.int64)
+        self._entered[0] = 0
+        self._board.Lock_all(MPI.MODE_NOCHECK)
+        self._comm.Barrier()
+        atexit.register(self._at_exit)
+
+    # ----- buffers
+    def _buf(self, t, count=None):
+        """[memory, count, datatype] over the tensor's own memory (float16 as 2-byte integers). count: the
+        elements per rank where MPI wants that (the gathered side of gathers, the scattered side of scatters)."""
+        return [np.asarray(t), t.numel if count is None else count, self._types[t.dtype]]
+
+    def _op(self, op: str, dtype):
+        if dtype != tensor.float16:
+            return self._ops[op]
+        name = "sum" if op == "avg" else op
+        if name not in self._fp16_ops:
+            self._fp16_ops[name] = _fp16_op(self._MPI, name)
+        return self._fp16_ops[name]
+
+    _KINDS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter",
+              "barrier")
+
+    def _enter(self, kind: str, t=None, root: int = -1, op: str = "") -> None:
+        """Counts the operation on the arrival board, then (verify=True) checks that every rank called the
+        same collective with the same dtype, size, root and op: mismatched calls are undefined behaviour in
+        MPI (a hang or a truncated message), so they raise ValueError on every rank instead."""
+        self._entered[0] += 1
+        self._board.Sync()
+        if not self.verify:
+            return
+        mine = np.array([self._KINDS.index(kind), -1 if t is None else DTYPES.index(t.dtype),
+                         -1 if t is None else t.numel, root, REDUCE_OPS.index(op) if op else -1], np.int64)
+        every = np.empty((self.world_size, mine.size), np.int64)
+        self._complete(self._comm.Iallgather(mine, every), kind)
+        bad = [r for r in range(self.world_size) if not np.array_equal(every[r], every[0])]
+        if bad:
+            def says(r):
+                k, d, n, rt, o = every[r]
+                what = f"{self._KINDS[k]}" + ("" if d < 0 else f" of {n} {DTYPES[d].name} elements")
+                return what + (f", root {rt}" if rt >= 0 else "") + (f", op {REDUCE_OPS[o]}" if o >= 0 else "")
+            raise ValueError(f"mpi {kind}: the ranks' calls do not match: rank 0 called {says(0)}; "
+                             + "; ".join(f"rank {r} called {says(r)}" for r in bad)
+                             + ". Every rank must make the same collective calls in the same order")
+
+    def _complete(self, request, name: str) -> None:
+        """Waits for a nonblocking MPI operation, at most the timeout. Polls Test (which drives MPI's
+        progress) continuously for the first SPIN_S seconds, then with growing sleeps so that a rank waiting
+        for a slow peer leaves the CPU to the others."""
+        if request.Test():
+            return
+        start = time.monotonic()
+        nap = 1e-5
+        while not request.Test():
+            waited = time.monotonic() - start
+            if waited > self.timeout:
+                raise self._on_timeout(name)
+            if waited > SPIN_S:
+                time.sleep(nap)
+                nap = min(nap * 2, 1e-3)
+
+    @staticmethod
+    def _prescale_avg(t, n: int) -> None:
+        # Divide before summing: a float16 sum of P values can overflow where their mean does not.
+        a = np.asarray(t)
+        a[...] = (a.astype(np.float32) / n).astype(a.dtype)
+
+    # ----- hooks
+    def _all_reduce(self, t, op):
+        self._enter("all_reduce", t, op=op)
+        if op == "avg" and t.dtype == tensor.float16:
+            self._prescale_avg(t, self.world_size)
+        self._complete(self._comm.Iallreduce(self._MPI.IN_PLACE, self._buf(t), op=self._op(op, t.dtype)), "all_reduce")
+        if op == "avg" and t.dtype != tensor.float16:
+            np.asarray(t)[...] /= self.world_size
+
+    def _broadcast(self, t, root):
+        self._enter("broadcast", t, root)
+        self._complete(self._comm.Ibcast(self._buf(t), root=root), "broadcast")
+
+    def _reduce(self, t, root, op):
+        self._enter("reduce", t, root, op)
+        src = t
+        if op == "avg" and t.dtype == tensor.float16:  # a prescaled copy goes; t itself stays as it was
+            src = t.clone()
+            self._prescale_avg(src, self.world_size)
+        if self.rank == root:
+            send = self._MPI.IN_PLACE if src is t else self._buf(src)
+            self._complete(self._comm.Ireduce(send, self._buf(t), op=self._op(op, t.dtype), root=root), "reduce")
+            if op == "avg" and t.dtype != tensor.float16:
+                np.asarray(t)[...] /= self.world_size
+        else:
+            self._complete(self._comm.Ireduce(self._buf(src), None, op=self._op(op, t.dtype), root=root), "reduce")
+
+    def _all_gather(self, out, t):
+        self._enter("all_gather", t)
+        self._complete(self._comm.Iallgather(self._buf(t), self._buf(out, t.numel)), "all_gather")
+
+    def _reduce_scatter(self, out, t, op):
+        self._enter("reduce_scatter", t, op=op)
+        src = t
+        if op == "avg" and t.dtype == tensor.float16:
+            src = t.clone()
+            self._prescale_avg(src, self.world_size)
+        self._complete(self._comm.Ireduce_scatter_block(self._buf(src, out.numel), self._buf(out),
+                                                        op=self._op(op, t.dtype)), "reduce_scatter")
+        if op == "avg" and t.dtype != tensor.float16:
+            np.asarray(out)[...] /= self.world_size
+
+    def _gather(self, out, t, root):
+        self._enter("gather", t, root)
+        recv = self._buf(out, t.numel) if out is not None else None
+        self._complete(self._comm.Igather(self._buf(t), recv, root=root), "gather")
+
+    def _scatter(self, out, t, root):
+        self._enter("scatter", out, root)
+        send = self._buf(t, out.numel) if t is not None else None
+        self._complete(self._comm.Iscatter(send, self._buf(out), root=root), "scatter")
+
+    def _barrier(self):
+        self._enter("barrier")
+        self._complete(self._comm.Ibarrier(), "barrier")
+
+    def _send(self, t, dst, tag):
+        self._complete(self._comm.Isend(self._buf(t), dest=dst, tag=tag), "send")
+
+    def _recv(self, t, src, tag):
+        self._complete(self._comm.Irecv(self._buf(t), source=src, tag=tag), "recv")
+
+    def _abort(self, reason):
+        print(f"singa_lite: rank {self.rank} aborts the MPI job: {reason}", file=sys.stderr, flush=True)
+        self._comm.Abort(1)
+
+    def _close(self):
+        self._board.Unlock_all()
+        self._board.Free()
+        self._comm.Free()
+
+    # ----- timeouts
+    def _on_timeout(self, name: str) -> CommError:
+        mine = int(self._entered[0])
+        counts = self._read_board(timeout=5.0)
+        if counts is None:
+            who = "the other ranks did not answer a query of their progress either"
+        else:
+            late = [r for r, c in enumerate(counts) if c < mine]
+            who = (f"ranks that had not entered it: {', '.join(map(str, late))}" if late else
+                   "every rank entered it, so one of them is stuck inside it")
+        return CommError(f"mpi {name} #{mine} (rank {self.rank} of {self.world_size}): not finished after "
+                         f"{self.timeout:g} s; {who}. The job cannot continue: it is aborted at exit. Look at "
+                         f"those ranks' output, or raise the timeout (timeout= or SINGA_LITE_COMM_TIMEOUT)")
+
+    def _read_board(self, timeout: float):
+        result = []
+
+        def read():
+            buf = np.zeros(1, np.int64)
+            for r in range(self.world_size):
+                self._board.Get(buf, r)
+                self._board.Flush(r)
+                result.append(int(buf[0]))
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(timeout)
+        return result if len(result) == self.world_size else None
+
+    def _at_exit(self):
+        if self._broken is None:
+            self.close()  # the window must go before MPI_Finalize (mpi4py's own exit hook, which runs after)
+        elif not self._broken.args[0].endswith("used after close()"):
+            print(f"singa_lite: rank {self.rank}: aborting the MPI job after: {self._broken}", file=sys.stderr,
+                  flush=True)
+            time.sleep(ABORT_GRACE_S)  # the other surviving ranks' own errors get printed too
+            self._MPI.COMM_WORLD.Abort(1)

@@ -1,0 +1,56 @@
+"""One scenario of the mpi backend, run by tests/dist/test_dist_mpi.py under ``mpiexec -n N``:
+``python mpi_job.py <scenario>``. Prints ``OK rank r`` when the scenario's expectations held on that rank."""
+import os
+import signal
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+from singa_lite import dist, tensor  # noqa: E402
+
+
+def main(scenario: str) -> None:
+    comm = dist.init(backend="mpi", timeout=float(os.environ.get("JOB_TIMEOUT", "60")))
+    r = comm.rank
+    if scenario == "collectives":
+        import dist_cases
+        assert comm.backend == "mpi" and comm.local_size == comm.world_size and comm.local_rank == r
+        dist_cases.check_all(comm)
+    elif scenario == "mismatch":  # rank 1 passes one element more: every rank raises ValueError
+        t = tensor.from_numpy(np.zeros(10 + (r == 1), np.float32))
+        try:
+            comm.all_reduce(t)
+        except ValueError as e:
+            assert "rank 1 called all_reduce of 11 float32" in str(e) and "rank 0 called all_reduce of 10" in str(e), e
+            comm.all_reduce(tensor.from_numpy(np.ones(3, np.float32)))  # still usable afterwards
+        else:
+            raise AssertionError("no error on mismatched sizes")
+    elif scenario == "timeout":  # rank 1 never arrives: the others name it
+        if r == 1:
+            time.sleep(60)
+            return
+        try:
+            comm.all_reduce(tensor.from_numpy(np.ones(4, np.float32)))
+        except dist.CommError as e:
+            print(f"rank {r} CommError: {e}", flush=True)
+            assert "had not entered it: 1" in str(e), e
+            print(f"OK rank {r}", flush=True)
+            return  # exiting aborts the job (the collective is stuck): mpiexec ends rank 1 too
+        raise AssertionError("no timeout")
+    elif scenario == "killed":  # rank 1 dies in the middle of the job
+        comm.barrier()
+        if r == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        comm.all_reduce(tensor.from_numpy(np.ones(4, np.float32)))
+        raise AssertionError("the collective finished without rank 1")
+    else:
+        raise SystemExit(f"unknown scenario {scenario}")
+    comm.barrier()
+    print(f"OK rank {r}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

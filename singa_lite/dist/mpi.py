@@ -23,6 +23,13 @@ from .. import tensor
 from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator
 
 ABORT_GRACE_S = 1.0
+# verify="auto" checks the ranks' calls against each other for messages of at least this size: the check is
+# one small all-gather (~10 us on one host), under 10% of any call this large.
+VERIFY_AUTO_BYTES = 1 << 20
+_KINDS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter", "barrier")
+_KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
+_DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
+_OP_CODE = {o: i for i, o in enumerate(REDUCE_OPS)}
 SPIN_S = 0.05  # seconds of continuous polling before a waiting rank starts to sleep between polls
 # Environment variables that mpiexec sets (MPICH's Hydra, Open MPI, PMIx launchers).
 MPI_LAUNCH_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
@@ -66,13 +73,20 @@ def _fp16_op(MPI, name: str):
 
 class MpiCommunicator(Communicator):
     """All ranks of an MPI communicator (COMM_WORLD by default); local rank and size from its
-    shared-memory split (the ranks on this host)."""
+    shared-memory split (the ranks on this host).
+
+    verify: check that all ranks made the same call (operation, dtype, size, root, op) before moving data,
+    raising ValueError on every rank when they did not. True: every collective; "auto" (default): those
+    moving at least 1 MiB (the check costs one small all-gather); False: never (a mismatched call then hangs
+    until the timeout, or MPI reports a truncated message)."""
 
     backend = "mpi"
 
-    def __init__(self, comm=None, timeout: float = DEFAULT_TIMEOUT, verify: bool = True):
+    def __init__(self, comm=None, timeout: float = DEFAULT_TIMEOUT, verify="auto"):
         MPI = import_mpi()
-        self.verify = bool(verify)
+        if verify not in (True, False, "auto"):
+            raise ValueError(f"verify must be True, False or 'auto', got {verify!r}")
+        self.verify = verify
         self._MPI = MPI
         self._comm = (comm or MPI.COMM_WORLD).Dup()  # our own context: user traffic cannot interleave
         local = self._comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -82,6 +96,8 @@ class MpiCommunicator(Communicator):
                        tensor.int64: MPI.INT64_T, tensor.float16: MPI.INT16_T}
         self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD, "avg": MPI.SUM}
         self._fp16_ops = {}
+        self._descriptor = np.zeros(5, np.int64)
+        self._descriptors = np.zeros((self.world_size, 5), np.int64)
         # The arrival board: entry = number of operations this rank has entered.
         # One passive-target epoch for the communicator's lifetime: a rank updates its own entry with a
         # local store + Win_sync, and a timed-out rank reads the others with Get + Flush.
@@ -106,30 +122,31 @@ class MpiCommunicator(Communicator):
             self._fp16_ops[name] = _fp16_op(self._MPI, name)
         return self._fp16_ops[name]
 
-    _KINDS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter",
-              "barrier")
-
     def _enter(self, kind: str, t=None, root: int = -1, op: str = "") -> None:
-        """Counts the operation on the arrival board, then (verify=True) checks that every rank called the
-        same collective with the same dtype, size, root and op: mismatched calls are undefined behaviour in
+        """Counts the operation on the arrival board, then checks that every rank called the same collective
+        with the same dtype, size, root and op (see ``verify``): mismatched calls are undefined behaviour in
         MPI (a hang or a truncated message), so they raise ValueError on every rank instead."""
         self._entered[0] += 1
         self._board.Sync()
-        if not self.verify:
+        if self.verify is False or (self.verify == "auto" and (t is None or t.nbytes < VERIFY_AUTO_BYTES)):
             return
-        mine = np.array([self._KINDS.index(kind), -1 if t is None else DTYPES.index(t.dtype),
-                         -1 if t is None else t.numel, root, REDUCE_OPS.index(op) if op else -1], np.int64)
-        every = np.empty((self.world_size, mine.size), np.int64)
+        mine = self._descriptor
+        mine[:] = (_KIND_CODE[kind], -1 if t is None else _DTYPE_CODE[t.dtype], -1 if t is None else t.numel,
+                   root, _OP_CODE.get(op, -1))
+        every = self._descriptors
         self._complete(self._comm.Iallgather(mine, every), kind)
+        if every.tobytes() != mine.tobytes() * self.world_size:
+            self._mismatch(kind, every)
+
+    def _mismatch(self, kind: str, every: np.ndarray):
+        def says(r):
+            k, d, n, rt, o = every[r]
+            what = f"{_KINDS[k]}" + ("" if d < 0 else f" of {n} {DTYPES[d].name} elements")
+            return what + (f", root {rt}" if rt >= 0 else "") + (f", op {REDUCE_OPS[o]}" if o >= 0 else "")
         bad = [r for r in range(self.world_size) if not np.array_equal(every[r], every[0])]
-        if bad:
-            def says(r):
-                k, d, n, rt, o = every[r]
-                what = f"{self._KINDS[k]}" + ("" if d < 0 else f" of {n} {DTYPES[d].name} elements")
-                return what + (f", root {rt}" if rt >= 0 else "") + (f", op {REDUCE_OPS[o]}" if o >= 0 else "")
-            raise ValueError(f"mpi {kind}: the ranks' calls do not match: rank 0 called {says(0)}; "
-                             + "; ".join(f"rank {r} called {says(r)}" for r in bad)
-                             + ". Every rank must make the same collective calls in the same order")
+        raise ValueError(f"mpi {kind}: the ranks' calls do not match: rank 0 called {says(0)}; "
+                         + "; ".join(f"rank {r} called {says(r)}" for r in bad)
+                         + ". Every rank must make the same collective calls in the same order")
 
     def _complete(self, request, name: str) -> None:
         """Waits for a nonblocking MPI operation, at most the timeout. Polls Test (which drives MPI's

@@ -20,14 +20,17 @@ def main(scenario: str) -> None:
         assert comm.backend == "mpi" and comm.local_size == comm.world_size and comm.local_rank == r
         dist_cases.check_all(comm)
     elif scenario == "mismatch":  # rank 1 passes one element more: every rank raises ValueError
-        t = tensor.from_numpy(np.zeros(10 + (r == 1), np.float32))
-        try:
-            comm.all_reduce(t)
-        except ValueError as e:
-            assert "rank 1 called all_reduce of 11 float32" in str(e) and "rank 0 called all_reduce of 10" in str(e), e
-            comm.all_reduce(tensor.from_numpy(np.ones(3, np.float32)))  # still usable afterwards
-        else:
-            raise AssertionError("no error on mismatched sizes")
+        for n, verify in ((10, True), (1 << 18, "auto")):  # small calls are checked with verify=True only
+            comm.verify = verify
+            t = tensor.from_numpy(np.zeros(n + (r == 1), np.float32))
+            try:
+                comm.all_reduce(t)
+            except ValueError as e:
+                assert f"rank 1 called all_reduce of {n + 1} float32" in str(e), e
+                assert f"rank 0 called all_reduce of {n} float32" in str(e), e
+                comm.all_reduce(tensor.from_numpy(np.ones(3, np.float32)))  # still usable afterwards
+            else:
+                raise AssertionError("no error on mismatched sizes")
     elif scenario == "timeout":  # rank 1 never arrives: the others name it
         if r == 1:
             time.sleep(60)

@@ -67,8 +67,16 @@ class Model(Layer):
         return "" if self._parent is None else super()._prefix()
 
     def set_optimizer(self, optimizer) -> None:
-        """The optimizer ``train_one_batch`` uses (``self.optimizer``), as SINGA's examples do."""
+        """The optimizer ``train_one_batch`` uses (``self.optimizer``), as SINGA's examples do. A DistOpt
+        gets rank 0's parameter values on every rank as soon as the parameters exist (here, or in compile)."""
         self.optimizer = optimizer
+        if self._initialized:
+            self._sync_replicas()
+
+    def _sync_replicas(self) -> None:
+        sync = getattr(getattr(self, "optimizer", None), "broadcast_parameters", None)
+        if sync is not None:
+            sync(self.get_params())
 
     def compile(self, inputs, is_train: bool = True, use_graph: bool = False, sequential: bool = False):
         """Creates lazily shaped parameters by running ``forward`` once on `inputs` (nothing is recorded for
@@ -84,6 +92,7 @@ class Model(Layer):
             autograd.training = was_training
         self.train(is_train)
         self.graph(use_graph, sequential)
+        self._sync_replicas()
 
     def forward(self, *xs):
         raise NotImplementedError(f"{type(self).__name__} must implement forward()")

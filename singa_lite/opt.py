@@ -595,3 +595,12 @@ class Adam(Optimizer):
         _core.div(m, tmp, out=tmp)
         _core.axpy_(-self.lr_value / (1.0 - b1 ** t), tmp, p)
         self.t[param_name] = t
+
+
+def __getattr__(name):
+    # DistOpt lives with the communication layer (singa_lite/dist/optimizer.py), which imports this module;
+    # it is loaded on first use so that `opt.DistOpt` works as in SINGA without an import cycle.
+    if name == "DistOpt":
+        from .dist.optimizer import DistOpt
+        return DistOpt
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

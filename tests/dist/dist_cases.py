@@ -188,3 +188,105 @@ def check_all(comm, big: bool = True):
         comm.all_reduce(t)
         np.testing.assert_array_equal(npy(t), expected(comm.world_size, BIG, np.float32, "sum"))
     comm.barrier()
+
+
+# ---------------------------------------------------------------- multiprocessing groups (shm backend tests)
+def run_ranks(fn, world_size: int, method: str = "spawn", timeout: float = 60.0, comm_timeout: float = 30.0,
+              args=()):
+    """Runs fn(comm, *args) on `world_size` processes that share one NcclIdHolder, as a SINGA script does.
+    Returns ({rank: ("ok", value) | ("error", type name, message)}, holder, seconds). Processes that do not
+    report within `timeout` are killed: the test fails instead of hanging."""
+    import multiprocessing as mp
+    import queue as queue_mod
+    import time
+
+    from singa_lite import dist
+
+    ctx = mp.get_context(method)
+    holder = dist.NcclIdHolder()
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(fn, holder, r, world_size, comm_timeout, results, args))
+             for r in range(world_size)]
+    start = time.monotonic()
+    for p in procs:
+        p.start()
+    out = {}
+    deadline = start + timeout
+    while len(out) < world_size and time.monotonic() < deadline:
+        try:
+            rank, *result = results.get(timeout=0.2)
+            out[rank] = tuple(result)
+        except queue_mod.Empty:
+            if all(not p.is_alive() for p in procs) and results.empty():
+                break
+    elapsed = time.monotonic() - start
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+    return out, holder, elapsed
+
+
+def _rank_main(fn, holder, rank, world_size, comm_timeout, results, args):
+    from singa_lite import dist
+
+    try:
+        comm = dist.init(backend="shm", holder=holder, rank=rank, world_size=world_size, timeout=comm_timeout)
+        results.put((rank, "ok", fn(comm, *args)))
+    except BaseException as e:  # reported to the test, which decides what was expected
+        results.put((rank, "error", type(e).__name__, str(e)))
+        raise
+
+
+def scenario_collectives(comm):
+    check_all(comm, big=comm.world_size <= 2)
+    return comm.rank
+
+
+def scenario_timeout(comm, late_rank):
+    import time
+
+    if comm.rank == late_rank:
+        time.sleep(comm.timeout * 4)
+        return "slept"
+    comm.all_reduce(T(np.ones(8, np.float32)))
+
+
+def scenario_killed(comm, dead_rank):
+    import os
+    import signal
+
+    comm.barrier()
+    if comm.rank == dead_rank:
+        os.kill(os.getpid(), signal.SIGKILL)
+    comm.all_reduce(T(np.ones(8, np.float32)))
+
+
+def scenario_user_error(comm, bad_rank):
+    comm.barrier()
+    if comm.rank == bad_rank:
+        raise RuntimeError("bug in user code")
+    comm.all_reduce(T(np.ones(8, np.float32)))
+
+
+def scenario_abort(comm):
+    comm.barrier()
+    if comm.rank == 1:
+        comm.abort("boom from rank 1")
+        return "aborted"
+    comm.all_reduce(T(np.ones(8, np.float32)))
+
+
+def scenario_mismatch(comm):
+    t = T(np.zeros(10 + (comm.rank == 1), np.float32))
+    try:
+        comm.all_reduce(t)
+    except (ValueError, comm_error()) as e:
+        return str(e)
+    raise AssertionError("mismatched sizes were not detected")
+
+
+def comm_error():
+    from singa_lite import dist
+    return dist.CommError

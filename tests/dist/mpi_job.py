@@ -19,6 +19,10 @@ def main(scenario: str) -> None:
         import dist_cases
         assert comm.backend == "mpi" and comm.local_size == comm.world_size and comm.local_rank == r
         dist_cases.check_all(comm)
+    elif scenario == "distopt":
+        import distopt_cases
+        done = distopt_cases.run_all(comm)
+        print(f"rank {r} DistOpt scenarios: {', '.join(done)}", flush=True)
     elif scenario == "mismatch":  # rank 1 passes one element more: every rank raises ValueError
         for n, verify in ((10, True), (1 << 18, "auto")):  # small calls are checked with verify=True only
             comm.verify = verify

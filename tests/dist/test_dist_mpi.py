@@ -38,6 +38,16 @@ def test_every_collective(n):
     assert all(f"OK rank {r}" in out for r in range(n)), out
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_distopt(n):
+    # equivalence with one process on the whole batch (SGD, Adam, small buckets), half, sparse, partial,
+    # first-step synchronisation and the model check: tests/dist/distopt_cases.py
+    proc, _ = run_job(n, "distopt", limit=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert all(f"OK rank {r}" in out for r in range(n)), out
+
+
 def test_mismatched_sizes_raise_on_every_rank_and_the_communicator_survives():
     proc, _ = run_job(3, "mismatch")
     out = proc.stdout + proc.stderr

@@ -1,0 +1,126 @@
+"""Gradient fusion for DistOpt: small tensors are packed into one persistent flat buffer and all-reduced
+together, so a model with many small parameters pays one collective's latency per bucket instead of one per
+tensor; large tensors go alone. Buckets are launched asynchronously, so their communication overlaps
+whatever the caller does next (DistOpt: the rest of the backward pass).
+
+A Fuser owns one buffer per (dtype on the wire). Buckets occupy consecutive regions of it; when the next
+tensor does not fit behind the buckets still in flight, the Fuser first waits for them and unpacks their
+results (a bounds-checked ring: SINGA writes past the end of its buffer in that case).
+"""
+from __future__ import annotations
+
+from .. import _core, tensor
+
+CTensor = _core.Tensor
+
+
+class _Bucket:
+    __slots__ = ("start", "end", "members", "work", "scale")
+
+    def __init__(self, start: int):
+        self.start, self.end, self.members, self.work, self.scale = start, start, [], None, None
+
+
+class Fuser:
+    """Packs tensors, all-reduces buckets with `op` asynchronously, and writes the results back.
+
+    comm: a Communicator. buff_elems: the buffer's size in elements. wire_dtype: the dtype sent (None: each
+    tensor's own; float16: cast on packing, back on unpacking). op: the reduction ("sum" or "avg").
+    scale: a factor applied to results after unpacking (e.g. world_size, to turn an fp16 average back into
+    a sum computed without fp16 overflow).
+    """
+
+    def __init__(self, comm, buff_elems: int, wire_dtype=None, op: str = "avg", scale: float | None = None):
+        self.comm, self.buff_elems, self.wire_dtype, self.op, self.scale = comm, buff_elems, wire_dtype, op, scale
+        self._buffers = {}  # dtype -> flat CTensor of buff_elems elements, allocated on first use
+        self._open = {}  # dtype -> the bucket being filled
+        self._in_flight = []  # buckets sent and not yet unpacked, in send order
+        self._direct = []  # (work, tensor, staging or None): tensors all-reduced on their own
+
+    # ----- packing
+    def add(self, t: CTensor) -> None:
+        """Copies t (contiguous or not) into the open bucket of its wire dtype."""
+        dtype = self.wire_dtype or t.dtype
+        n = t.numel
+        if n > self.buff_elems:
+            raise ValueError(f"fusion: a tensor of {n} elements does not fit the fusion buffer of "
+                             f"{self.buff_elems} elements; send it alone (all_reduce) or raise buffSize")
+        bucket = self._open.get(dtype)
+        if bucket is None:
+            bucket = self._open[dtype] = _Bucket(self._free_start(dtype, n))
+        elif bucket.end + n > self.buff_elems:  # no room behind: send what we have, start again at 0
+            self.send(dtype)
+            bucket = self._open[dtype] = _Bucket(self._free_start(dtype, n))
+        region = self._buffer(dtype, t.device).slice(0, bucket.end, bucket.end + n)
+        _core.copy_(region, t.reshape([n]) if t.is_contiguous() else t.contiguous().reshape([n]))
+        bucket.members.append((t, bucket.end, n))
+        bucket.end += n
+
+    def open_elems(self, dtype=None) -> int:
+        bucket = self._open.get(self.wire_dtype or dtype or tensor.float32)
+        return 0 if bucket is None else bucket.end - bucket.start
+
+    def send(self, dtype=None) -> None:
+        """Launches the all-reduce of the open bucket(s) (all dtypes when dtype is None)."""
+        for d in ([dtype] if dtype is not None else list(self._open)):
+            bucket = self._open.pop(d, None)
+            if bucket is None or bucket.end == bucket.start:
+                continue
+            region = self._buffers[d].slice(0, bucket.start, bucket.end)
+            bucket.work = self.comm.all_reduce(region, self.op, async_op=True)
+            self._in_flight.append((d, bucket))
+
+    def send_alone(self, t: CTensor) -> None:
+        """All-reduces t by itself (a tensor larger than the fusion threshold), asynchronously."""
+        wire = self.wire_dtype or t.dtype
+        if wire == t.dtype and t.is_contiguous():
+            self._direct.append((self.comm.all_reduce(t, self.op, async_op=True), t, None))
+            return
+        staging = CTensor(list(t.shape), wire, t.device)
+        _core.copy_(staging, t)
+        self._direct.append((self.comm.all_reduce(staging, self.op, async_op=True), t, staging))
+
+    # ----- unpacking
+    def wait(self) -> list:
+        """Sends what is still open, waits for every bucket, writes results back into the tensors. Returns
+        the reduced wire-format regions (for checks such as finiteness)."""
+        self.send()
+        regions = []
+        for d, bucket in self._in_flight:
+            bucket.work.wait()
+            buf = self._buffers[d]
+            for t, off, n in bucket.members:
+                self._write_back(t, buf.slice(0, off, off + n))
+            regions.append(buf.slice(0, bucket.start, bucket.end))
+        self._in_flight.clear()
+        for work, t, staging in self._direct:
+            work.wait()
+            if staging is not None:
+                self._write_back(t, staging)
+            elif self.scale is not None:
+                _core.mul_scalar(t, self.scale, out=t)
+            regions.append(t if staging is None else staging)
+        self._direct.clear()
+        return regions
+
+    def _write_back(self, t: CTensor, region: CTensor) -> None:
+        _core.copy_(t, region.reshape(list(t.shape)))  # casts back from the wire dtype
+        if self.scale is not None:
+            _core.mul_scalar(t, self.scale, out=t)
+
+    # ----- buffer regions
+    def _buffer(self, dtype, device) -> CTensor:
+        buf = self._buffers.get(dtype)
+        if buf is None or buf.device != device:
+            buf = self._buffers[dtype] = CTensor([self.buff_elems], dtype, device)
+        return buf
+
+    def _free_start(self, dtype, n: int) -> int:
+        """Where a new bucket of this dtype may start: behind the buckets in flight, or at 0 once they are
+        done (waiting for them if the space behind is too short)."""
+        ends = [b.end for d, b in self._in_flight if d == dtype]
+        start = max(ends) if ends else 0
+        if start + n > self.buff_elems:
+            self.wait()
+            start = 0
+        return start

@@ -1,0 +1,460 @@
+"""DistOpt: SINGA's distributed optimizer. It wraps any optimizer written to the contract in opt.py and
+averages gradients (or parameters) over the ranks of a Communicator, on any backend.
+
+    sgd = opt.DistOpt(opt.SGD(lr=0.005, momentum=0.9))            # under mpiexec
+    sgd = opt.DistOpt(sgd, nccl_id=holder, gpu_num=r, gpu_per_node=n)  # multiprocessing, as seed 001
+    sgd.backward_and_update(loss)
+
+Four ways to synchronise, as SINGA:
+
+- ``backward_and_update``: gradients averaged in fused buckets while backward runs (each bucket's
+  all-reduce starts as soon as it is full and overlaps the rest of the backward pass);
+- ``backward_and_update_half``: the same with float16 on the wire; each rank divides by the world size
+  *before* the sum, so the exchange cannot overflow where float32 would not; optional clipping;
+- ``backward_and_partial_update``: every rank updates with its own gradients, then one partition of the
+  parameter *values* is averaged per call, round robin (``average_parameters()`` averages all of them);
+- ``backward_and_sparse_update``: only the significant gradient entries are exchanged (|g| >= spars, or the
+  exact top ``ceil(spars * n)`` magnitudes with ``topK=True``), as (index, value) pairs gathered from every
+  rank and summed; with ``corr=True`` what was not sent is kept as a residual and added next time.
+
+Differences from SINGA, on purpose: buffer bounds are checked; float16 sums divide first; top-K compares
+magnitudes as floats (SINGA's comparator truncated them); at the first step rank 0's parameters are
+broadcast and the ranks' models are compared (names, shapes, dtypes, order), raising ValueError on every
+rank with the difference; a non-finite averaged gradient skips the step on every rank (``on_nonfinite=
+"skip"``, counted in ``skipped_steps``) or raises FloatingPointError (``"raise"``).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+
+import numpy as np
+
+from .. import _core, autograd, tensor
+from ..opt import SGD, Optimizer
+from ..tensor import Tensor
+from .fusion import Fuser
+
+CTensor = _core.Tensor
+DEFAULT_THRESHOLD = 2097152  # elements, SINGA's default
+
+
+def _raw(t, what: str) -> CTensor:
+    if isinstance(t, Tensor):
+        return t.data
+    if isinstance(t, CTensor):
+        return t
+    raise TypeError(f"DistOpt.{what}: expected a tensor.Tensor or a raw tensor (t.data), got {type(t).__name__}")
+
+
+def _all_finite(t: CTensor) -> bool:
+    if t.numel == 0:
+        return True
+    return math.isfinite(float(np.asarray(_core.max(_core.abs(t)))))
+
+
+class DistOpt:
+    """Wraps `opt` (default ``SGD()``) for data-parallel training.
+
+    nccl_id: None for the MPI bootstrap (``mpiexec``); the parent's ``NcclIdHolder`` for processes started
+    by multiprocessing, with local_rank / world_size (SINGA's seed scripts pass them as gpu_num /
+    gpu_per_node, accepted too). buffSize: the fusion buffer's size in elements. communicator: an existing
+    ``dist.Communicator`` to use instead (backend / timeout otherwise go to ``dist.init``).
+    """
+
+    def __init__(self, opt=None, nccl_id=None, local_rank=None, world_size=None, buffSize=4194304, *,
+                 gpu_num=None, gpu_per_node=None, communicator=None, backend=None, timeout=None,
+                 on_nonfinite: str = "skip"):
+        from . import init
+
+        self.opt = SGD() if opt is None else opt
+        if not isinstance(self.opt, Optimizer):
+            raise TypeError(f"DistOpt: opt must follow the Optimizer contract (subclass opt.Optimizer), got "
+                            f"{type(self.opt).__name__}")
+        local_rank = _same("local_rank", local_rank, "gpu_num", gpu_num)
+        world_size = _same("world_size", world_size, "gpu_per_node", gpu_per_node)
+        if isinstance(buffSize, bool) or not isinstance(buffSize, numbers.Integral) or buffSize < 1:
+            raise ValueError(f"DistOpt: buffSize must be a positive number of elements, got {buffSize!r}")
+        if on_nonfinite not in ("skip", "raise"):
+            raise ValueError(f"DistOpt: on_nonfinite must be 'skip' or 'raise', got {on_nonfinite!r}")
+        if communicator is None:
+            if nccl_id is None:
+                communicator = init(backend=backend, timeout=timeout)
+            else:
+                communicator = init(backend=backend, holder=nccl_id, rank=local_rank, world_size=world_size,
+                                    timeout=timeout)
+        self.communicator = communicator
+        self.buffSize = int(buffSize)
+        self.on_nonfinite = on_nonfinite
+        self.world_size = communicator.world_size
+        self.global_rank = self.rank_in_global = communicator.rank
+        self.local_rank = self.rank_in_local = communicator.local_rank
+        self.skipped_steps = 0
+        self.partial = 0  # SINGA's name: which parameter partition the next partial update averages
+        self._residuals = {}  # parameter name -> CTensor: sparse error feedback
+        self._synced = False  # rank 0's parameters broadcast and the models compared (first step)
+        self._params = []  # (name, param) of the last step, in backward order
+        self._fusers = {}
+        self._user = Fuser(communicator, self.buffSize, op="sum")  # SINGA's low-level calls sum
+        self._user_half = Fuser(communicator, self.buffSize, wire_dtype=tensor.float16, op="avg",
+                                scale=float(self.world_size))
+
+    def __repr__(self):
+        return (f"DistOpt({type(self.opt).__name__}, rank {self.global_rank} of {self.world_size}, "
+                f"{self.communicator.backend} backend)")
+
+    # ----- the four training steps
+    def __call__(self, loss) -> None:
+        self.backward_and_update(loss)
+
+    def backward_and_update(self, loss, threshold=DEFAULT_THRESHOLD) -> None:
+        """Backward; gradients averaged over the ranks in fused buckets as they come; then one update."""
+        self._fused_step(loss, self._threshold(threshold), wire_dtype=None)
+
+    def backward_and_update_half(self, loss, threshold=DEFAULT_THRESHOLD, clipping=False, clip_Value=100) -> None:
+        """As backward_and_update, with float16 on the wire; clipping clamps gradients to
+        [-clip_Value, clip_Value] before they are cast."""
+        if clipping and not clip_Value > 0:
+            raise ValueError(f"DistOpt.backward_and_update_half: clip_Value must be > 0, got {clip_Value!r}")
+        self._fused_step(loss, self._threshold(threshold), wire_dtype=tensor.float16,
+                         clip=float(clip_Value) if clipping else None)
+
+    def backward_and_partial_update(self, loss, threshold=DEFAULT_THRESHOLD) -> None:
+        """Local update with local gradients, then one partition of parameter values averaged (round robin;
+        partitions hold about `threshold` elements)."""
+        threshold = self._threshold(threshold)
+        triples = self._local_gradients(loss)
+        self._first_step(triples)
+        self._apply(triples)
+        parts = _partitions([p for _, p, _ in triples], threshold, size=lambda p: p.data.numel)
+        if parts:
+            self._average_values(parts[self.partial % len(parts)], threshold)
+            self.partial = (self.partial + 1) % len(parts)
+
+    def backward_and_sparse_update(self, loss, threshold=DEFAULT_THRESHOLD, spars=0.05, topK=False,
+                                   corr=True) -> None:
+        """Only significant gradient entries are exchanged: |g| >= spars, or with topK=True the largest
+        ceil(spars * n) magnitudes of each fused group; corr=True keeps what was not sent as a residual."""
+        threshold = self._threshold(threshold)
+        spars = _check_spars(spars, topK)
+        triples = self._local_gradients(loss)
+        self._first_step(triples)
+        for group in _partitions(triples, threshold, size=lambda tr: tr[2].data.numel):
+            self._sparse_group([g.data for _, _, g in group], [n for n, _, _ in group], spars, bool(topK),
+                               bool(corr), average=True)
+        self._apply(triples)
+
+    # ----- SINGA's lower-level calls (raw tensors accepted; results are sums, update() divides)
+    # They complete before returning (their results are final, so scripts that scale the result right after
+    # the call, as seed 001's parameter synchronisation does, are correct); wait() is kept for SINGA's API.
+    def update(self, param, grad) -> None:
+        """grad /= world_size, then the wrapped optimizer's update (SINGA's DistOpt.update)."""
+        g = _raw(grad, "update")
+        _core.mul_scalar(g, 1.0 / self.world_size, out=g)
+        p = param if isinstance(param, Tensor) else Tensor(data=param, requires_grad=False)
+        self.opt.apply(self.opt._name_of(p), p, g)
+
+    def all_reduce(self, t) -> None:
+        """Sums t over the ranks, in place."""
+        self._user.send_alone(_raw(t, "all_reduce"))
+        self._user.wait()
+
+    def fused_all_reduce(self, tensors, send=True) -> None:
+        """Copies the tensors into the fusion buffer; with send=True sums everything it holds over the ranks
+        and writes the results back into the tensors (those of earlier send=False calls included)."""
+        for t in tensors:
+            self._user.add(_raw(t, "fused_all_reduce"))
+        if send:
+            self._user.wait()
+
+    def all_reduce_half(self, t) -> None:
+        """As all_reduce with float16 on the wire (divided by the world size before the sum, multiplied back
+        after it, so the float16 exchange cannot overflow where the float32 sum does not)."""
+        self._user_half.send_alone(_raw(t, "all_reduce_half"))
+        self._user_half.wait()
+
+    def fused_all_reduce_half(self, tensors, send=True) -> None:
+        for t in tensors:
+            self._user_half.add(_raw(t, "fused_all_reduce_half"))
+        if send:
+            self._user_half.wait()
+
+    def sparsification(self, t, accumulation, spars, topK) -> None:
+        """Sparse sum of t over the ranks, in place; accumulation (None or a tensor like t) is the error
+        feedback residual, updated in place."""
+        self.fused_sparsification([t], accumulation, spars, topK)
+
+    def fused_sparsification(self, tensors, accumulation, spars, topK) -> None:
+        raws = [_raw(t, "fused_sparsification") for t in tensors]
+        spars = _check_spars(spars, topK)
+        acc = None if accumulation is None else _raw(accumulation, "fused_sparsification")
+        if acc is not None and acc.numel != sum(r.numel for r in raws):
+            raise ValueError(f"DistOpt.fused_sparsification: accumulation has {acc.numel} elements, the tensors "
+                             f"{sum(r.numel for r in raws)}")
+        self._sparse_group(raws, None, spars, bool(topK), corr=acc is not None, average=False, residual=acc)
+
+    def wait(self) -> None:
+        """Completes pending fused all-reduces (SINGA's API; the calls above already return complete)."""
+        self._user.wait()
+        self._user_half.wait()
+
+    # ----- parameters across ranks
+    def broadcast_parameters(self, params) -> None:
+        """Compares the ranks' models and gives every rank rank 0's values (what the first step does by itself;
+        Model.compile calls this when its optimizer is a DistOpt, so that even the first step's gradients come
+        from identical replicas). params: tensors, or a dict of them (Model.get_params())."""
+        params = self._param_list(params, "broadcast_parameters")
+        self._first_step([(p.name or f"param{i}", p, None) for i, p in enumerate(params)], force=True)
+
+    def average_parameters(self, params=None, threshold=DEFAULT_THRESHOLD) -> None:
+        """Averages the parameter values over the ranks (after partial updates: before evaluating or saving).
+        params: tensors (default: those of the last step)."""
+        params = self._param_list(params, "average_parameters")
+        self._average_values(params, self._threshold(threshold))
+
+    def check_parameter_closeness(self, params=None, rtol=1e-5, atol=1e-8) -> bool:
+        """True when every rank's parameters equal rank 0's within atol + rtol * |rank 0's|; a warning names
+        the worst parameter otherwise. The same answer on every rank."""
+        params = self._param_list(params, "check_parameter_closeness")
+        worst, worst_name = 0.0, None
+        for i, p in enumerate(params):
+            ref = p.data.clone()
+            self.communicator.broadcast(ref, 0)
+            diff = np.abs(np.asarray(p.data, np.float64) - np.asarray(ref, np.float64))
+            excess = float((diff / (atol + rtol * np.abs(np.asarray(ref, np.float64)))).max()) if diff.size else 0.0
+            if excess > worst:
+                worst, worst_name = excess, p.name or f"parameter {i}"
+        flags = self.communicator.all_gather_object([worst, worst_name])
+        worst, worst_name = max(flags, key=lambda f: f[0])
+        if worst > 1.0:
+            warnings.warn(f"DistOpt: replicas drifted: {worst_name} differs from rank 0's by {worst:.3g}x the "
+                          f"tolerance (atol={atol}, rtol={rtol})", RuntimeWarning, stacklevel=2)
+            return False
+        return True
+
+    # ----- checkpoints
+    def get_states(self) -> dict:
+        """The wrapped optimizer's states plus DistOpt's own (residuals differ per rank: save each rank's)."""
+        return {"opt": self.opt.get_states(), "partial": int(self.partial), "skipped_steps": int(self.skipped_steps),
+                "residuals": {k: np.array(np.asarray(v)) for k, v in self._residuals.items()}}
+
+    def set_states(self, states: dict) -> None:
+        missing = {"opt", "partial", "residuals"} - set(states)
+        if missing:
+            raise ValueError(f"DistOpt.set_states: missing {sorted(missing)}; pass what get_states() returned")
+        residuals = {k: CTensor.from_buffer(np.array(v, copy=True)) for k, v in states["residuals"].items()}
+        self.opt.set_states(states["opt"])
+        self.partial = int(states["partial"])
+        self.skipped_steps = int(states.get("skipped_steps", 0))
+        self._residuals = residuals
+
+    # ----- internals
+    def _threshold(self, threshold) -> int:
+        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Integral) or threshold < 1:
+            raise ValueError(f"DistOpt: threshold must be a positive number of elements, got {threshold!r}")
+        if threshold > self.buffSize:
+            raise ValueError(f"DistOpt: threshold {threshold} exceeds the fusion buffer (buffSize={self.buffSize} "
+                             f"elements); raise buffSize or lower the threshold")
+        return int(threshold)
+
+    def _fuser(self, wire_dtype) -> Fuser:
+        key = None if wire_dtype is None else wire_dtype.name
+        if key not in self._fusers:
+            self._fusers[key] = Fuser(self.communicator, self.buffSize, wire_dtype=wire_dtype, op="avg")
+        return self._fusers[key]
+
+    def _fused_step(self, loss, threshold: int, wire_dtype, clip=None) -> None:
+        fuser = self._fuser(wire_dtype)
+        triples = []
+        overlap = self._synced  # the first step compares the models before any gradient is exchanged
+        for p, g in autograd.backward(loss):
+            gd = g.data
+            if clip is not None:
+                _core.clip(gd, -clip, clip, out=gd)
+            triples.append((self.opt._name_of(p), p, g))
+            if overlap:
+                self._launch(fuser, gd, threshold)
+        if not overlap:
+            self._first_step(triples)
+            for _, _, g in triples:
+                self._launch(fuser, g.data, threshold)
+        regions = fuser.wait()
+        if self._finite_everywhere(regions):
+            self._apply(triples)
+
+    @staticmethod
+    def _launch(fuser: Fuser, g: CTensor, threshold: int) -> None:
+        if g.numel > threshold:
+            fuser.send_alone(g)
+            return
+        if fuser.open_elems(g.dtype) + g.numel > threshold:
+            fuser.send()
+        fuser.add(g)
+
+    def _local_gradients(self, loss) -> list:
+        return [(self.opt._name_of(p), p, g) for p, g in autograd.backward(loss)]
+
+    def _apply(self, triples) -> None:
+        for name, p, g in triples:
+            self.opt.apply(name, p, g)
+        self.opt.step()
+
+    def _finite_everywhere(self, regions) -> bool:
+        """Whether every averaged gradient is finite, decided the same way on every rank (a one-element
+        all-reduce of the local verdicts), so ranks never diverge on skipping a step."""
+        bad = CTensor.from_buffer(np.array([0 if all(_all_finite(r) for r in regions) else 1], np.int32))
+        self.communicator.all_reduce(bad, "max")
+        if int(np.asarray(bad)[0]) == 0:
+            return True
+        if self.on_nonfinite == "raise":
+            raise FloatingPointError("DistOpt: the averaged gradients contain inf or nan; no parameter was "
+                                     "changed (on_nonfinite='skip' skips such steps instead)")
+        self.skipped_steps += 1
+        if self.global_rank == 0:
+            warnings.warn(f"DistOpt: inf or nan in the averaged gradients: step skipped on every rank "
+                          f"({self.skipped_steps} so far)", RuntimeWarning, stacklevel=3)
+        return False
+
+    def _first_step(self, triples, force: bool = False) -> None:
+        """Once: compare the ranks' models, then give every rank rank 0's parameter values."""
+        if not force:
+            self._params = [(n, p) for n, p, _ in triples]
+        if self._synced and not force:
+            return
+        mine = [[n, list(p.shape), p.dtype.name] for n, p, _ in triples]
+        every = self.communicator.all_gather_object(mine)
+        differences = [_describe_difference(every[0], other, r) for r, other in enumerate(every) if other != every[0]]
+        if differences:
+            raise ValueError("DistOpt: the ranks' models differ: " + "; ".join(differences)
+                             + ". Every rank must build the same model (same layers, in the same order)")
+        for _, p, _ in triples:
+            self.communicator.broadcast(p.data, 0)
+        self._synced = True
+
+    def _average_values(self, params, threshold: int) -> None:
+        fuser = self._fuser(None)
+        for p in params:
+            self._launch(fuser, p.data, threshold)
+        fuser.wait()
+
+    def _param_list(self, params, what: str) -> list:
+        if params is None:
+            if not self._params:
+                raise ValueError(f"DistOpt.{what}: no training step has run yet; pass the parameters "
+                                 f"(e.g. list(model.get_params().values()))")
+            return [p for _, p in self._params]
+        params = list(params.values()) if isinstance(params, dict) else list(params)
+        for p in params:
+            if not isinstance(p, Tensor):
+                raise TypeError(f"DistOpt.{what}: parameters must be tensor.Tensor, got {type(p).__name__}")
+        return params
+
+    def _sparse_group(self, raws, names, spars, topK, corr, average, residual=None) -> None:
+        """Sparse all-reduce of the tensors as one flat vector, written back in place."""
+        for r in raws:
+            if r.device.kind != "cpu":
+                raise NotImplementedError("DistOpt: sparse updates of GPU tensors come with the CUDA backend")
+        flat = np.concatenate([np.asarray(r.contiguous(), np.float64).reshape(-1) for r in raws]) if raws else \
+            np.zeros(0)
+        if corr:
+            if residual is None:
+                key = tuple(names)
+                res = self._residuals.get(key)
+                if res is None or res.numel != flat.size:
+                    res = self._residuals[key] = CTensor.from_buffer(np.zeros(flat.size, np.float64))
+            else:
+                res = residual
+            flat += np.asarray(res, np.float64).reshape(-1)
+        idx = _select(flat, spars, topK)
+        if corr:
+            left = flat.copy()
+            left[idx] = 0.0
+            _core.copy_(res, CTensor.from_buffer(left.reshape(list(res.shape)) if residual is not None
+                                                 else left))
+        dense = self._sparse_sum(flat, idx, raws[0].dtype if raws else tensor.float32)
+        if average:
+            dense /= self.world_size
+        off = 0
+        for r in raws:
+            _core.copy_(r, CTensor.from_buffer(np.ascontiguousarray(dense[off:off + r.numel]).reshape(list(r.shape))))
+            off += r.numel
+
+    def _sparse_sum(self, flat: np.ndarray, idx: np.ndarray, dtype) -> np.ndarray:
+        """Sum over ranks of the vectors that hold flat[idx] at idx and zero elsewhere: every rank's
+        (index, value) pairs are all-gathered, then added in rank order (the same result on every rank)."""
+        comm = self.communicator
+        np_dtype = np.asarray(CTensor([0], dtype, _core.Device("cpu"))).dtype
+        counts = np.asarray(comm.all_gather(CTensor.from_buffer(np.array([idx.size], np.int64))))[:, 0]
+        width = max(int(counts.max()), 1)
+        index_dtype = np.int32 if flat.size < 2 ** 31 else np.int64
+        my_idx = np.zeros(width, index_dtype)
+        my_idx[:idx.size] = idx
+        my_val = np.zeros(width, np_dtype)
+        my_val[:idx.size] = flat[idx]
+        all_idx = np.asarray(comm.all_gather(CTensor.from_buffer(my_idx)))
+        all_val = np.asarray(comm.all_gather(CTensor.from_buffer(my_val)))
+        dense = np.zeros(flat.size, np_dtype)
+        for r in range(comm.world_size):
+            np.add.at(dense, all_idx[r, :counts[r]], all_val[r, :counts[r]])
+        return dense.astype(np.float64)
+
+
+def _select(flat: np.ndarray, spars: float, topK: bool) -> np.ndarray:
+    """Indices sent: the exact top ceil(spars * n) magnitudes (ties broken by position), or |v| >= spars."""
+    n = flat.size
+    mag = np.abs(flat)
+    if topK:
+        k = min(n, int(math.ceil(spars * n)))
+        if k == 0:
+            return np.zeros(0, np.int64)
+        order = np.lexsort((np.arange(n), -mag))  # by magnitude, descending; then by position
+        return np.sort(order[:k])
+    return np.flatnonzero(mag >= spars)
+
+
+def _check_spars(spars, topK) -> float:
+    if isinstance(spars, bool) or not isinstance(spars, numbers.Real) or not math.isfinite(spars):
+        raise ValueError(f"DistOpt: spars must be a number, got {spars!r}")
+    if topK and not 0 < spars <= 1:
+        raise ValueError(f"DistOpt: with topK=True, spars is the fraction of entries sent, in (0, 1]; got {spars}")
+    if not topK and spars < 0:
+        raise ValueError(f"DistOpt: with topK=False, spars is the magnitude threshold, >= 0; got {spars}")
+    return float(spars)
+
+
+def _partitions(items, threshold: int, size) -> list:
+    """Consecutive groups as SINGA forms them: an item larger than threshold alone; smaller ones gathered
+    until the group passes threshold. size(item) -> elements."""
+    groups, current, acc = [], [], 0
+    for x in items:
+        n = size(x)
+        if n > threshold:
+            groups.append([x])
+            continue
+        current.append(x)
+        acc += n
+        if acc > threshold:
+            groups.append(current)
+            current, acc = [], 0
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _same(name, value, alias, alias_value):
+    if alias_value is None:
+        return value
+    if value is not None and value != alias_value:
+        raise ValueError(f"DistOpt: {name}={value} and {alias}={alias_value} disagree; pass one of them")
+    return alias_value
+
+
+def _describe_difference(ref, other, rank: int) -> str:
+    if len(ref) != len(other):
+        return f"rank 0 has {len(ref)} parameters, rank {rank} has {len(other)}"
+    for i, (a, b) in enumerate(zip(ref, other)):
+        if a != b:
+            return (f"parameter {i}: rank 0 has {a[0]} {tuple(a[1])} {a[2]}, rank {rank} has {b[0]} {tuple(b[1])} "
+                    f"{b[2]}")
+    return f"rank {rank} differs"

@@ -29,13 +29,16 @@ if CommError is None:  # TEMPORARY until the shm backend's C++ CommError lands
 REDUCE_OPS = ("sum", "avg", "max", "min", "prod")
 DTYPES = (tensor.float16, tensor.float32, tensor.float64, tensor.int32, tensor.int64)
 DEFAULT_TIMEOUT = 300.0  # seconds; SINGA_LITE_COMM_TIMEOUT or timeout= change it
+# A backend that times out by itself reports its own, more precise CommError: waiters allow it this long.
+WAIT_GRACE_S = 5.0
 
 
 class Work:
     """Handle of an asynchronous operation: ``wait()`` returns its result (or raises its error)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, comm=None):
         self.name = name
+        self._comm = comm
         self._done = threading.Event()
         self._result = None
         self._error = None
@@ -48,9 +51,15 @@ class Work:
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None):
-        """Blocks until the operation finished; returns its result. `timeout` (seconds) bounds the wait
-        itself: on expiry ``CommError`` is raised (the operation keeps its own, communicator-wide timeout)."""
-        if not self._done.wait(timeout):
+        """Blocks until the operation finished; returns its result. timeout (seconds): how long to wait;
+        default: the communicator's timeout. On expiry ``CommError`` is raised; when the communicator's own
+        timeout expired, it names the ranks that had not arrived and the communicator is unusable after."""
+        limit = timeout
+        if limit is None and self._comm is not None:
+            limit = self._comm.timeout + (WAIT_GRACE_S if self._comm._times_out_itself else 0.0)
+        if not self._done.wait(limit):
+            if timeout is None and self._comm is not None:
+                raise self._comm._expired(self.name)
             raise CommError(f"{self.name}: not finished after waiting {timeout} s")
         if self._error is not None:
             raise self._error
@@ -69,8 +78,8 @@ class _Runner:
         self._count = threading.Lock()  # guards pending (changed from two threads)
         self.lock = threading.Lock()  # held while an operation runs, inline or on the thread
 
-    def submit(self, name: str, fn) -> Work:
-        work = Work(name)
+    def submit(self, name: str, fn, comm=None) -> Work:
+        work = Work(name, comm)
         with self._count:
             self.pending += 1
         if self._thread is None:
@@ -78,6 +87,9 @@ class _Runner:
             self._thread.start()
         self._queue.put((work, fn))
         return work
+
+    def is_current(self) -> bool:
+        return threading.current_thread() is self._thread
 
     def _loop(self):
         while True:
@@ -121,8 +133,8 @@ class Communicator:
     """
 
     backend = "?"
-    # True: the backend's blocking calls time out by themselves and may run on the caller's thread.
-    # False: every operation runs on the background thread and the caller waits with the timeout.
+    # True: the backend's calls time out by themselves (they raise CommError); waiters on asynchronous work
+    # then allow a grace period for that error. False: only the waiter's timeout ends a stuck operation.
     _times_out_itself = True
 
     def __init__(self, rank: int, world_size: int, local_rank: int, local_size: int, timeout: float):
@@ -308,18 +320,17 @@ class Communicator:
         if self._broken is not None:
             raise self._broken
         if async_op:
-            return self._runner.submit(name, fn)
-        if self._times_out_itself and self._runner.pending == 0:
+            return self._runner.submit(name, lambda: self._guard(fn), self)
+        if self._runner.pending == 0:
             with self._runner.lock:  # nothing queued: run here, saving a thread hand-off per call
                 return self._guard(fn)
-        work = self._runner.submit(name, lambda: self._guard(fn))
-        try:
-            return work.wait(None if self._times_out_itself else self.timeout)
-        except CommError as e:
-            if work.is_completed():
-                raise
+        return self._runner.submit(name, lambda: self._guard(fn), self).wait()
+
+    def _expired(self, name: str) -> CommError:
+        """A waiter's timeout expired on an operation still running: the communicator is unusable now."""
+        if self._broken is None:
             self._broken = self._on_timeout(name)
-            raise self._broken from e
+        return self._broken
 
     def _guard(self, fn):
         try:

@@ -36,6 +36,7 @@ class Fuser:
         self._open = {}  # dtype -> the bucket being filled
         self._in_flight = []  # buckets sent and not yet unpacked, in send order
         self._direct = []  # (work, tensor, staging or None): tensors all-reduced on their own
+        self.bytes_sent = 0  # payload handed to all-reduces (per rank), for measurements
 
     # ----- packing
     def add(self, t: CTensor) -> None:
@@ -67,12 +68,14 @@ class Fuser:
             if bucket is None or bucket.end == bucket.start:
                 continue
             region = self._buffers[d].slice(0, bucket.start, bucket.end)
+            self.bytes_sent += region.nbytes
             bucket.work = self.comm.all_reduce(region, self.op, async_op=True)
             self._in_flight.append((d, bucket))
 
     def send_alone(self, t: CTensor) -> None:
         """All-reduces t by itself (a tensor larger than the fusion threshold), asynchronously."""
         wire = self.wire_dtype or t.dtype
+        self.bytes_sent += t.numel * CTensor([0], wire, t.device).itemsize
         if wire == t.dtype and t.is_contiguous():
             self._direct.append((self.comm.all_reduce(t, self.op, async_op=True), t, None))
             return

@@ -81,6 +81,7 @@ class MpiCommunicator(Communicator):
     until the timeout, or MPI reports a truncated message)."""
 
     backend = "mpi"
+    _times_out_itself = False  # asynchronous work blocks in MPI on the background thread
 
     def __init__(self, comm=None, timeout: float = DEFAULT_TIMEOUT, verify="auto"):
         MPI = import_mpi()
@@ -152,6 +153,12 @@ class MpiCommunicator(Communicator):
         """Waits for a nonblocking MPI operation, at most the timeout. Polls Test (which drives MPI's
         progress) continuously for the first SPIN_S seconds, then with growing sleeps so that a rank waiting
         for a slow peer leaves the CPU to the others."""
+        if self._runner.is_current():
+            # On the background thread (asynchronous work, overlapping the caller's computation): block in
+            # MPI with the GIL released rather than poll from Python, which would hold the GIL between polls
+            # and slow the caller down. Whoever waits on the work applies the timeout.
+            request.Wait()
+            return
         if request.Test():
             return
         start = time.monotonic()

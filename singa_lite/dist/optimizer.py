@@ -60,12 +60,14 @@ class DistOpt:
     nccl_id: None for the MPI bootstrap (``mpiexec``); the parent's ``NcclIdHolder`` for processes started
     by multiprocessing, with local_rank / world_size (SINGA's seed scripts pass them as gpu_num /
     gpu_per_node, accepted too). buffSize: the fusion buffer's size in elements. communicator: an existing
-    ``dist.Communicator`` to use instead (backend / timeout otherwise go to ``dist.init``).
+    ``dist.Communicator`` to use instead (backend / timeout otherwise go to ``dist.init``). overlap=False
+    starts the gradient exchange only after the whole backward pass (to measure what overlapping gains).
+    ``bytes_sent`` counts the gradient payload this rank has handed to all-reduces.
     """
 
     def __init__(self, opt=None, nccl_id=None, local_rank=None, world_size=None, buffSize=4194304, *,
                  gpu_num=None, gpu_per_node=None, communicator=None, backend=None, timeout=None,
-                 on_nonfinite: str = "skip"):
+                 on_nonfinite: str = "skip", overlap: bool = True):
         from . import init
 
         self.opt = SGD() if opt is None else opt
@@ -87,6 +89,7 @@ class DistOpt:
         self.communicator = communicator
         self.buffSize = int(buffSize)
         self.on_nonfinite = on_nonfinite
+        self.overlap = bool(overlap)
         self.world_size = communicator.world_size
         self.global_rank = self.rank_in_global = communicator.rank
         self.local_rank = self.rank_in_local = communicator.local_rank
@@ -258,6 +261,10 @@ class DistOpt:
                              f"elements); raise buffSize or lower the threshold")
         return int(threshold)
 
+    @property
+    def bytes_sent(self) -> int:
+        return sum(f.bytes_sent for f in self._fusers.values())
+
     def _fuser(self, wire_dtype) -> Fuser:
         key = None if wire_dtype is None else wire_dtype.name
         if key not in self._fusers:
@@ -267,7 +274,7 @@ class DistOpt:
     def _fused_step(self, loss, threshold: int, wire_dtype, clip=None) -> None:
         fuser = self._fuser(wire_dtype)
         triples = []
-        overlap = self._synced  # the first step compares the models before any gradient is exchanged
+        overlap = self._synced and self.overlap  # the first step compares the models before any exchange
         for p, g in autograd.backward(loss):
             gd = g.data
             if clip is not None:

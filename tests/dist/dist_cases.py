@@ -290,3 +290,8 @@ def scenario_mismatch(comm):
 def comm_error():
     from singa_lite import dist
     return dist.CommError
+
+
+def scenario_distopt(comm):
+    import distopt_cases
+    return distopt_cases.run_all(comm)

@@ -10,8 +10,8 @@ from singa_lite import _core
 
 pytestmark = pytest.mark.skipif(not hasattr(_core, "ShmComm"), reason="this build has no shm backend")
 
-from dist_cases import (run_ranks, scenario_abort, scenario_collectives, scenario_killed,  # noqa: E402
-                        scenario_mismatch, scenario_timeout, scenario_user_error)
+from dist_cases import (run_ranks, scenario_abort, scenario_collectives, scenario_distopt,  # noqa: E402
+                        scenario_killed, scenario_mismatch, scenario_timeout, scenario_user_error)
 
 
 def no_segment_left(holder):
@@ -63,4 +63,13 @@ def test_mismatched_sizes_are_reported_on_every_rank():
     out, holder, _ = run_ranks(scenario_mismatch, 3)
     for r in range(3):
         assert out[r][0] == "ok" and "11" in out[r][1] and "10" in out[r][1], out
+    assert no_segment_left(holder)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_distopt_on_shm(world_size):
+    # the same DistOpt checks as under mpiexec (tests/dist/distopt_cases.py), on the shm backend
+    out, holder, _ = run_ranks(scenario_distopt, world_size, timeout=240)
+    for r in range(world_size):
+        assert out[r][0] == "ok" and "equivalence_sgd" in out[r][1], out
     assert no_segment_left(holder)

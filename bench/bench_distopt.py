@@ -1,0 +1,148 @@
+"""A data-parallel training step on P ranks: singa_lite's DistOpt against PyTorch DDP (gloo), same model,
+same per-rank batch, same threads, in the same job. Run under mpiexec (which starts the ranks for both):
+
+    mpiexec -n 2 python bench/bench_distopt.py                 # seed 001's CNN, batch 32 per rank
+    mpiexec -n 2 python bench/bench_distopt.py --backend shm
+
+One step = forward + loss + backward + gradient averaging + SGD (momentum 0.9) update. Blocks of steps
+are interleaved (singa_lite variants, then torch, ...); rank 0 reports medians. ratio = singa time / torch
+time (goal <= 0.8). Also timed: DistOpt without fusion (threshold=1: every tensor alone), without overlap
+(the exchange starts after the whole backward pass), and with float16 on the wire; bytes on the wire per
+step are reported for fp32 and fp16.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--backend", choices=("mpi", "shm"), default="mpi", help="singa_lite's communicator")
+    p.add_argument("--batch", type=int, default=32, help="batch per rank")
+    p.add_argument("--steps", type=int, default=10, help="steps per timed block")
+    p.add_argument("--repeat", type=int, default=7, help="timed blocks per variant")
+    p.add_argument("--threads", type=int, default=None, help="threads per rank (default: cores / local ranks)")
+    return p.parse_args()
+
+
+ARGS = parse_args()
+from mpi4py import MPI  # noqa: E402
+
+WORLD = MPI.COMM_WORLD
+_local = WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+THREADS = ARGS.threads or max(1, (os.cpu_count() or 1) // _local.size)
+for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[var] = str(THREADS)
+
+import numpy as np  # noqa: E402
+
+try:
+    import torch  # noqa: E402
+    import torch.distributed as tdist  # noqa: E402
+except ImportError:
+    sys.exit("this benchmark compares against PyTorch DDP: pip install torch (CPU build)")
+
+from singa_lite import autograd, device, dist, opt, tensor  # noqa: E402
+
+device.set_num_threads(THREADS)
+torch.set_num_threads(THREADS)
+
+
+class SingaCNN:
+    def __init__(self):
+        self.conv1 = autograd.Conv2d(1, 20, 5)
+        self.conv2 = autograd.Conv2d(20, 50, 5)
+        self.fc1 = autograd.Linear(800, 500)
+        self.fc2 = autograd.Linear(500, 10)
+        self.pool = autograd.MaxPool2d(2, 2)
+
+    def forward(self, x):
+        y = self.pool(autograd.relu(self.conv1(x)))
+        y = self.pool(autograd.relu(self.conv2(y)))
+        return self.fc2(autograd.relu(self.fc1(autograd.flatten(y))))
+
+
+def torch_cnn():
+    nn = torch.nn
+    return nn.Sequential(nn.Conv2d(1, 20, 5), nn.ReLU(), nn.MaxPool2d(2, 2), nn.Conv2d(20, 50, 5), nn.ReLU(),
+                         nn.MaxPool2d(2, 2), nn.Flatten(), nn.Linear(800, 500), nn.ReLU(), nn.Linear(500, 10))
+
+
+def main():
+    rank, P = WORLD.rank, WORLD.size
+    rng = np.random.default_rng(rank)
+    x = rng.standard_normal((ARGS.batch, 1, 28, 28)).astype(np.float32)
+    y = rng.integers(0, 10, ARGS.batch).astype(np.int32)
+    tx, ty = tensor.from_numpy(x), tensor.from_numpy(y)
+
+    if ARGS.backend == "shm":
+        name = dist.broadcast_bytes(dist.NcclIdHolder().shm_name.encode() if rank == 0 else None).decode()
+        from singa_lite.dist.shm import ShmCommunicator
+        comm = ShmCommunicator(name, rank, P)
+    else:
+        comm = dist.init(backend="mpi")
+    autograd.training = True
+
+    def singa_variant(method="backward_and_update", **kw):
+        model = SingaCNN()
+        dopt = opt.DistOpt(opt.SGD(lr=0.01, momentum=0.9), communicator=comm, overlap=kw.pop("overlap", True))
+
+        def step():
+            getattr(dopt, method)(autograd.softmax_cross_entropy(model.forward(tx), ty), **kw)
+        return step, dopt
+
+    variants = {
+        "singa DistOpt": singa_variant(),
+        "singa no fusion": singa_variant(threshold=1),
+        "singa no overlap": singa_variant(overlap=False),
+        "singa fp16": singa_variant("backward_and_update_half"),
+    }
+
+    port = WORLD.bcast(29500 + int(np.random.default_rng().integers(0, 2000)) if rank == 0 else None, root=0)
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=P)
+    t_model = torch.nn.parallel.DistributedDataParallel(torch_cnn())
+    t_opt = torch.optim.SGD(t_model.parameters(), lr=0.01, momentum=0.9)
+    t_x, t_y = torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def torch_step():
+        t_opt.zero_grad(set_to_none=True)
+        loss_fn(t_model(t_x), t_y).backward()
+        t_opt.step()
+
+    steps = {k: v[0] for k, v in variants.items()}
+    steps["torch DDP gloo"] = torch_step
+    for fn in steps.values():
+        for _ in range(3):
+            fn()
+    before = {k: v[1].bytes_sent for k, v in variants.items()}
+    times = {k: [] for k in steps}
+    for _ in range(ARGS.repeat):
+        for k, fn in steps.items():
+            WORLD.Barrier()
+            t = time.perf_counter()
+            for _ in range(ARGS.steps):
+                fn()
+            WORLD.Barrier()
+            times[k].append((time.perf_counter() - t) / ARGS.steps)
+    per_step = {k: (v[1].bytes_sent - before[k]) / (ARGS.repeat * ARGS.steps) for k, v in variants.items()}
+    if rank == 0:
+        med = {k: statistics.median(v) for k, v in times.items()}
+        ref = med["torch DDP gloo"]
+        print(f"DistOpt step, seed 001's CNN, batch {ARGS.batch} per rank, {P} ranks x {THREADS} threads, "
+              f"singa_lite {comm.backend} backend vs PyTorch {torch.__version__} DDP gloo; medians of "
+              f"{ARGS.repeat} interleaved blocks of {ARGS.steps} steps")
+        print(f"{'variant':18s} {'ms/step':>8s} {'vs torch':>9s} {'bytes sent/step':>16s}")
+        for k, m in med.items():
+            sent = f"{per_step[k]:16.0f}" if k in per_step else f"{'':16s}"
+            print(f"{k:18s} {1e3 * m:8.2f} {m / ref:9.2f} {sent}")
+    tdist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -153,7 +153,31 @@ def scenario_model_mismatch(comm):
     raise AssertionError("different models were not detected")
 
 
+def scenario_singa_low_level(comm):
+    # The six checks of SINGA's own test_dist.py, through the low-level calls SINGA scripts use: every rank
+    # holds param = 10 and grad = 1; after the exchange and update(param, grad) (which divides by the world
+    # size) with lr 0.1, param = 9.9 on every rank, whatever the world size.
+    sgd = opt.DistOpt(opt.SGD(lr=0.1), communicator=comm)
+
+    def check(exchange):
+        param = tensor.Tensor((10, 10)).set_value(10.0)
+        grad = tensor.Tensor((10, 10)).set_value(1.0)
+        exchange(grad)
+        sgd.wait()
+        sgd.update(param, grad)
+        np.testing.assert_allclose(tensor.to_numpy(param), np.full((10, 10), 9.9, np.float32), atol=1e-5)
+
+    check(lambda g: sgd.all_reduce(g.data))
+    check(lambda g: (sgd.fused_all_reduce([g.data], send=False), sgd.fused_all_reduce([g.data])))
+    check(lambda g: sgd.all_reduce_half(g.data))
+    check(lambda g: (sgd.fused_all_reduce_half([g.data], send=False), sgd.fused_all_reduce_half([g.data])))
+    check(lambda g: sgd.sparsification(g.data, accumulation=None, spars=0.05, topK=False))
+    check(lambda g: sgd.sparsification(g.data, accumulation=None, spars=1, topK=True))
+    return "ok"
+
+
 SCENARIOS = {
+    "singa_low_level": scenario_singa_low_level,
     "equivalence_sgd": lambda c: scenario_equivalence(c, "sgd"),
     "equivalence_adam": lambda c: scenario_equivalence(c, "adam"),
     "equivalence_small_buckets": lambda c: scenario_equivalence(c, "sgd", threshold=50, buff=100),

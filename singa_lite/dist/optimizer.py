@@ -408,15 +408,17 @@ class DistOpt:
 
 
 def _select(flat: np.ndarray, spars: float, topK: bool) -> np.ndarray:
-    """Indices sent: the exact top ceil(spars * n) magnitudes (ties broken by position), or |v| >= spars."""
+    """Indices sent, ascending: exactly the ceil(spars * n) largest magnitudes (compared as floats; among
+    equal magnitudes at the cut, which ones go is unspecified), or every |v| >= spars."""
     n = flat.size
     mag = np.abs(flat)
     if topK:
         k = min(n, int(math.ceil(spars * n)))
         if k == 0:
             return np.zeros(0, np.int64)
-        order = np.lexsort((np.arange(n), -mag))  # by magnitude, descending; then by position
-        return np.sort(order[:k])
+        if k == n:
+            return np.arange(n)
+        return np.sort(np.argpartition(mag, n - k)[n - k:])  # linear-time selection, not a full sort
     return np.flatnonzero(mag >= spars)
 
 

@@ -1,4 +1,4 @@
-// Errors, Device, CUDA availability, seeds and thread counts.
+// Errors (the typed C++ errors as Python exceptions), Device, CUDA availability, seeds and thread counts.
 #include <omp.h>
 #include <pybind11/operators.h>
 #include <pybind11/stl.h>
@@ -21,6 +21,13 @@ void bind_errors(py::module_& m) {
       "singa_lite._core.CudaError", "A CUDA runtime call failed; the message names the call.", PyExc_RuntimeError,
       nullptr));
   m.attr("CudaError") = cuda_error;
+  // CommError likewise: a failed, timed-out or aborted collective of a communicator.
+  static py::handle comm_error(PyErr_NewExceptionWithDoc(
+      "singa_lite._core.CommError",
+      "A communicator failed: a peer died, left or timed out, the job was aborted, or the communicator is "
+      "closed. The message names the operation, the ranks involved and what to do.",
+      PyExc_RuntimeError, nullptr));
+  m.attr("CommError") = comm_error;
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -34,6 +41,8 @@ void bind_errors(py::module_& m) {
       PyErr_SetString(PyExc_MemoryError, e.what());
     } catch (const CudaError& e) {
       PyErr_SetString(cuda_error.ptr(), e.what());
+    } catch (const CommError& e) {
+      PyErr_SetString(comm_error.ptr(), e.what());
     } catch (const InternalError& e) {
       PyErr_SetString(PyExc_RuntimeError, e.what());
     }

@@ -9,4 +9,5 @@ void bind_tensor(pybind11::module_& m);
 void bind_ops(pybind11::module_& m);
 void bind_nn(pybind11::module_& m);
 void bind_build_info(pybind11::module_& m);
+void bind_comm(pybind11::module_& m);
 }  // namespace sl::bindings

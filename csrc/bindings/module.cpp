@@ -8,5 +8,6 @@ PYBIND11_MODULE(_core, m) {
   sl::bindings::bind_tensor(m);
   sl::bindings::bind_ops(m);
   sl::bindings::bind_nn(m);
+  sl::bindings::bind_comm(m);
   sl::bindings::bind_build_info(m);
 }

@@ -1,5 +1,6 @@
 // Typed errors. Every check on user input throws one of these; the bindings turn them into the
-// matching Python exception (ValueError, TypeError, IndexError, MemoryError, singa_lite.CudaError, ...).
+// matching Python exception (ValueError, TypeError, IndexError, MemoryError, singa_lite.CudaError,
+// singa_lite.CommError, ...).
 // Library code never aborts or exits: an internal invariant that fails is an InternalError, not a crash.
 #pragma once
 #include <sstream>
@@ -16,6 +17,8 @@ struct TypeError : Error { using Error::Error; };
 struct IndexError : Error { using Error::Error; };
 struct OutOfMemory : Error { using Error::Error; };
 struct CudaError : Error { using Error::Error; };
+// A communicator failed: a peer died, left or timed out, the job was aborted, or the communicator is closed.
+struct CommError : Error { using Error::Error; };
 struct InternalError : Error { using Error::Error; };
 
 namespace detail {

@@ -1,0 +1,90 @@
+// The shared-memory communicator as singa_lite._core.ShmComm, and shm_unlink. Every call that may block
+// releases the GIL, so other Python threads (and the rank's own abort()) keep running while it waits.
+#include <pybind11/stl.h>
+
+#include "bindings/binders.h"
+#include "comm/shm_comm.h"
+#include "core/errors.h"
+
+namespace py = pybind11;
+
+namespace sl::bindings {
+namespace {
+
+using comm::CommOp;
+using comm::ShmComm;
+using OptTensor = std::optional<Tensor>;
+const auto release = py::call_guard<py::gil_scoped_release>();
+
+CommOp parse_op(const std::string& s, const char* op) {
+  for (CommOp c : {CommOp::kSum, CommOp::kAvg, CommOp::kMax, CommOp::kMin, CommOp::kProd})
+    if (s == comm::comm_op_name(c)) return c;
+  throw ValueError(str(op, ": op must be one of 'sum', 'avg', 'max', 'min', 'prod', got '", s, "'"));
+}
+
+Tensor or_undefined(const OptTensor& t) { return t ? *t : Tensor(); }
+
+}  // namespace
+
+void bind_comm(py::module_& m) {
+  py::class_<ShmComm>(m, "ShmComm", R"doc(
+Collectives among the processes of one host through POSIX shared memory (the CPU 'shm' backend).
+
+Every rank constructs it with the same name ('/' + up to 199 characters, no other '/'), world size
+and slot size; the constructor returns once all ranks have joined. Tensors: CPU, contiguous, float16,
+float32, float64, int32 or int64; results are bitwise identical on all ranks. If ranks pass different
+arguments to a collective, every rank raises the same ValueError. A timeout, a dead or departed peer,
+or abort() on any rank makes every rank raise CommError, now or at its next call.)doc")
+      .def(py::init<const std::string&, int, int, double, size_t>(), py::arg("name"), py::arg("rank"),
+           py::arg("world_size"), py::arg("timeout") = 300.0, py::arg("slot_bytes") = size_t(1) << 20, release)
+      .def_property_readonly("rank", &ShmComm::rank)
+      .def_property_readonly("world_size", &ShmComm::world_size)
+      .def_property_readonly("name", &ShmComm::name)
+      .def_property("timeout", &ShmComm::timeout, &ShmComm::set_timeout, "Seconds any single wait may last.")
+      .def_property_readonly("aborted", &ShmComm::aborted)
+      .def_property_readonly("abort_reason", &ShmComm::abort_reason,
+                             "'rank R: reason' once the job is aborted, '' before.")
+      .def_property_readonly("closed", &ShmComm::closed)
+      .def("all_reduce", [](ShmComm& c, const Tensor& t, const std::string& op) {
+        c.all_reduce(t, parse_op(op, "all_reduce"));
+      }, py::arg("tensor"), py::arg("op") = "sum", release, "In place.")
+      .def("broadcast", &ShmComm::broadcast, py::arg("tensor"), py::arg("root") = 0, release, "In place.")
+      .def("all_gather", &ShmComm::all_gather, py::arg("out"), py::arg("input"), release,
+           "out (world_size * input.numel elements) = every rank's input, in rank order.")
+      .def("reduce_scatter", [](ShmComm& c, const Tensor& out, const Tensor& in, const std::string& op) {
+        c.reduce_scatter(out, in, parse_op(op, "reduce_scatter"));
+      }, py::arg("out"), py::arg("input"), py::arg("op") = "sum", release,
+           "out = block `rank` of the reduction of every rank's input (world_size * out.numel elements).")
+      .def("reduce", [](ShmComm& c, const Tensor& t, int root, const std::string& op) {
+        c.reduce(t, root, parse_op(op, "reduce"));
+      }, py::arg("tensor"), py::arg("root") = 0, py::arg("op") = "sum", release,
+           "The reduction lands in `tensor` on the root; other ranks' tensors are unchanged.")
+      .def("gather", [](ShmComm& c, const OptTensor& out, const Tensor& in, int root) {
+        c.gather(or_undefined(out), in, root);
+      }, py::arg("out"), py::arg("input"), py::arg("root") = 0, release, "out is used on the root only (None elsewhere).")
+      .def("scatter", [](ShmComm& c, const Tensor& out, const OptTensor& in, int root) {
+        c.scatter(out, or_undefined(in), root);
+      }, py::arg("out"), py::arg("input"), py::arg("root") = 0, release,
+           "input is used on the root only (None elsewhere).")
+      .def("barrier", &ShmComm::barrier, release)
+      .def("send", &ShmComm::send, py::arg("tensor"), py::arg("dst"), py::arg("tag") = 0, release,
+           "Returns once the message is in the channel; blocks only while the channel is full.")
+      .def("recv", &ShmComm::recv, py::arg("tensor"), py::arg("src"), py::arg("tag") = 0, release,
+           "In place; tag, dtype and size must match the send.")
+      .def("abort", &ShmComm::abort, py::arg("reason"), release,
+           "Marks the job failed: every rank's current or next call raises CommError with this reason.")
+      .def("close", &ShmComm::close, release, "Detaches; later calls raise CommError.")
+      .def("__enter__", [](ShmComm& c) -> ShmComm& { return c; }, py::return_value_policy::reference)
+      .def("__exit__", [](ShmComm& c, const py::args&) {
+        py::gil_scoped_release unlocked;
+        c.close();
+      })
+      .def("__repr__", [](const ShmComm& c) {
+        return str("ShmComm(name='", c.name(), "', rank=", c.rank(), ", world_size=", c.world_size(), ")");
+      });
+
+  m.def("shm_unlink", &comm::shm_unlink_name, py::arg("name"),
+        "Removes a shared-memory segment name (cleanup after a failed job); a missing name is fine.");
+}
+
+}  // namespace sl::bindings

@@ -1,13 +1,14 @@
 // The collectives of ShmComm: local argument checks, then chunked data movement through the slots.
 //
-// Every collective moves its data in chunks that fit a slot, with the same two-step pattern:
-//   stage:   each rank copies its part of the chunk into its own slot      -> sync
-//   combine: ranks read the slots (reduce, copy out) or write `result`     -> sync
-//   (all_reduce / reduce only: every rank, or the root, copies `result` out)
-// Two rules make one sync per step enough, across chunks and across calls:
-//   (a) before a call's first sync a rank writes only its own slot and its own descriptor;
-//   (b) after a call's last sync a rank reads only `result`, which nobody writes before the next
-//       call's first sync (which needs this rank to have arrived, i.e. finished reading).
+// Data moves in chunks that fit half a slot. Chunk k (counted over the communicator's life, the same on
+// every rank) uses half k % 2 of every slot and of `result`:
+//   stage:   each rank copies its part of the chunk into its own slot half   -> sync
+//   read:    ranks read the slot halves (copy out, or reduce into their output)
+// all_reduce of more than kSmallReduceBytes splits the arithmetic instead:
+//   stage -> sync -> rank r reduces its 1/P share into the result half -> sync -> every rank copies out.
+// Why one sync per step is enough, across chunks and across calls: a rank writes a half for chunk k + 2
+// only after the first sync of chunk k + 1, which every rank reaches only after it has finished reading
+// chunk k. So no chunk needs a trailing "everyone has read" sync.
 // The first sync of every call also compares the descriptors of all ranks (ShmComm::sync).
 #include <algorithm>
 #include <array>
@@ -66,6 +67,11 @@ void check_blocks(const Tensor& big, const Tensor& small, int P, int rank, const
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Up to this size an all_reduce takes one sync and every rank reduces the whole chunk itself: P times
+// the arithmetic, but on a few KiB that costs less than a second sync (a futex round trip when ranks
+// outnumber cores). The fold is the same either way, so results are bitwise the same.
+constexpr size_t kSmallReduceBytes = 32 << 10;
+
 }  // namespace
 
 // ---------------------------------------------------------------- all_reduce / reduce
@@ -89,26 +95,37 @@ void ShmComm::reduce(const Tensor& t, int root, CommOp cop) {
   all_reduce_impl(op, bytes_of(t), t.numel(), t.dtype(), cop, /*copy_out=*/rank_ == root);
 }
 
-// Per chunk: stage it in my slot; sync; reduce my 1/P share of it over all slots into `result`; sync;
-// copy `result` out. Every rank does 1/P of the arithmetic, and each element is reduced exactly once.
+// Per chunk: stage it in my slot half; sync; reduce my 1/P share of it over all slots into `result`;
+// sync; copy `result` out. Every rank does 1/P of the arithmetic, and each element is reduced once.
 void ShmComm::all_reduce_impl(Op& op, char* data, int64_t n, DType dtype, CommOp cop, bool copy_out) {
   const size_t isz = itemsize(dtype);
-  const int64_t cap = int64_t(seg_.layout().slot_bytes / isz);
-  const int64_t align = int64_t(64 / isz);  // shares start on cache lines: no two ranks write one line
+  const int64_t cap = int64_t(seg_.layout().half_bytes() / isz);
   std::array<const char*, kMaxWorldSize> srcs;
+  if (n > 0 && size_t(n) * isz <= std::min(kSmallReduceBytes, seg_.layout().half_bytes())) {
+    const uint32_t h = next_half();
+    std::memcpy(seg_.slot(rank_, h), data, size_t(n) * isz);
+    sync(op);
+    if (copy_out) {
+      for (int q = 0; q < P_; ++q) srcs[q] = seg_.slot(q, h);
+      reduce_into(dtype, cop, srcs.data(), P_, data, n);
+    }
+    return;
+  }
+  const int64_t align = int64_t(64 / isz);  // shares start on cache lines: no two ranks write one line
   for (int64_t off = 0; off < n; off += cap) {
     const int64_t c = std::min(cap, n - off);
-    std::memcpy(seg_.slot(rank_), data + off * isz, size_t(c) * isz);
+    const uint32_t h = next_half();
+    std::memcpy(seg_.slot(rank_, h), data + off * isz, size_t(c) * isz);
     sync(op);
     const int64_t share = ceil_div(ceil_div(c, P_), align) * align;
     const int64_t b = std::min(c, rank_ * share);
     const int64_t e = std::min(c, b + share);
     if (b < e) {
-      for (int q = 0; q < P_; ++q) srcs[q] = seg_.slot(q) + b * isz;
-      reduce_into(dtype, cop, srcs.data(), P_, seg_.result() + b * isz, e - b);
+      for (int q = 0; q < P_; ++q) srcs[q] = seg_.slot(q, h) + b * isz;
+      reduce_into(dtype, cop, srcs.data(), P_, seg_.result(h) + b * isz, e - b);
     }
     sync(op);
-    if (copy_out) std::memcpy(data + off * isz, seg_.result(), size_t(c) * isz);
+    if (copy_out) std::memcpy(data + off * isz, seg_.result(h), size_t(c) * isz);
   }
   finish(op);
 }
@@ -121,14 +138,14 @@ void ShmComm::broadcast(const Tensor& t, int root) {
   std::lock_guard<std::mutex> lock(op_mutex_);
   Op op = begin(OpKind::kBroadcast, int32_t(t.dtype()), t.numel(), root, -1);
   const size_t isz = t.itemsize();
-  const int64_t n = t.numel(), cap = int64_t(seg_.layout().slot_bytes / isz);
+  const int64_t n = t.numel(), cap = int64_t(seg_.layout().half_bytes() / isz);
   char* data = bytes_of(t);
   for (int64_t off = 0; off < n; off += cap) {
     const size_t bytes = size_t(std::min(cap, n - off)) * isz;
-    if (rank_ == root) std::memcpy(seg_.slot(root), data + off * isz, bytes);
+    const uint32_t h = next_half();
+    if (rank_ == root) std::memcpy(seg_.slot(root, h), data + off * isz, bytes);
     sync(op);
-    if (rank_ != root) std::memcpy(data + off * isz, seg_.slot(root), bytes);
-    sync(op);  // everyone has read the slot before the root refills it
+    if (rank_ != root) std::memcpy(data + off * isz, seg_.slot(root, h), bytes);
   }
   finish(op);
 }
@@ -143,13 +160,13 @@ void ShmComm::all_gather(const Tensor& out, const Tensor& in) {
   std::lock_guard<std::mutex> lock(op_mutex_);
   Op op = begin(OpKind::kAllGather, int32_t(in.dtype()), in.numel(), -1, -1);
   const size_t isz = in.itemsize();
-  const int64_t n = in.numel(), cap = int64_t(seg_.layout().slot_bytes / isz);
+  const int64_t n = in.numel(), cap = int64_t(seg_.layout().half_bytes() / isz);
   for (int64_t off = 0; off < n; off += cap) {
     const size_t bytes = size_t(std::min(cap, n - off)) * isz;
-    std::memcpy(seg_.slot(rank_), bytes_of(in) + off * isz, bytes);
+    const uint32_t h = next_half();
+    std::memcpy(seg_.slot(rank_, h), bytes_of(in) + off * isz, bytes);
     sync(op);
-    for (int q = 0; q < P_; ++q) std::memcpy(bytes_of(out) + (q * n + off) * isz, seg_.slot(q), bytes);
-    sync(op);
+    for (int q = 0; q < P_; ++q) std::memcpy(bytes_of(out) + (q * n + off) * isz, seg_.slot(q, h), bytes);
   }
   finish(op);
 }
@@ -165,22 +182,22 @@ void ShmComm::gather(const Tensor& out, const Tensor& in, int root) {
   std::lock_guard<std::mutex> lock(op_mutex_);
   Op op = begin(OpKind::kGather, int32_t(in.dtype()), in.numel(), root, -1);
   const size_t isz = in.itemsize();
-  const int64_t n = in.numel(), cap = int64_t(seg_.layout().slot_bytes / isz);
+  const int64_t n = in.numel(), cap = int64_t(seg_.layout().half_bytes() / isz);
   for (int64_t off = 0; off < n; off += cap) {
     const size_t bytes = size_t(std::min(cap, n - off)) * isz;
-    std::memcpy(seg_.slot(rank_), bytes_of(in) + off * isz, bytes);
+    const uint32_t h = next_half();
+    std::memcpy(seg_.slot(rank_, h), bytes_of(in) + off * isz, bytes);
     sync(op);
     if (rank_ == root)
-      for (int q = 0; q < P_; ++q) std::memcpy(bytes_of(out) + (q * n + off) * isz, seg_.slot(q), bytes);
-    sync(op);
+      for (int q = 0; q < P_; ++q) std::memcpy(bytes_of(out) + (q * n + off) * isz, seg_.slot(q, h), bytes);
   }
   finish(op);
 }
 
 // ---------------------------------------------------------------- reduce_scatter / scatter
 
-// Per chunk of the output: stage the chunk's P pieces (one per destination rank) in my slot; sync;
-// rank r reduces piece r of every slot straight into its output; sync.
+// Per chunk of the output: stage the chunk's P pieces (one per destination rank) in my slot half; sync;
+// rank r reduces piece r of every slot straight into its output.
 void ShmComm::reduce_scatter(const Tensor& out, const Tensor& in, CommOp cop) {
   check_tensor(out, "reduce_scatter", "out");
   check_tensor(in, "reduce_scatter", "input");
@@ -190,16 +207,16 @@ void ShmComm::reduce_scatter(const Tensor& out, const Tensor& in, CommOp cop) {
   std::lock_guard<std::mutex> lock(op_mutex_);
   Op op = begin(OpKind::kReduceScatter, int32_t(in.dtype()), out.numel(), -1, int32_t(cop));
   const size_t isz = in.itemsize();
-  const int64_t n = out.numel(), cap = int64_t(seg_.layout().slot_bytes / (isz * size_t(P_)));
+  const int64_t n = out.numel(), cap = int64_t(seg_.layout().half_bytes() / (isz * size_t(P_)));
   std::array<const char*, kMaxWorldSize> srcs;
   for (int64_t off = 0; off < n; off += cap) {
     const int64_t c = std::min(cap, n - off);
+    const uint32_t h = next_half();
     for (int q = 0; q < P_; ++q)
-      std::memcpy(seg_.slot(rank_) + q * c * isz, bytes_of(in) + (q * n + off) * isz, size_t(c) * isz);
+      std::memcpy(seg_.slot(rank_, h) + q * c * isz, bytes_of(in) + (q * n + off) * isz, size_t(c) * isz);
     sync(op);
-    for (int q = 0; q < P_; ++q) srcs[q] = seg_.slot(q) + rank_ * c * isz;
+    for (int q = 0; q < P_; ++q) srcs[q] = seg_.slot(q, h) + rank_ * c * isz;
     reduce_into(in.dtype(), cop, srcs.data(), P_, bytes_of(out) + off * isz, c);
-    sync(op);
   }
   finish(op);
 }
@@ -215,15 +232,15 @@ void ShmComm::scatter(const Tensor& out, const Tensor& in, int root) {
   std::lock_guard<std::mutex> lock(op_mutex_);
   Op op = begin(OpKind::kScatter, int32_t(out.dtype()), out.numel(), root, -1);
   const size_t isz = out.itemsize();
-  const int64_t n = out.numel(), cap = int64_t(seg_.layout().slot_bytes / (isz * size_t(P_)));
+  const int64_t n = out.numel(), cap = int64_t(seg_.layout().half_bytes() / (isz * size_t(P_)));
   for (int64_t off = 0; off < n; off += cap) {
     const int64_t c = std::min(cap, n - off);
+    const uint32_t h = next_half();
     if (rank_ == root)
       for (int q = 0; q < P_; ++q)
-        std::memcpy(seg_.slot(root) + q * c * isz, bytes_of(in) + (q * n + off) * isz, size_t(c) * isz);
+        std::memcpy(seg_.slot(root, h) + q * c * isz, bytes_of(in) + (q * n + off) * isz, size_t(c) * isz);
     sync(op);
-    std::memcpy(bytes_of(out) + off * isz, seg_.slot(root) + rank_ * c * isz, size_t(c) * isz);
-    sync(op);
+    std::memcpy(bytes_of(out) + off * isz, seg_.slot(root, h) + rank_ * c * isz, size_t(c) * isz);
   }
   finish(op);
 }

@@ -126,6 +126,7 @@ class ShmComm {
   void check_descriptors(const Op& op) const;
 
   // ----- the data movement of each collective (shm_collectives.cpp)
+  uint32_t next_half() { return uint32_t(++chunks_ & 1u); }
   void all_reduce_impl(Op& op, char* data, int64_t n, DType dtype, CommOp cop, bool copy_out);
 
   Segment seg_;
@@ -137,6 +138,7 @@ class ShmComm {
   int owner_pid_ = 0;       // the process that joined; a forked child must not mark the rank as left
   uint64_t seq_ = 0;        // collectives entered
   uint64_t syncs_ = 0;      // synchronisation points reached
+  uint64_t chunks_ = 0;     // chunks staged: chunk k uses half k % 2 of every slot (shm_collectives.cpp)
   std::vector<uint64_t> sends_to_, recvs_from_;  // messages per peer, to number them in errors
   mutable std::mutex op_mutex_;     // one call at a time
   mutable std::mutex state_mutex_;  // close() against abort() and the properties

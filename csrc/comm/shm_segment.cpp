@@ -64,7 +64,7 @@ Layout Layout::make(int P, size_t slot_bytes, const char* op) {
            kMinSlotBytes, ", ", kMaxSlotBytes, "], got ", slot_bytes);
   Layout L;
   L.world_size = P;
-  L.slot_bytes = round_up(slot_bytes, 4096);
+  L.slot_bytes = round_up(slot_bytes, 8192);
   L.chan_bytes = channel_bytes(P);
   L.chan_half = L.chan_bytes ? (L.chan_bytes - sizeof(ChannelHeader)) / 2 / 64 * 64 : 0;
   L.ranks_off = round_up(sizeof(Header), 128);

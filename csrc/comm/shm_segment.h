@@ -4,8 +4,9 @@
 // Layout (offsets from Layout::make; every region starts on a cache line, the data regions on a page):
 //   Header                     magic, parameters, join counter, sync counter, abort state
 //   RankInfo x P               per-rank state, pid, sync progress, last collective, argument descriptors
-//   slot x P                   each rank's staging area for collectives (slot_bytes each)
-//   result                     one more slot: reduced chunks that every rank copies out
+//   slot x P                   each rank's staging area for collectives (slot_bytes each, in two halves
+//                              used by alternate chunks: see shm_collectives.cpp)
+//   result                     one more slot: reduced chunks that every rank copies out (two halves too)
 //   channel x P*(P-1)          one per ordered pair (src, dst) for send/recv: two halves, double-buffered
 // Everything shared is either a lock-free std::atomic (constructed by the creator) or plain bytes whose
 // hand-over is ordered by one of those atomics (release by the writer, acquire by the reader).
@@ -22,7 +23,7 @@ namespace sl::comm {
 constexpr uint64_t kMagic = 0x31304d4853534c53ULL;  // "SLSSHM01", written last by the creator
 constexpr uint32_t kLayoutVersion = 1;
 constexpr int kMaxWorldSize = 128;  // channels grow as P^2; a bigger single-host job should use MPI
-constexpr size_t kMinSlotBytes = 4096;
+constexpr size_t kMinSlotBytes = 8192;
 constexpr size_t kMaxSlotBytes = size_t(1) << 30;
 constexpr size_t kAbortReasonBytes = 1024;
 
@@ -96,7 +97,8 @@ struct alignas(64) ChunkHeader {
 
 struct Layout {
   int world_size = 0;
-  size_t slot_bytes = 0;   // rounded up to a page
+  size_t slot_bytes = 0;   // rounded up to two pages
+  size_t half_bytes() const { return slot_bytes / 2; }
   size_t chan_bytes = 0;   // per channel, a power of two
   size_t chan_half = 0;    // bytes per half (chunk header + payload)
   size_t ranks_off = 0, slots_off = 0, result_off = 0, chans_off = 0, total = 0;
@@ -128,8 +130,11 @@ class Segment {
 
   Header& header() const { return *reinterpret_cast<Header*>(base_); }
   RankInfo& rank(int q) const { return reinterpret_cast<RankInfo*>(base_ + layout_.ranks_off)[q]; }
-  char* slot(int q) const { return base_ + layout_.slots_off + size_t(q) * layout_.slot_bytes; }
-  char* result() const { return base_ + layout_.result_off; }
+  // Half h (0 or 1) of rank q's slot, and of the result area.
+  char* slot(int q, uint32_t h) const {
+    return base_ + layout_.slots_off + size_t(q) * layout_.slot_bytes + size_t(h & 1u) * layout_.half_bytes();
+  }
+  char* result(uint32_t h) const { return base_ + layout_.result_off + size_t(h & 1u) * layout_.half_bytes(); }
   ChannelHeader& channel(int src, int dst) const { return *reinterpret_cast<ChannelHeader*>(channel_base(src, dst)); }
   // Half `h` (0 or 1) of channel src -> dst: a ChunkHeader followed by chan_payload() bytes.
   char* channel_half(int src, int dst, uint32_t h) const {

@@ -24,6 +24,13 @@ CommOp parse_op(const std::string& s, const char* op) {
 
 Tensor or_undefined(const OptTensor& t) { return t ? *t : Tensor(); }
 
+// Called by a waiting ShmComm (without the GIL) every ~40 ms: runs Python's signal handlers, so Ctrl-C
+// during a stuck collective raises KeyboardInterrupt at once instead of after the timeout.
+void check_python_signals() {
+  py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+}
+
 }  // namespace
 
 void bind_comm(py::module_& m) {
@@ -35,7 +42,10 @@ and slot size; the constructor returns once all ranks have joined. Tensors: CPU,
 float32, float64, int32 or int64; results are bitwise identical on all ranks. If ranks pass different
 arguments to a collective, every rank raises the same ValueError. A timeout, a dead or departed peer,
 or abort() on any rank makes every rank raise CommError, now or at its next call.)doc")
-      .def(py::init<const std::string&, int, int, double, size_t>(), py::arg("name"), py::arg("rank"),
+      .def(py::init([](const std::string& name, int rank, int world_size, double timeout, size_t slot_bytes) {
+             return std::make_unique<ShmComm>(name, rank, world_size, timeout, slot_bytes, check_python_signals);
+           }),
+           py::arg("name"), py::arg("rank"),
            py::arg("world_size"), py::arg("timeout") = 300.0, py::arg("slot_bytes") = size_t(1) << 20, release)
       .def_property_readonly("rank", &ShmComm::rank)
       .def_property_readonly("world_size", &ShmComm::world_size)

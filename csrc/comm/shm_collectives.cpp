@@ -67,10 +67,10 @@ void check_blocks(const Tensor& big, const Tensor& small, int P, int rank, const
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Up to this size an all_reduce takes one sync and every rank reduces the whole chunk itself: P times
-// the arithmetic, but on a few KiB that costs less than a second sync (a futex round trip when ranks
-// outnumber cores). The fold is the same either way, so results are bitwise the same.
-constexpr size_t kSmallReduceBytes = 32 << 10;
+// While P * bytes is at most this, an all_reduce takes one sync and every rank reduces the whole chunk
+// itself: P times the arithmetic, but on a few KiB that costs less than a second sync (a futex round
+// trip when ranks outnumber cores). The fold is the same either way, so results are bitwise the same.
+constexpr size_t kSmallReduceBytes = 64 << 10;
 
 }  // namespace
 
@@ -101,7 +101,7 @@ void ShmComm::all_reduce_impl(Op& op, char* data, int64_t n, DType dtype, CommOp
   const size_t isz = itemsize(dtype);
   const int64_t cap = int64_t(seg_.layout().half_bytes() / isz);
   std::array<const char*, kMaxWorldSize> srcs;
-  if (n > 0 && size_t(n) * isz <= std::min(kSmallReduceBytes, seg_.layout().half_bytes())) {
+  if (n > 0 && size_t(n) * isz * size_t(P_) <= kSmallReduceBytes && size_t(n) * isz <= seg_.layout().half_bytes()) {
     const uint32_t h = next_half();
     std::memcpy(seg_.slot(rank_, h), data, size_t(n) * isz);
     sync(op);

@@ -42,8 +42,9 @@ std::string Activity::str() const {
 
 // ---------------------------------------------------------------- life cycle
 
-ShmComm::ShmComm(const std::string& name, int rank, int world_size, double timeout_s, size_t slot_bytes)
-    : name_(name), rank_(rank), P_(world_size) {
+ShmComm::ShmComm(const std::string& name, int rank, int world_size, double timeout_s, size_t slot_bytes,
+                 std::function<void()> interrupt_check)
+    : name_(name), rank_(rank), P_(world_size), interrupt_check_(std::move(interrupt_check)) {
   validate_name(name, "ShmComm");
   const Layout layout = Layout::make(world_size, slot_bytes, "ShmComm");
   SL_CHECK(rank >= 0 && rank < world_size, ValueError, "ShmComm: rank must be in [0, ", world_size, "), got ", rank);
@@ -274,6 +275,17 @@ void ShmComm::wait(const Activity& what, Doorbell& bell, ReadyRef ready, WaitFor
     const auto now = Clock::now();
     const bool look = now - last_look >= kLookEvery;
     if (look) last_look = now;
+    if (look && interrupt_check_) {
+      try {
+        interrupt_check_();
+      } catch (...) {
+        // This rank gives up in the middle of a call: the others must not wait for it.
+        set_abort(seg_.header(), rank_, str("rank ", rank_, " was interrupted (a signal such as Ctrl-C) during ",
+                                            what.str()));
+        seg_.wake_all();
+        throw;
+      }
+    }
     std::string reason, fix;
     // The peer may have arrived (or sent) and then left or died since ready() was last false: ask again.
     if (find_gone_peer(awaited(kind, peer), look, &reason, &fix) && !ready()) fail(what, reason, fix);

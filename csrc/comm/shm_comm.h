@@ -23,6 +23,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -57,7 +58,10 @@ class ReadyRef {
 class ShmComm {
  public:
   // Rendezvous (blocks until all world_size ranks have joined or timeout_s passes).
-  ShmComm(const std::string& name, int rank, int world_size, double timeout_s, size_t slot_bytes);
+  // interrupt_check, when given, is called about every 40 ms while a call waits; whatever it throws
+  // aborts the job and propagates (the binding raises pending Python signals, so Ctrl-C works).
+  ShmComm(const std::string& name, int rank, int world_size, double timeout_s, size_t slot_bytes,
+          std::function<void()> interrupt_check = {});
   ~ShmComm();  // close(); never throws
   ShmComm(const ShmComm&) = delete;
   ShmComm& operator=(const ShmComm&) = delete;
@@ -135,6 +139,7 @@ class ShmComm {
   int P_ = 1;
   std::atomic<double> timeout_s_{300.0};
   ProcessId self_;
+  std::function<void()> interrupt_check_;
   int owner_pid_ = 0;       // the process that joined; a forked child must not mark the rank as left
   uint64_t seq_ = 0;        // collectives entered
   uint64_t syncs_ = 0;      // synchronisation points reached

@@ -113,8 +113,12 @@ char* map_fd(int fd, size_t bytes, const std::string& name) {
 char* create_segment(int fd, const std::string& name, const Layout& L) {
   // Reserve the memory now: tmpfs allocates lazily, and running out later would be a SIGBUS in the
   // middle of a collective instead of an error here. Some file systems lack fallocate: size it instead.
+#ifdef __linux__
   int rc = posix_fallocate(fd, 0, off_t(L.total));
   if (rc == EINVAL || rc == EOPNOTSUPP) rc = ftruncate(fd, off_t(L.total)) == 0 ? 0 : errno;
+#else
+  int rc = ftruncate(fd, off_t(L.total)) == 0 ? 0 : errno;
+#endif
   if (rc != 0)
     throw CommError(str("ShmComm: cannot reserve ", L.total, " bytes for shared-memory segment '", name,
                         "': ", errno_str(rc),

@@ -1,0 +1,573 @@
+"""The C++ shared-memory communicator (singa_lite._core.ShmComm) on 1-4 processes.
+
+Each multi-process test runs a module-level worker function on P processes (spawn by default, fork for
+a few) through `run_ranks` (shm_harness.py), which collects every rank's result or exception through a
+Queue under a hard deadline and kills what is left, so this file can never hang. The correctness matrix runs once per P in
+one group of processes: every worker runs all cases, checks its results against numpy's closed form
+and returns digests, which must agree bitwise across ranks. An autouse fixture checks that no segment
+with this file's name prefix is left in /dev/shm after any test, failed jobs included.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import stat
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from shm_harness import SHM_DIR, leftovers, new_name, ok_values, run_ranks
+from singa_lite import _core
+
+CommError = _core.CommError
+DTYPES = (np.float16, np.float32, np.float64, np.int32, np.int64)
+OPS = ("sum", "avg", "max", "min", "prod")
+SLOT = 1 << 20
+BIG_BYTES = 3 << 20  # three slots (six chunks): exercises chunking
+
+
+def T(a: np.ndarray):
+    return _core.Tensor.from_buffer(a)
+
+
+@pytest.fixture(autouse=True)
+def no_segment_left():
+    yield
+    left = leftovers()
+    for f in left:
+        _core.shm_unlink("/" + f)
+    assert not left, f"segments left in {SHM_DIR}: {left}"
+
+
+# ---------------------------------------------------------------- values and their closed forms
+
+def values(rank: int, n: int, dtype, op: str = "sum") -> np.ndarray:
+    """Rank- and position-dependent values whose reductions are exact in every dtype."""
+    i = np.arange(n, dtype=np.int64)
+    if op == "prod":
+        v = 1 + (rank + i) % 3
+    elif dtype == np.float16:
+        v = (rank * 13 + i) % 31 - 8  # period 31: no chunk size is a multiple of it
+    else:
+        v = rank * 1000 + i % (1 << 20) - 500
+    return v.astype(dtype)
+
+
+def reference(stack: np.ndarray, op: str, dtype) -> np.ndarray:
+    if op == "sum":
+        return stack.astype(np.float64 if np.dtype(dtype).kind == "f" else np.int64).sum(0).astype(dtype)
+    if op == "avg":  # sum and divide in the accumulation type (float32 for float16), round once
+        acc = np.float32 if dtype == np.float16 else dtype
+        return (stack.astype(acc).sum(0) / acc(stack.shape[0])).astype(dtype)
+    if op == "max":
+        return stack.max(0)
+    if op == "min":
+        return stack.min(0)
+    return stack.astype(np.int64).prod(0).astype(dtype)
+
+
+def big(dtype) -> int:
+    return BIG_BYTES // np.dtype(dtype).itemsize
+
+
+def matrix_cases(P: int):
+    """(collective, dtype, n, op, root) for every collective x dtype x size; n is the per-rank count."""
+    root = P - 1  # not 0, so a root mix-up cannot pass
+    for dtype in DTYPES:
+        floating = np.dtype(dtype).kind == "f"
+        for n in (0, 1, 7, 4099):
+            for op in OPS:
+                if op != "avg" or floating:
+                    yield ("all_reduce", dtype, n, op, None)
+            yield ("reduce", dtype, n, "sum", root)
+            yield ("reduce", dtype, n, "max", 0)
+            yield ("reduce_scatter", dtype, n, "sum", None)
+            yield ("reduce_scatter", dtype, n, "prod", None)
+        for n in (0, 1, 7, 4099, big(dtype)):
+            yield ("broadcast", dtype, n, None, root)
+            yield ("all_gather", dtype, n, None, None)
+            yield ("gather", dtype, n, None, root)
+            yield ("scatter", dtype, n, None, root)
+        yield ("all_reduce", dtype, big(dtype), "sum", None)
+        yield ("all_reduce", dtype, big(dtype), "max", None)
+        yield ("reduce", dtype, big(dtype), "sum", root)
+        yield ("reduce_scatter", dtype, big(dtype) // P, "sum", None)
+    yield ("all_reduce", np.float16, big(np.float16), "avg", None)
+    yield ("barrier", None, 0, None, None)
+
+
+def run_case(c, rank, P, case):
+    """Runs one case on this rank; returns (error or None, result digest or None)."""
+    coll, dtype, n, op, root = case
+    if coll == "barrier":
+        c.barrier()
+        return None, None
+    kind = op or "sum"
+    mine = values(rank, n, dtype, kind)
+    every = np.stack([values(q, n, dtype, kind) for q in range(P)]) if n else np.zeros((P, 0), dtype)
+    sentinel = 77
+    if coll in ("all_reduce", "reduce"):
+        t = mine.copy()
+        if coll == "all_reduce":
+            c.all_reduce(T(t), op)
+            expected = reference(every, op, dtype)
+        else:
+            c.reduce(T(t), root, op)
+            expected = reference(every, op, dtype) if rank == root else mine
+        out = t
+    elif coll == "broadcast":
+        out = mine.copy()
+        c.broadcast(T(out), root)
+        expected = every[root]
+    elif coll == "all_gather":
+        out = np.full(P * n, sentinel, dtype)
+        c.all_gather(T(out), T(mine))
+        expected = every.reshape(-1)
+    elif coll == "gather":
+        out = np.full(P * n, sentinel, dtype) if rank == root else None
+        c.gather(T(out) if out is not None else None, T(mine), root)
+        if out is None:
+            return None, None
+        expected = every.reshape(-1)
+    elif coll == "reduce_scatter":
+        full = [values(q, P * n, dtype, kind) for q in range(P)]
+        out = np.full(n, sentinel, dtype)
+        c.reduce_scatter(T(out), T(full[rank]), op)
+        expected = reference(np.stack(full), op, dtype)[rank * n:(rank + 1) * n]
+    elif coll == "scatter":
+        src = values(root, P * n, dtype) if rank == root else None
+        out = np.full(n, sentinel, dtype)
+        c.scatter(T(out), T(src) if src is not None else None, root)
+        expected = values(root, P * n, dtype)[rank * n:(rank + 1) * n]
+    else:
+        raise AssertionError(coll)
+    if out.dtype != expected.dtype or not np.array_equal(out, expected, equal_nan=out.dtype.kind == "f"):
+        bad = np.flatnonzero(out != expected)[:5]
+        return f"{case}: rank {rank} got {out[bad]} at {bad}, expected {expected[bad]}", None
+    return None, hashlib.sha1(out.tobytes()).hexdigest()
+
+
+def special_cases(c, rank, P):
+    """float16 avg that would overflow if summed first; NaN through max/min. Returns (errors, digests)."""
+    errors, digests = [], {}
+    big16 = np.full(5, 40000, np.float16)
+    c.all_reduce(T(big16), "avg")
+    if not (big16 == 40000).all():
+        errors.append(f"float16 avg of 40000 gave {big16}")
+    summed = np.full(5, 40000, np.float16)
+    c.all_reduce(T(summed), "sum")
+    if P > 1 and not np.isinf(summed).all():
+        errors.append(f"float16 sum of {P} x 40000 should overflow to inf, gave {summed}")
+    for op in ("max", "min"):
+        for dtype in (np.float16, np.float32, np.float64):
+            x = values(rank, 6, dtype)
+            if rank == 0:
+                x[0] = np.nan
+            if rank == P - 1:
+                x[1] = np.nan
+            c.all_reduce(T(x), op)
+            if not (np.isnan(x[:2]).all() and not np.isnan(x[2:]).any()):
+                errors.append(f"{op} {np.dtype(dtype)} with NaN gave {x}")
+            digests[f"nan-{op}-{np.dtype(dtype)}"] = hashlib.sha1(x.tobytes()).hexdigest()
+    return errors, digests
+
+
+def expect_raises(kind, fn, *needles):
+    try:
+        fn()
+    except kind as e:
+        msg = str(e)
+        missing = [s for s in needles if s not in msg]
+        return f"message {msg!r} lacks {missing}" if missing else None
+    except Exception as e:  # noqa: BLE001
+        return f"expected {kind.__name__}, got {type(e).__name__}: {e}"
+    return f"expected {kind.__name__}, nothing raised"
+
+
+def still_in_step(c, rank, P):
+    """An all_reduce whose result proves that every rank is at the same call again."""
+    x = np.full(3, rank + 1, np.int64)
+    c.all_reduce(T(x), "sum")
+    return None if (x == P * (P + 1) // 2).all() else f"rank {rank}: ranks out of step after an error: {x}"
+
+
+def mismatch_cases(c, rank, P):
+    """Arguments that differ across ranks: every rank raises the same ValueError; the group stays usable."""
+    errs = []
+    last = P - 1
+    x = np.zeros(10 + (rank == last), np.float32)
+    errs.append(expect_raises(ValueError, lambda: c.all_reduce(T(x), "sum"), f"rank {last} passed all_reduce of 11 float32",
+                              "rank 0 passed all_reduce of 10 float32"))
+    errs.append(still_in_step(c, rank, P))
+    y = np.zeros(4, np.float32)
+    call = (lambda: c.barrier()) if rank == 0 else (lambda: c.all_reduce(T(y), "sum"))
+    errs.append(expect_raises(ValueError, call, "rank 0 passed barrier", f"rank {last} passed all_reduce"))
+    errs.append(still_in_step(c, rank, P))
+    errs.append(expect_raises(ValueError, lambda: c.broadcast(T(y), rank % 2), "rank 1 passed broadcast of 4 float32 "
+                              "elements with root 1", "rank 0 passed broadcast of 4 float32 elements with root 0"))
+    z = np.zeros(4, np.float64 if rank == last else np.float32)
+    errs.append(expect_raises(ValueError, lambda: c.all_reduce(T(z), "max"), "float64", "float32"))
+    errs.append(still_in_step(c, rank, P))
+    return [e for e in errs if e]
+
+
+def p2p_cases(c, rank, P):
+    """A ring (rank r sends to r + 1) at sizes up to several channels, then tag / size mismatches."""
+    errs = []
+    nxt, prv = (rank + 1) % P, (rank - 1) % P
+    for n in (0, 5, 300_000):  # 1.2 MB: several times the channel
+        out = (np.arange(n, dtype=np.float32) + rank * 7)
+        got = np.full(n, -1, np.float32)
+        if rank == 0:  # one rank sends first: messages above the channel size need a matching recv running
+            c.send(T(out), nxt, 11)
+            c.recv(T(got), prv, 11)
+        else:
+            c.recv(T(got), prv, 11)
+            c.send(T(out), nxt, 11)
+        if not np.array_equal(got, np.arange(n, dtype=np.float32) + prv * 7):
+            errs.append(f"ring of {n}: rank {rank} got wrong data")
+    if rank == 0:
+        c.send(T(np.arange(4, dtype=np.int32)), 1, 1)
+    elif rank == 1:
+        got = np.zeros(4, np.int32)
+        errs.append(expect_raises(ValueError, lambda: c.recv(T(got), 0, 2), "tag 1", "tag 2"))
+        errs.append(expect_raises(ValueError, lambda: c.recv(T(np.zeros(5, np.int32)), 0, 1), "4 int32", "5 int32"))
+        c.recv(T(got), 0, 1)  # the message stayed queued for the matching recv
+        if not np.array_equal(got, np.arange(4)):
+            errs.append(f"recv after a tag mismatch got {got}")
+    errs.append(still_in_step(c, rank, P))
+    return [e for e in errs if e]
+
+
+def local_arg_cases(c, rank, P):
+    """Bad arguments raise locally on every rank before anything is shared; the group stays in step."""
+    f = np.zeros(8, np.float32)
+    errs = [
+        expect_raises(ValueError, lambda: c.all_reduce(T(np.zeros((4, 4), np.float32)[:, 1]), "sum"), "not contiguous"),
+        expect_raises(TypeError, lambda: c.all_reduce(T(np.zeros(4, np.bool_)), "sum"), "bool"),
+        expect_raises(TypeError, lambda: c.all_reduce(T(np.zeros(4, np.int32)), "avg"), "avg", "int32"),
+        expect_raises(ValueError, lambda: c.all_reduce(T(f), "mean"), "'sum', 'avg', 'max', 'min', 'prod'", "mean"),
+        expect_raises(ValueError, lambda: c.broadcast(T(f), P), "root must be in [0, "),
+        expect_raises(ValueError, lambda: c.reduce(T(f), -1, "sum"), "root"),
+        expect_raises(ValueError, lambda: c.all_gather(T(np.zeros(P * 8 + 1, np.float32)), T(f)), "world_size"),
+        expect_raises(TypeError, lambda: c.all_gather(T(np.zeros(P * 8, np.float64)), T(f)), "dtypes differ"),
+        expect_raises(ValueError, lambda: c.reduce_scatter(T(f), T(np.zeros(8, np.float32)), "sum"),
+                      "world_size") if P > 1 else None,
+        expect_raises(ValueError, lambda: c.gather(None, T(f), rank), "None"),
+        expect_raises(ValueError, lambda: c.scatter(T(f), None, rank), "None"),
+        expect_raises(ValueError, lambda: c.send(T(f), rank, 0), "this rank"),
+        expect_raises(ValueError, lambda: c.recv(T(f), P, 0), "src must be in"),
+    ]
+    errs.append(still_in_step(c, rank, P))
+    return [e for e in errs if e]
+
+
+def matrix_worker(rank, P, name):
+    c = _core.ShmComm(name, rank, P, 60.0, SLOT)
+    errors, digests = [], {}
+    for i, case in enumerate(matrix_cases(P)):
+        err, digest = run_case(c, rank, P, case)
+        if err:
+            errors.append(err)
+        if digest:
+            digests[(i, case[0])] = digest
+    e, d = special_cases(c, rank, P)
+    errors += e
+    digests.update(d)
+    errors += local_arg_cases(c, rank, P)
+    if P > 1:
+        errors += mismatch_cases(c, rank, P)
+        errors += p2p_cases(c, rank, P)
+    c.close()
+    return errors, digests
+
+
+# ---------------------------------------------------------------- correctness
+
+@pytest.mark.parametrize("P", [1, 2, 3, 4])
+def test_every_collective_dtype_and_size(P):
+    if P == 1:  # one rank needs no other process
+        results = {0: ("ok", matrix_worker(0, 1, new_name()))}
+    else:
+        results = run_ranks(matrix_worker, P, timeout=150)
+    out = ok_values(results)
+    for r in range(P):
+        assert out[r][0] == [], "\n".join(out[r][0][:20])
+    # Results every rank receives in full must agree bit for bit.
+    shared = ("all_reduce", "broadcast", "all_gather")
+    for key, digest in out[0][1].items():
+        if isinstance(key, str) or key[1] in shared:
+            for r in range(1, P):
+                assert out[r][1].get(key) == digest, f"{key}: rank {r} differs from rank 0"
+
+
+def test_threads_of_one_process_release_the_gil():
+    """Two ranks in two threads: each blocking call must release the GIL or the pair would deadlock."""
+    name = new_name()
+    out = {}
+
+    def rank1():
+        with _core.ShmComm(name, 1, 2, 20.0) as c:
+            x = np.full(1000, 2.0, np.float32)
+            c.all_reduce(T(x), "sum")
+            out[1] = x[0]
+
+    th = threading.Thread(target=rank1)
+    th.start()
+    with _core.ShmComm(name, 0, 2, 20.0) as c:
+        x = np.full(1000, 1.0, np.float32)
+        c.all_reduce(T(x), "sum")
+        out[0] = x[0]
+    th.join(30)
+    assert out == {0: 3.0, 1: 3.0}
+
+
+def test_segment_is_private_and_unlinked_once_all_joined():
+    name = new_name()
+    path = os.path.join(SHM_DIR, name[1:])
+    comms = {}
+    th = threading.Thread(target=lambda: comms.setdefault(0, _core.ShmComm(name, 0, 2, 20.0)))
+    th.start()
+    deadline = time.monotonic() + 10
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, "rank 0 did not create the segment"
+        time.sleep(0.001)
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    assert mode == 0o600, oct(mode)
+    comms[1] = _core.ShmComm(name, 1, 2, 20.0)
+    th.join(10)
+    assert not os.path.exists(path), "the name must be unlinked once every rank has joined"
+    for c in comms.values():
+        c.close()
+
+
+def test_join_errors_duplicate_rank_and_different_parameters():
+    """A rank joining twice and a rank with another world size fail at once; the job itself goes on."""
+    name = new_name()
+    comms = {}
+    th = threading.Thread(target=lambda: comms.setdefault(0, _core.ShmComm(name, 0, 2, 20.0)))
+    th.start()
+    deadline = time.monotonic() + 10
+    while not os.path.exists(os.path.join(SHM_DIR, name[1:])):
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    with pytest.raises(ValueError, match="created for world_size 2 .* this rank passed world_size 3"):
+        _core.ShmComm(name, 1, 3, 5.0)
+    with pytest.raises(ValueError, match="slot_bytes"):
+        _core.ShmComm(name, 1, 2, 5.0, 1 << 21)
+    time.sleep(0.2)  # rank 0 claims its place microseconds after creating the segment
+    with pytest.raises(CommError, match="rank 0 has already joined"):
+        _core.ShmComm(name, 0, 2, 5.0)
+    comms[1] = _core.ShmComm(name, 1, 2, 20.0)
+    th.join(10)
+    x = np.ones(3, np.float32)
+    th = threading.Thread(target=lambda: comms[0].all_reduce(T(np.ones(3, np.float32))))
+    th.start()
+    comms[1].all_reduce(T(x))
+    th.join(10)
+    assert (x == 2).all()
+    for c in comms.values():
+        c.close()
+
+
+# ---------------------------------------------------------------- local errors (no other process needed)
+
+def test_bad_arguments_raise_before_communicating():
+    with _core.ShmComm(new_name(), 0, 1, 5.0) as c:
+        errs = [e for e in local_arg_cases(c, 0, 1) if e]
+        assert errs == []
+        assert c.rank == 0 and c.world_size == 1 and c.timeout == 5.0 and not c.aborted
+        c.timeout = 2.5
+        assert c.timeout == 2.5
+        with pytest.raises(ValueError, match="timeout must be a positive"):
+            c.timeout = 0
+    for bad in ("noslash", "/", "/a/b", "/" + "x" * 200):
+        with pytest.raises(ValueError, match="segment name"):
+            _core.ShmComm(bad, 0, 1)
+    with pytest.raises(ValueError, match="rank must be in"):
+        _core.ShmComm(new_name(), 1, 1)
+    with pytest.raises(ValueError, match="world_size must be in"):
+        _core.ShmComm(new_name(), 0, 0)
+    with pytest.raises(ValueError, match="slot_bytes must be in"):
+        _core.ShmComm(new_name(), 0, 1, 5.0, 100)
+    _core.shm_unlink(new_name())  # a missing name is fine
+    with pytest.raises(ValueError, match="segment name"):
+        _core.shm_unlink("bad")
+
+
+def test_closed_communicator_raises():
+    c = _core.ShmComm(new_name(), 0, 1, 5.0)
+    c.close()
+    c.close()  # idempotent
+    assert c.closed
+    with pytest.raises(CommError, match="closed"):
+        c.barrier()
+    with pytest.raises(CommError, match="closed"):
+        c.all_reduce(T(np.zeros(3, np.float32)))
+    c.abort("after close")  # a no-op: used on error paths that may run after close
+    assert issubclass(CommError, RuntimeError)
+
+
+# ---------------------------------------------------------------- failures: nothing may hang
+
+def timeout_worker(rank, P, name):
+    c = _core.ShmComm(name, rank, P, 1.0)
+    c.barrier()
+    x = np.ones(16, np.float32)
+    if rank == P - 1:
+        time.sleep(3.0)  # misses the all_reduce
+        t0 = time.monotonic()
+        try:
+            c.all_reduce(T(x))
+        except CommError as e:
+            return "late", str(e), time.monotonic() - t0
+        return "late", "no error", 0.0
+    t0 = time.monotonic()
+    try:
+        c.all_reduce(T(x))
+    except CommError as e:
+        return "waiting", str(e), time.monotonic() - t0
+    return "waiting", "no error", 0.0
+
+
+def test_timeout_names_the_missing_rank():
+    P = 3
+    out = ok_values(run_ranks(timeout_worker, P))
+    for r in range(P - 1):
+        role, msg, took = out[r]
+        assert "all_reduce #2" in msg and f"rank {P - 1}" in msg, msg
+        assert took < 4.0, (took, msg)
+    role, msg, took = out[P - 1]
+    assert "aborted by rank" in msg and took < 0.5, msg  # the late rank fails at once
+
+
+def died_worker(rank, P, name, how):
+    c = _core.ShmComm(name, rank, P, 60.0)  # a long timeout: the death must be noticed, not timed out
+    c.barrier()
+    x = np.ones(1 << 20, np.float32)
+    if rank == 1:
+        time.sleep(0.3)  # the others are inside the all_reduce by now
+        if how == "exit":
+            os._exit(1)
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        c.all_reduce(T(x))
+    except CommError as e:
+        return str(e), time.monotonic() - t0
+    return "no error", 0.0
+
+
+@pytest.mark.parametrize("how,ctx", [("exit", "spawn"), ("sigkill", "fork")])
+def test_dead_rank_is_named_quickly(how, ctx):
+    # The dead rank is not reaped until the others report: it stays a zombie, which must count as dead.
+    out = ok_values(run_ranks(died_worker, 3, how, ctx=ctx, silent=(1,)))
+    for r in (0, 2):
+        msg, took = out[r]
+        assert "rank 1" in msg and "died" in msg, msg
+        assert took < 10.0, took
+        assert took < 2.0, f"noticed only after {took:.2f} s"
+
+
+def abort_worker(rank, P, name):
+    c = _core.ShmComm(name, rank, P, 30.0)
+    c.barrier()
+    if rank == 1:
+        time.sleep(0.3)
+        c.abort("boom")
+        assert c.aborted and "boom" in c.abort_reason
+        try:
+            c.barrier()
+        except CommError as e:
+            return str(e), 0.0
+        return "no error", 0.0
+    t0 = time.monotonic()
+    try:
+        c.all_reduce(T(np.ones(8, np.float32)))
+    except CommError as e:
+        took = time.monotonic() - t0
+        try:  # every later call fails at once
+            c.barrier()
+        except CommError as again:
+            assert "boom" in str(again)
+        return str(e), took
+    return "no error", 0.0
+
+
+def test_abort_reaches_every_rank():
+    out = ok_values(run_ranks(abort_worker, 3, ctx="fork"))
+    for r in (0, 2):
+        msg, took = out[r]
+        assert "boom" in msg and "rank 1" in msg, msg
+        assert took < 2.0
+    assert "this rank (1) aborted the job: boom" in out[1][0]
+
+
+def left_worker(rank, P, name):
+    c = _core.ShmComm(name, rank, P, 30.0)
+    c.barrier()
+    if rank == 1:
+        time.sleep(0.3)
+        c.close()
+        return "closed", 0.0
+    t0 = time.monotonic()
+    try:
+        c.all_reduce(T(np.ones(8, np.float32)))
+    except CommError as e:
+        return str(e), time.monotonic() - t0
+    return "no error", 0.0
+
+
+def test_rank_that_left_is_named_quickly():
+    out = ok_values(run_ranks(left_worker, 2))
+    msg, took = out[0]
+    assert "rank 1" in msg and "left" in msg, msg
+    assert took < 2.0
+
+
+def join_worker(rank, P, name):
+    t0 = time.monotonic()
+    try:
+        _core.ShmComm(name, rank, P, 1.0)
+    except CommError as e:
+        return str(e), time.monotonic() - t0
+    return "no error", 0.0
+
+
+def test_rendezvous_timeout_names_missing_ranks_and_removes_the_segment():
+    out = ok_values(run_ranks(join_worker, 3, ranks=[0, 1]))
+    for r in (0, 1):
+        msg, took = out[r]
+        assert "rank 2" in msg and ("did not join" in msg or "aborted" in msg), msg
+        assert took < 4.0
+    # the autouse fixture checks that the creator removed the segment
+
+
+def interrupt_worker(rank, P, name):
+    c = _core.ShmComm(name, rank, P, 60.0)
+    c.barrier()
+    x = np.ones(8, np.float32)
+    if rank == 0:  # Ctrl-C while waiting for rank 1, which is late
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        try:
+            c.all_reduce(T(x))
+        except KeyboardInterrupt:
+            return "KeyboardInterrupt", time.monotonic() - t0
+        return "no error", 0.0
+    time.sleep(1.0)
+    try:
+        c.all_reduce(T(x))
+    except CommError as e:
+        return str(e), 0.0
+    return "no error", 0.0
+
+
+def test_ctrl_c_interrupts_a_waiting_rank_and_aborts_the_job():
+    out = ok_values(run_ranks(interrupt_worker, 2))
+    what, took = out[0]
+    assert what == "KeyboardInterrupt" and took < 1.0, out[0]
+    assert "aborted by rank 0" in out[1][0] and "interrupted" in out[1][0], out[1][0]

@@ -3,8 +3,9 @@
 //
 // Contract:
 // - Every rank constructs it with the same name, world size and slot size; the first one creates the
-//   segment (mode 0600), the others open it; once all have joined, rank 0 unlinks the name, so the
-//   memory goes away by itself when the last process exits or dies.
+//   segment (mode 0600), the others open it; the last rank to join unlinks the name, so the memory
+//   goes away by itself when the last process exits or dies. A failed rendezvous names the ranks that
+//   did not join, and its creator unlinks the name.
 // - Tensors are CPU, contiguous, of dtype float16/float32/float64/int32/int64. Arguments are checked
 //   locally first (ValueError / TypeError, nothing shared is touched); then, after the collective's first
 //   synchronisation, every rank compares what all ranks passed (kind, dtype, element count, root, op):
@@ -16,9 +17,10 @@
 //   communicator while others wait for it, is noticed within about 0.1 s. Any of these, and abort(),
 //   mark the whole job aborted: every rank's current or next call raises CommError with the reason,
 //   and so does every later call.
-// - send returns once the message is in the channel (it blocks only while the channel is full, i.e.
-//   for messages above about 2 * 255 KiB on small jobs); a message whose tag, dtype or size differs
-//   from what recv expects stays queued, and recv raises ValueError naming both.
+// - send returns once the message is in the channel: it blocks only while the channel is full, i.e.
+//   for messages above the channel's capacity (about 256 KiB up to 8 ranks, 64 KiB at 16), which then
+//   need the matching recv to be running. A message whose tag, dtype or size differs from what recv
+//   expects stays queued, and recv raises ValueError naming both.
 // - Calls from several threads are serialised; abort() may be called from any thread at any time.
 #pragma once
 #include <atomic>

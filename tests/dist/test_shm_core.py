@@ -151,7 +151,8 @@ def run_case(c, rank, P, case):
 
 
 def special_cases(c, rank, P):
-    """float16 avg that would overflow if summed first; NaN through max/min. Returns (errors, digests)."""
+    """float16 avg that would overflow if summed first; sums that round; NaN through max/min.
+    Returns (errors, digests)."""
     errors, digests = [], {}
     big16 = np.full(5, 40000, np.float16)
     c.all_reduce(T(big16), "avg")
@@ -161,6 +162,20 @@ def special_cases(c, rank, P):
     c.all_reduce(T(summed), "sum")
     if P > 1 and not np.isinf(summed).all():
         errors.append(f"float16 sum of {P} x 40000 should overflow to inf, gave {summed}")
+    # Values that round: the result must be the fold over ranks 0..P-1 in order, in float32 for float16,
+    # rounded once. 4099 elements: whole vector blocks and a scalar tail.
+    for dtype in (np.float16, np.float32):
+        rows = [np.random.default_rng(q).uniform(-1000, 1000, 4099).astype(dtype) for q in range(P)]
+        acc_t = np.float32
+        acc = rows[0].astype(acc_t)
+        for row in rows[1:]:
+            acc = acc + row.astype(acc_t)
+        for op, expected in (("sum", acc.astype(dtype)), ("avg", (acc / acc_t(P)).astype(dtype))):
+            x = rows[rank].copy()
+            c.all_reduce(T(x), op)
+            if not np.array_equal(x, expected):
+                bad = np.flatnonzero(x != expected)[:3]
+                errors.append(f"rounded {np.dtype(dtype)} {op}: got {x[bad]} at {bad}, expected {expected[bad]}")
     for op in ("max", "min"):
         for dtype in (np.float16, np.float32, np.float64):
             x = values(rank, 6, dtype)

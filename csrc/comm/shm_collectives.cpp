@@ -95,8 +95,11 @@ void ShmComm::reduce(const Tensor& t, int root, CommOp cop) {
   all_reduce_impl(op, bytes_of(t), t.numel(), t.dtype(), cop, /*copy_out=*/rank_ == root);
 }
 
-// Per chunk: stage it in my slot half; sync; reduce my 1/P share of it over all slots into `result`;
-// sync; copy `result` out. Every rank does 1/P of the arithmetic, and each element is reduced once.
+// Per chunk, with [b, e) my 1/P share of it: stage the rest of the chunk in my slot half (nobody else
+// reads my share of my data); sync; reduce my share over all ranks, reading my own part from `data`, and
+// write it to `result` (and, when copying out, straight into `data`); sync; copy the other ranks'
+// shares out of `result`. Every rank does 1/P of the arithmetic, and each element is reduced once.
+// Leaving my share out of the staging and the copy-out saves a fifth of the memory traffic at P = 2.
 void ShmComm::all_reduce_impl(Op& op, char* data, int64_t n, DType dtype, CommOp cop, bool copy_out) {
   const size_t isz = itemsize(dtype);
   const int64_t cap = int64_t(seg_.layout().half_bytes() / isz);
@@ -114,18 +117,30 @@ void ShmComm::all_reduce_impl(Op& op, char* data, int64_t n, DType dtype, CommOp
   const int64_t align = int64_t(64 / isz);  // shares start on cache lines: no two ranks write one line
   for (int64_t off = 0; off < n; off += cap) {
     const int64_t c = std::min(cap, n - off);
-    const uint32_t h = next_half();
-    std::memcpy(seg_.slot(rank_, h), data + off * isz, size_t(c) * isz);
-    sync(op);
     const int64_t share = ceil_div(ceil_div(c, P_), align) * align;
     const int64_t b = std::min(c, rank_ * share);
     const int64_t e = std::min(c, b + share);
+    char* chunk = data + off * isz;
+    const uint32_t h = next_half();
+    char* mine = seg_.slot(rank_, h);
+    std::memcpy(mine, chunk, size_t(b) * isz);
+    std::memcpy(mine + e * isz, chunk + e * isz, size_t(c - e) * isz);
+    sync(op);
     if (b < e) {
-      for (int q = 0; q < P_; ++q) srcs[q] = seg_.slot(q, h) + b * isz;
-      reduce_into(dtype, cop, srcs.data(), P_, seg_.result(h) + b * isz, e - b);
+      for (int q = 0; q < P_; ++q) srcs[q] = q == rank_ ? chunk + b * isz : seg_.slot(q, h) + b * isz;
+      char* res = seg_.result(h) + b * isz;
+      if (copy_out) {  // in place: each block of my part is read before it is overwritten (reduce_into)
+        reduce_into(dtype, cop, srcs.data(), P_, chunk + b * isz, e - b);
+        std::memcpy(res, chunk + b * isz, size_t(e - b) * isz);
+      } else {
+        reduce_into(dtype, cop, srcs.data(), P_, res, e - b);
+      }
     }
     sync(op);
-    if (copy_out) std::memcpy(data + off * isz, seg_.result(h), size_t(c) * isz);
+    if (copy_out) {
+      std::memcpy(chunk, seg_.result(h), size_t(b) * isz);
+      std::memcpy(chunk + e * isz, seg_.result(h) + e * isz, size_t(c - e) * isz);
+    }
   }
   finish(op);
 }
@@ -196,8 +211,8 @@ void ShmComm::gather(const Tensor& out, const Tensor& in, int root) {
 
 // ---------------------------------------------------------------- reduce_scatter / scatter
 
-// Per chunk of the output: stage the chunk's P pieces (one per destination rank) in my slot half; sync;
-// rank r reduces piece r of every slot straight into its output.
+// Per chunk of the output: stage the chunk's pieces for the other ranks in my slot half; sync; rank r
+// reduces piece r of every slot (its own from `in`) straight into its output.
 void ShmComm::reduce_scatter(const Tensor& out, const Tensor& in, CommOp cop) {
   check_tensor(out, "reduce_scatter", "out");
   check_tensor(in, "reduce_scatter", "input");
@@ -212,10 +227,13 @@ void ShmComm::reduce_scatter(const Tensor& out, const Tensor& in, CommOp cop) {
   for (int64_t off = 0; off < n; off += cap) {
     const int64_t c = std::min(cap, n - off);
     const uint32_t h = next_half();
-    for (int q = 0; q < P_; ++q)
-      std::memcpy(seg_.slot(rank_, h) + q * c * isz, bytes_of(in) + (q * n + off) * isz, size_t(c) * isz);
+    for (int q = 0; q < P_; ++q)  // my own piece is read by me only: straight from `in` below
+      if (q != rank_)
+        std::memcpy(seg_.slot(rank_, h) + q * c * isz, bytes_of(in) + (q * n + off) * isz, size_t(c) * isz);
     sync(op);
-    for (int q = 0; q < P_; ++q) srcs[q] = seg_.slot(q, h) + rank_ * c * isz;
+    for (int q = 0; q < P_; ++q)
+      srcs[q] = q == rank_ ? bytes_of(in) + (rank_ * n + off) * isz : seg_.slot(q, h) + rank_ * c * isz;
+    // An in-place call (out is block `rank` of in) reads each block before overwriting it (reduce_into).
     reduce_into(in.dtype(), cop, srcs.data(), P_, bytes_of(out) + off * isz, c);
   }
   finish(op);

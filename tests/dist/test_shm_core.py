@@ -190,6 +190,40 @@ def special_cases(c, rank, P):
     return errors, digests
 
 
+def in_place_cases(c, rank, P):
+    """The input given as this rank's block of the output (or the other way round), as torch's
+    *_into_tensor calls allow; sizes span several chunks. Any other overlap is a ValueError."""
+    errs = []
+    n = 300_001  # float32: 1.2 MB per rank, several 512 KiB chunks, not a multiple of anything
+    every = np.stack([values(q, n, np.float32) for q in range(P)])
+    buf = np.zeros(P * n, np.float32)
+    buf[rank * n:(rank + 1) * n] = every[rank]
+    c.all_gather(T(buf), T(buf[rank * n:(rank + 1) * n]))
+    if not np.array_equal(buf, every.reshape(-1)):
+        errs.append("in-place all_gather")
+    full = values(rank, P * n, np.float32)
+    expected = reference(np.stack([values(q, P * n, np.float32) for q in range(P)]), "sum", np.float32)
+    c.reduce_scatter(T(full[rank * n:(rank + 1) * n]), T(full), "sum")
+    if not np.array_equal(full[rank * n:(rank + 1) * n], expected[rank * n:(rank + 1) * n]):
+        errs.append("in-place reduce_scatter")
+    root = P - 1
+    buf = np.zeros(P * n, np.float32)
+    buf[rank * n:(rank + 1) * n] = every[rank]
+    c.gather(T(buf) if rank == root else None, T(buf[rank * n:(rank + 1) * n]), root)
+    if rank == root and not np.array_equal(buf, every.reshape(-1)):
+        errs.append("in-place gather")
+    src = values(root, P * n, np.float32)
+    out = src[rank * n:(rank + 1) * n] if rank == root else np.zeros(n, np.float32)
+    c.scatter(T(out), T(src) if rank == root else None, root)
+    if not np.array_equal(out, values(root, P * n, np.float32)[rank * n:(rank + 1) * n]):
+        errs.append("in-place scatter")
+    if P > 1:
+        buf = np.zeros(P * 8, np.float32)
+        errs.append(expect_raises(ValueError, lambda: c.all_gather(T(buf), T(buf[3:11])), "overlaps"))
+    errs.append(still_in_step(c, rank, P))
+    return [e for e in errs if e]
+
+
 def expect_raises(kind, fn, *needles):
     try:
         fn()
@@ -293,6 +327,7 @@ def matrix_worker(rank, P, name):
     errors += e
     digests.update(d)
     errors += local_arg_cases(c, rank, P)
+    errors += in_place_cases(c, rank, P)
     if P > 1:
         errors += mismatch_cases(c, rank, P)
         errors += p2p_cases(c, rank, P)

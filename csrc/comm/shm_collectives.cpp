@@ -4,7 +4,7 @@
 // every rank) uses half k % 2 of every slot and of `result`:
 //   stage:   each rank copies its part of the chunk into its own slot half   -> sync
 //   read:    ranks read the slot halves (copy out, or reduce into their output)
-// all_reduce of more than kSmallReduceBytes splits the arithmetic instead:
+// all_reduce above the small size (kSmallReduceBytes) splits the arithmetic instead:
 //   stage -> sync -> rank r reduces its 1/P share into the result half -> sync -> every rank copies out.
 // Why one sync per step is enough, across chunks and across calls: a rank writes a half for chunk k + 2
 // only after the first sync of chunk k + 1, which every rank reaches only after it has finished reading

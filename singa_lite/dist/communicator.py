@@ -21,10 +21,7 @@ from .. import _core, tensor
 from ..tensor import Tensor
 
 CTensor = _core.Tensor
-CommError = getattr(_core, "CommError", None)
-if CommError is None:  # TEMPORARY until the shm backend's C++ CommError lands
-    class CommError(RuntimeError):
-        pass
+CommError = _core.CommError  # a RuntimeError subclass, raised by the C++ backends too
 
 REDUCE_OPS = ("sum", "avg", "max", "min", "prod")
 DTYPES = (tensor.float16, tensor.float32, tensor.float64, tensor.int32, tensor.int64)

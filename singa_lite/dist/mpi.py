@@ -170,6 +170,8 @@ class MpiCommunicator(Communicator):
             if waited > SPIN_S:
                 time.sleep(nap)
                 nap = min(nap * 2, 1e-3)
+            else:
+                os.sched_yield()  # with more ranks than cores, let the rank we wait for run
 
     @staticmethod
     def _prescale_avg(t, n: int) -> None:

@@ -24,7 +24,7 @@ def main(scenario: str) -> None:
         done = distopt_cases.run_all(comm)
         print(f"rank {r} DistOpt scenarios: {', '.join(done)}", flush=True)
     elif scenario == "mismatch":  # rank 1 passes one element more: every rank raises ValueError
-        for n, verify in ((10, True), (1 << 18, "auto")):  # small calls are checked with verify=True only
+        for n, verify in ((10, True), (1 << 20, "auto")):  # small calls are checked with verify=True only
             comm.verify = verify
             t = tensor.from_numpy(np.zeros(n + (r == 1), np.float32))
             try:

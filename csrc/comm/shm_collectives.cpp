@@ -172,18 +172,7 @@ void ShmComm::all_gather(const Tensor& out, const Tensor& in) {
   check_tensor(in, "all_gather", "input");
   check_same_dtype(out, in, "all_gather");
   check_blocks(out, in, P_, rank_, "all_gather", "out", "input");
-  std::lock_guard<std::mutex> lock(op_mutex_);
-  Op op = begin(OpKind::kAllGather, int32_t(in.dtype()), in.numel(), -1, -1);
-  const size_t isz = in.itemsize();
-  const int64_t n = in.numel(), cap = int64_t(seg_.layout().half_bytes() / isz);
-  for (int64_t off = 0; off < n; off += cap) {
-    const size_t bytes = size_t(std::min(cap, n - off)) * isz;
-    const uint32_t h = next_half();
-    std::memcpy(seg_.slot(rank_, h), bytes_of(in) + off * isz, bytes);
-    sync(op);
-    for (int q = 0; q < P_; ++q) std::memcpy(bytes_of(out) + (q * n + off) * isz, seg_.slot(q, h), bytes);
-  }
-  finish(op);
+  gather_blocks(OpKind::kAllGather, out, in, -1);
 }
 
 void ShmComm::gather(const Tensor& out, const Tensor& in, int root) {
@@ -194,8 +183,15 @@ void ShmComm::gather(const Tensor& out, const Tensor& in, int root) {
     check_same_dtype(out, in, "gather");
     check_blocks(out, in, P_, rank_, "gather", "out", "input");
   }
+  gather_blocks(OpKind::kGather, out, in, root);
+}
+
+// Per chunk: every rank stages its block in its slot half; sync; the receivers (every rank, or the root)
+// copy all P blocks out.
+void ShmComm::gather_blocks(OpKind kind, const Tensor& out, const Tensor& in, int root) {
   std::lock_guard<std::mutex> lock(op_mutex_);
-  Op op = begin(OpKind::kGather, int32_t(in.dtype()), in.numel(), root, -1);
+  Op op = begin(kind, int32_t(in.dtype()), in.numel(), root, -1);
+  const bool receives = root < 0 || rank_ == root;
   const size_t isz = in.itemsize();
   const int64_t n = in.numel(), cap = int64_t(seg_.layout().half_bytes() / isz);
   for (int64_t off = 0; off < n; off += cap) {
@@ -203,7 +199,7 @@ void ShmComm::gather(const Tensor& out, const Tensor& in, int root) {
     const uint32_t h = next_half();
     std::memcpy(seg_.slot(rank_, h), bytes_of(in) + off * isz, bytes);
     sync(op);
-    if (rank_ == root)
+    if (receives)
       for (int q = 0; q < P_; ++q) std::memcpy(bytes_of(out) + (q * n + off) * isz, seg_.slot(q, h), bytes);
   }
   finish(op);

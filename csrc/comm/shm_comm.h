@@ -133,6 +133,8 @@ class ShmComm {
 
   // ----- the data movement of each collective (shm_collectives.cpp)
   uint32_t next_half() { return uint32_t(++chunks_ & 1u); }
+  // all_gather (root < 0) and gather: the same staging, different receivers.
+  void gather_blocks(OpKind kind, const Tensor& out, const Tensor& in, int root);
   void all_reduce_impl(Op& op, char* data, int64_t n, DType dtype, CommOp cop, bool copy_out);
 
   Segment seg_;

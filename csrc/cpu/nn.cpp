@@ -100,34 +100,22 @@ void col2im(const Tensor& x, const Tensor& cols, const Conv2dGeometry& g) {
 
 namespace {
 
-// (take ? a : b) computed with bit masks. Which element of a pooling window is the maximum is
-// unpredictable on real data; compiled as a jump (which GCC does for a plain ?: here) mispredicts about
-// every other element and made max pooling 5x slower.
-inline float select_bits(bool take, float a, float b) {
-  uint32_t ia, ib;
-  std::memcpy(&ia, &a, 4);
-  std::memcpy(&ib, &b, 4);
-  const uint32_t m = 0u - uint32_t(take);
-  const uint32_t r = (ia & m) | (ib & ~m);
-  float out;
-  std::memcpy(&out, &r, 4);
+// (take ? a : b) computed with bit masks (for 4- and 8-byte types). Which element of a pooling window is
+// the maximum is unpredictable on real data; compiled as a jump (which GCC does for a plain ?: here) it
+// mispredicts about every other element and made max pooling 5x slower.
+template <typename F>
+inline F select_bits(bool take, F a, F b) {
+  static_assert(sizeof(F) == 4 || sizeof(F) == 8);
+  using U = std::conditional_t<sizeof(F) == 4, uint32_t, uint64_t>;
+  U ia, ib;
+  std::memcpy(&ia, &a, sizeof(F));
+  std::memcpy(&ib, &b, sizeof(F));
+  const U m = U(0) - U(take);
+  const U r = (ia & m) | (ib & ~m);
+  F out;
+  std::memcpy(&out, &r, sizeof(F));
   return out;
 }
-inline double select_bits(bool take, double a, double b) {
-  uint64_t ia, ib;
-  std::memcpy(&ia, &a, 8);
-  std::memcpy(&ib, &b, 8);
-  const uint64_t m = 0ull - uint64_t(take);
-  const uint64_t r = (ia & m) | (ib & ~m);
-  double out;
-  std::memcpy(&out, &r, 8);
-  return out;
-}
-inline int64_t select_bits(bool take, int64_t a, int64_t b) {
-  const int64_t m = -int64_t(take);
-  return (a & m) | (b & ~m);
-}
-
 
 // Max pooling of one output row over columns [lo, hi) whose windows lie wholly inside the image, float32:
 // the window offsets are the outer loops and the output columns the inner one, so the inner loop has no

@@ -102,7 +102,8 @@ class _Runner:
                     self.pending -= 1
 
 
-def _raw(t, what: str) -> CTensor:
+def raw_tensor(t, what: str) -> CTensor:
+    """The C++ tensor of a tensor.Tensor, or a raw one as it is; what: the caller, for the error."""
     if isinstance(t, Tensor):
         return t.data
     if isinstance(t, CTensor):
@@ -337,7 +338,7 @@ class Communicator:
             raise
 
     def _check_tensor(self, t, what: str) -> CTensor:
-        raw = _raw(t, what)
+        raw = raw_tensor(t, what)
         if raw.dtype not in DTYPES:
             raise TypeError(f"{what}: tensors of {', '.join(d.name for d in DTYPES)} can be communicated, got "
                             f"{raw.dtype.name}; cast with as_type()")

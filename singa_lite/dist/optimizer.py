@@ -34,6 +34,7 @@ import numpy as np
 from .. import _core, autograd, tensor
 from ..opt import SGD, Optimizer
 from ..tensor import Tensor
+from .communicator import raw_tensor
 from .fusion import Fuser
 
 CTensor = _core.Tensor
@@ -41,11 +42,7 @@ DEFAULT_THRESHOLD = 2097152  # elements, SINGA's default
 
 
 def _raw(t, what: str) -> CTensor:
-    if isinstance(t, Tensor):
-        return t.data
-    if isinstance(t, CTensor):
-        return t
-    raise TypeError(f"DistOpt.{what}: expected a tensor.Tensor or a raw tensor (t.data), got {type(t).__name__}")
+    return raw_tensor(t, f"DistOpt.{what}")
 
 
 def _all_finite(t: CTensor) -> bool:

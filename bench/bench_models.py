@@ -1,0 +1,43 @@
+"""The models the training benchmarks time, written the same way in singa_lite and in PyTorch: SINGA's
+MNIST CNN (seed 001) and the MLP of the DDP exercises (seed 003). PyTorch is imported by the caller."""
+from singa_lite import autograd
+
+MLP_SIZES = (1024, 256, 256, 256, 32)
+
+
+class SingaCNN:
+    def __init__(self):
+        self.conv1 = autograd.Conv2d(1, 20, 5)
+        self.conv2 = autograd.Conv2d(20, 50, 5)
+        self.fc1 = autograd.Linear(800, 500)
+        self.fc2 = autograd.Linear(500, 10)
+        self.pool = autograd.MaxPool2d(2, 2)
+
+    def forward(self, x):
+        y = self.pool(autograd.relu(self.conv1(x)))
+        y = self.pool(autograd.relu(self.conv2(y)))
+        return self.fc2(autograd.relu(self.fc1(autograd.flatten(y))))
+
+
+class SingaMLP:
+    def __init__(self, sizes=MLP_SIZES):
+        self.layers = [autograd.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:])]
+
+    def forward(self, x):
+        for layer in self.layers[:-1]:
+            x = autograd.tanh(layer(x))
+        return self.layers[-1](x)
+
+
+def torch_cnn(torch):
+    nn = torch.nn
+    return nn.Sequential(nn.Conv2d(1, 20, 5), nn.ReLU(), nn.MaxPool2d(2, 2), nn.Conv2d(20, 50, 5), nn.ReLU(),
+                         nn.MaxPool2d(2, 2), nn.Flatten(), nn.Linear(800, 500), nn.ReLU(), nn.Linear(500, 10))
+
+
+def torch_mlp(torch, sizes=MLP_SIZES):
+    nn = torch.nn
+    layers = []
+    for a, b in zip(sizes[:-1], sizes[1:]):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    return nn.Sequential(*layers[:-1])

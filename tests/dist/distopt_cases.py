@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from singa_lite import autograd, opt, tensor
+from singa_lite import _core, autograd, opt, tensor
 
 N, D, H, C = 24, 7, 40, 5  # global batch, input, hidden, classes (hidden 40: W1 has 280 elements)
 
@@ -28,8 +28,19 @@ def loss_of(params, x, y):
     return autograd.softmax_cross_entropy(logits, tensor.from_numpy(y))
 
 
+class UserSGD(opt.Optimizer):
+    """An optimizer written by a user to the contract of opt.py: DistOpt must need nothing else."""
+
+    def apply(self, param_name, param_value, param_grad):
+        g = self._check(param_name, param_value, param_grad)
+        _core.axpy_(-self.lr_value, g, param_value.data)
+
+
 def make_opt(kind: str):
-    return opt.SGD(lr=0.1, momentum=0.9) if kind == "sgd" else opt.Adam(lr=0.01)
+    if kind == "user":
+        return UserSGD(lr=0.2)
+    return {"sgd": lambda: opt.SGD(lr=0.1, momentum=0.9), "adam": lambda: opt.Adam(lr=0.01),
+            "rmsprop": lambda: opt.RMSProp(lr=0.01), "adagrad": lambda: opt.AdaGrad(lr=0.05)}[kind]()
 
 
 def train(params, optimizer, steps: int, shard=None, method="backward_and_update", **kw):
@@ -209,6 +220,8 @@ SCENARIOS = {
     "singa_low_level": scenario_singa_low_level,
     "equivalence_sgd": lambda c: scenario_equivalence(c, "sgd"),
     "equivalence_adam": lambda c: scenario_equivalence(c, "adam"),
+    "equivalence_other_optimizers": lambda c: [scenario_equivalence(c, k, steps=10)
+                                               for k in ("rmsprop", "adagrad", "user")],
     "equivalence_small_buckets": lambda c: scenario_equivalence(c, "sgd", threshold=50, buff=100),
     "half": scenario_half,
     "sparse_full": scenario_sparse_full_equals_plain,

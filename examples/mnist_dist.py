@@ -37,6 +37,8 @@ def parse_args(argv=None):
     p.add_argument("--dist-option", choices=DIST_OPTIONS, default="plain")
     p.add_argument("--spars", type=float, default=0.05,
                    help="sparse options: fraction of entries sent (sparseTopK) or magnitude threshold")
+    p.add_argument("--threshold", type=int, default=2097152,
+                   help="DistOpt's fusion threshold in elements (partialUpdate: the partition size)")
     p.add_argument("--data-dir", help="directory with the four MNIST IDX files (optionally .gz)")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
@@ -109,14 +111,14 @@ def train(args, nccl_id=None, gpu_num=None, gpu_per_node=None) -> float:
             out = model.forward(tensor.from_numpy(train_x[idx], dev))
             loss = autograd.softmax_cross_entropy(out, tensor.from_numpy(train_y[idx], dev))
             if args.dist_option == "plain":
-                sgd.backward_and_update(loss)
+                sgd.backward_and_update(loss, threshold=args.threshold)
             elif args.dist_option == "half":
-                sgd.backward_and_update_half(loss)
+                sgd.backward_and_update_half(loss, threshold=args.threshold)
             elif args.dist_option == "partialUpdate":
-                sgd.backward_and_partial_update(loss)
+                sgd.backward_and_partial_update(loss, threshold=args.threshold)
             else:
-                sgd.backward_and_sparse_update(loss, spars=args.spars, topK=args.dist_option == "sparseTopK",
-                                               corr=True)
+                sgd.backward_and_sparse_update(loss, threshold=args.threshold, spars=args.spars,
+                                               topK=args.dist_option == "sparseTopK", corr=True)
             loss_sum += loss.item()
             correct += int((tensor.to_numpy(tensor.argmax(out, 1)) == train_y[idx]).sum())
         elapsed = time.perf_counter() - start

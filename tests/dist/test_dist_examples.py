@@ -23,14 +23,15 @@ def run(args, launcher=None):
     return float(found.group(1)), out
 
 
-# Issue 5 asks >= 97% for plain and half, and partial / sparse within 1 point of plain. Measured here
-# (10 epochs, 360 test digits): plain 98.9, half 97.5, partial 97.2, sparse top-K 5% 97.8, threshold 98.6.
-# Partial and sparse top-K are 1.1-1.7 points below plain (3.6 digits = 1 point): the floor below is what
-# they reach today, not the goal, which stays open in issue 5.
-@pytest.mark.parametrize("option,floor", [("plain", 0.97), ("half", 0.97), ("partialUpdate", 0.96),
-                                          ("sparseTopK", 0.96), ("sparseThreshold", 0.97)])
-def test_two_ranks_converge_with_every_dist_option(option, floor):
-    extra = ["--spars", "0.002"] if option == "sparseThreshold" else []
+# Issue 5 asks >= 97% for plain and half, and partial / sparse within 1 point of plain. On 360 test digits
+# one run's accuracy moves by about a point with the seed (partial update with one partition is plain
+# SGD to 3e-7 in the parameters, yet its runs scatter as much). Means of seeds 0-2, 10 epochs: plain 98.8,
+# half 98.2, partial (threshold 20000: three partitions) 98.1, sparse threshold 98.3, sparse top-K 5%
+# 97.5 (1.3 below plain: not yet within the goal). The floors below hold for seed 0 with a margin.
+@pytest.mark.parametrize("option,extra,floor", [
+    ("plain", [], 0.97), ("half", [], 0.97), ("partialUpdate", ["--threshold", "20000"], 0.965),
+    ("sparseTopK", [], 0.96), ("sparseThreshold", ["--spars", "0.002"], 0.97)])
+def test_two_ranks_converge_with_every_dist_option(option, extra, floor):
     acc, out = run(["--world-size", "2", "--dist-option", option, "--epochs", "10", *extra])
     assert acc >= floor, out
     assert "2 ranks (shm backend" in out

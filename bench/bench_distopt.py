@@ -49,7 +49,7 @@ except ImportError:
 
 from singa_lite import autograd, device, dist, opt, tensor  # noqa: E402
 
-from bench_models import SingaCNN, torch_cnn  # noqa: E402
+from bench_models import SingaCNN, torch_cnn, torch_sgd_step  # noqa: E402
 
 device.set_num_threads(THREADS)
 torch.set_num_threads(THREADS)
@@ -87,15 +87,7 @@ def main():
 
     port = WORLD.bcast(29500 + int(np.random.default_rng().integers(0, 2000)) if rank == 0 else None, root=0)
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=P)
-    t_model = torch.nn.parallel.DistributedDataParallel(torch_cnn(torch))
-    t_opt = torch.optim.SGD(t_model.parameters(), lr=0.01, momentum=0.9)
-    t_x, t_y = torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def torch_step():
-        t_opt.zero_grad(set_to_none=True)
-        loss_fn(t_model(t_x), t_y).backward()
-        t_opt.step()
+    torch_step = torch_sgd_step(torch, torch.nn.parallel.DistributedDataParallel(torch_cnn(torch)), x, y)
 
     steps = {k: v[0] for k, v in variants.items()}
     steps["torch DDP gloo"] = torch_step

@@ -41,3 +41,18 @@ def torch_mlp(torch, sizes=MLP_SIZES):
     for a, b in zip(sizes[:-1], sizes[1:]):
         layers += [nn.Linear(a, b), nn.Tanh()]
     return nn.Sequential(*layers[:-1])
+
+
+def torch_sgd_step(torch, model, x, y):
+    """One PyTorch training step (SGD, momentum 0.9, cross-entropy) on numpy x and integer labels y."""
+    import numpy as np
+
+    t_opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    t_x, t_y = torch.from_numpy(x), torch.from_numpy(np.asarray(y).astype(np.int64))
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        t_opt.zero_grad(set_to_none=True)
+        loss_fn(model(t_x), t_y).backward()
+        t_opt.step()
+    return step

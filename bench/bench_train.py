@@ -49,7 +49,7 @@ except ImportError:
 
 from singa_lite import autograd, device, opt, tensor  # noqa: E402
 
-from bench_models import SingaCNN, SingaMLP, torch_cnn, torch_mlp  # noqa: E402
+from bench_models import SingaCNN, SingaMLP, torch_cnn, torch_mlp, torch_sgd_step  # noqa: E402
 
 if ARGS.threads:
     device.set_num_threads(ARGS.threads)
@@ -75,16 +75,7 @@ def make_case(name, batch):
         loss = autograd.softmax_cross_entropy(s_model.forward(tx), ty)
         sgd(loss)
 
-    t_opt = torch.optim.SGD(t_model.parameters(), lr=0.01, momentum=0.9)
-    t_x, t_y = torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def torch_step():
-        t_opt.zero_grad(set_to_none=True)
-        loss_fn(t_model(t_x), t_y).backward()
-        t_opt.step()
-
-    return singa_step, torch_step
+    return singa_step, torch_sgd_step(torch, t_model, x, y)
 
 
 def time_block(step, n):

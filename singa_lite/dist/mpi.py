@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from .. import tensor
+from .. import _core, tensor
 from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator
 
 ABORT_GRACE_S = 1.0
@@ -31,6 +31,7 @@ _KINDS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "
 _KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
 _DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
 _OP_CODE = {o: i for i, o in enumerate(REDUCE_OPS)}
+FP16_GATHER_MAX_RANKS = 4  # see _all_reduce_fp16_by_gather
 SPIN_S = 0.05  # seconds of continuous polling before a waiting rank starts to sleep between polls
 # Environment variables that mpiexec sets (MPICH's Hydra, Open MPI, PMIx launchers).
 MPI_LAUNCH_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
@@ -183,11 +184,23 @@ class MpiCommunicator(Communicator):
     # ----- hooks
     def _all_reduce(self, t, op):
         self._enter("all_reduce", t, op=op)
+        if t.dtype == tensor.float16 and op in ("sum", "avg") and self.world_size <= FP16_GATHER_MAX_RANKS:
+            return self._all_reduce_fp16_by_gather(t, op)
         if op == "avg" and t.dtype == tensor.float16:
             self._prescale_avg(t, self.world_size)
         self._complete(self._comm.Iallreduce(self._MPI.IN_PLACE, self._buf(t), op=self._op(op, t.dtype)), "all_reduce")
         if op == "avg" and t.dtype != tensor.float16:
             np.asarray(t)[...] /= self.world_size
+
+    def _all_reduce_fp16_by_gather(self, t, op):
+        """float16 sum / average without a Python reduction callback: all-gather the ranks' vectors, then
+        one C++ reduction over them in float32, rounded once (the same bits on every rank; an average never
+        overflows where its float32 value would not). It moves (P - 1) n values per rank against
+        2 (P - 1) / P n for a reduction tree: the same at 2 ranks, hence only up to FP16_GATHER_MAX_RANKS."""
+        every = _core.Tensor([self.world_size, t.numel], t.dtype, t.device)
+        self._complete(self._comm.Iallgather(self._buf(t), self._buf(every, t.numel)), "all_reduce")
+        reduced = (_core.mean if op == "avg" else _core.sum)(every, [0], False)
+        _core.copy_(t, reduced.reshape(list(t.shape)))
 
     def _broadcast(self, t, root):
         self._enter("broadcast", t, root)

@@ -23,6 +23,9 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--backend", choices=("mpi", "shm"), default="mpi", help="singa_lite's communicator")
+    p.add_argument("--model", choices=("cnn", "mlp"), default="cnn",
+                   help="cnn: seed 001's CNN (8 tensors); mlp: seed 003's tanh MLP widened to 16 layers of 256 "
+                        "(32 small tensors, where fusing them matters)")
     p.add_argument("--batch", type=int, default=32, help="batch per rank")
     p.add_argument("--steps", type=int, default=10, help="steps per timed block")
     p.add_argument("--repeat", type=int, default=7, help="timed blocks per variant")
@@ -49,7 +52,9 @@ except ImportError:
 
 from singa_lite import autograd, device, dist, opt, tensor  # noqa: E402
 
-from bench_models import SingaCNN, torch_cnn, torch_sgd_step  # noqa: E402
+from bench_models import SingaCNN, SingaMLP, torch_cnn, torch_mlp, torch_sgd_step  # noqa: E402
+
+DEEP_MLP = (256,) * 16 + (10,)
 
 device.set_num_threads(THREADS)
 torch.set_num_threads(THREADS)
@@ -58,8 +63,14 @@ torch.set_num_threads(THREADS)
 def main():
     rank, P = WORLD.rank, WORLD.size
     rng = np.random.default_rng(rank)
-    x = rng.standard_normal((ARGS.batch, 1, 28, 28)).astype(np.float32)
-    y = rng.integers(0, 10, ARGS.batch).astype(np.int32)
+    if ARGS.model == "cnn":
+        x = rng.standard_normal((ARGS.batch, 1, 28, 28)).astype(np.float32)
+        y = rng.integers(0, 10, ARGS.batch).astype(np.int32)
+        singa_model, t_model = SingaCNN, torch_cnn(torch)
+    else:
+        x = rng.standard_normal((ARGS.batch, DEEP_MLP[0])).astype(np.float32)
+        y = rng.integers(0, DEEP_MLP[-1], ARGS.batch).astype(np.int32)
+        singa_model, t_model = (lambda: SingaMLP(DEEP_MLP)), torch_mlp(torch, DEEP_MLP)
     tx, ty = tensor.from_numpy(x), tensor.from_numpy(y)
 
     if ARGS.backend == "shm":
@@ -71,7 +82,7 @@ def main():
     autograd.training = True
 
     def singa_variant(method="backward_and_update", **kw):
-        model = SingaCNN()
+        model = singa_model()
         dopt = opt.DistOpt(opt.SGD(lr=0.01, momentum=0.9), communicator=comm, overlap=kw.pop("overlap", True))
 
         def step():
@@ -87,7 +98,7 @@ def main():
 
     port = WORLD.bcast(29500 + int(np.random.default_rng().integers(0, 2000)) if rank == 0 else None, root=0)
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=P)
-    torch_step = torch_sgd_step(torch, torch.nn.parallel.DistributedDataParallel(torch_cnn(torch)), x, y)
+    torch_step = torch_sgd_step(torch, torch.nn.parallel.DistributedDataParallel(t_model), x, y)
 
     steps = {k: v[0] for k, v in variants.items()}
     steps["torch DDP gloo"] = torch_step
@@ -108,7 +119,8 @@ def main():
     if rank == 0:
         med = {k: statistics.median(v) for k, v in times.items()}
         ref = med["torch DDP gloo"]
-        print(f"DistOpt step, seed 001's CNN, batch {ARGS.batch} per rank, {P} ranks x {THREADS} threads, "
+        what = "seed 001's CNN" if ARGS.model == "cnn" else f"a {len(DEEP_MLP) - 1}-layer tanh MLP"
+        print(f"DistOpt step, {what}, batch {ARGS.batch} per rank, {P} ranks x {THREADS} threads, "
               f"singa_lite {comm.backend} backend vs PyTorch {torch.__version__} DDP gloo; medians of "
               f"{ARGS.repeat} interleaved blocks of {ARGS.steps} steps")
         print(f"{'variant':18s} {'ms/step':>8s} {'vs torch':>9s} {'bytes sent/step':>16s}")

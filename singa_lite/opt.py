@@ -430,6 +430,14 @@ def _plus_decay(g: _core.Tensor, p: _core.Tensor, weight_decay: float) -> _core.
     return gw
 
 
+def _step_by_root(p, g, acc, epsilon: float, lr: float, tmp) -> None:
+    """p -= lr * g / sqrt(acc + epsilon), SINGA's RMSProp / AdaGrad step; tmp (shaped like p) is scratch."""
+    _core.add_scalar(acc, epsilon, out=tmp)
+    _core.sqrt(tmp, out=tmp)
+    _core.div(g, tmp, out=tmp)
+    _core.axpy_(-lr, tmp, p)
+
+
 # ---------------------------------------------------------------- optimizers
 class SGD(Optimizer):
     """Stochastic gradient descent with momentum, dampening, Nesterov momentum and weight decay (L2).
@@ -509,10 +517,7 @@ class RMSProp(Optimizer):
         avg = (avg if avg is not None else self._new_state("running_average", param_name, param_value)).data
         _core.mul_scalar(avg, self.rho_value, out=avg)
         _core.axpy_(1.0 - self.rho_value, tmp, avg)
-        _core.add_scalar(avg, self.epsilon_value, out=tmp)
-        _core.sqrt(tmp, out=tmp)
-        _core.div(g, tmp, out=tmp)
-        _core.axpy_(-self.lr_value, tmp, p)
+        _step_by_root(p, g, avg, self.epsilon_value, self.lr_value, tmp)
 
 
 class AdaGrad(Optimizer):
@@ -543,10 +548,7 @@ class AdaGrad(Optimizer):
         tmp = _core.square(g)
         hist = (hist if hist is not None else self._new_state("history", param_name, param_value)).data
         _core.axpy_(1.0, tmp, hist)
-        _core.add_scalar(hist, self.epsilon_value, out=tmp)
-        _core.sqrt(tmp, out=tmp)
-        _core.div(g, tmp, out=tmp)
-        _core.axpy_(-self.lr_value, tmp, p)
+        _step_by_root(p, g, hist, self.epsilon_value, self.lr_value, tmp)
 
 
 class Adam(Optimizer):

@@ -141,6 +141,7 @@ class Communicator:
         self._timeout = _check_timeout(timeout)
         self._runner = _Runner(f"{self.backend}-rank{rank}")
         self._broken = None  # the CommError that made this communicator unusable
+        self.closed = False
 
     # ----- who we are
     @property
@@ -288,8 +289,9 @@ class Communicator:
 
     def close(self) -> None:
         """Releases the backend's resources; later operations raise CommError."""
-        if self._broken is None:
+        if self._broken is None:  # a communicator that failed is not torn down (MPI could block in it)
             self._broken = CommError(f"{self.backend} communicator of rank {self.rank}: used after close()")
+            self.closed = True
             self._close()
 
     # ----- hooks for backends (contiguous raw tensors, checked; blocking)

@@ -9,7 +9,7 @@ results (a bounds-checked ring: SINGA writes past the end of its buffer in that 
 """
 from __future__ import annotations
 
-from .. import _core, tensor
+from .. import _core
 
 CTensor = _core.Tensor
 
@@ -57,8 +57,9 @@ class Fuser:
         bucket.members.append((t, bucket.end, n))
         bucket.end += n
 
-    def open_elems(self, dtype=None) -> int:
-        bucket = self._open.get(self.wire_dtype or dtype or tensor.float32)
+    def open_elems(self, dtype) -> int:
+        """Elements in the open bucket that a tensor of `dtype` would join."""
+        bucket = self._open.get(self.wire_dtype or dtype)
         return 0 if bucket is None else bucket.end - bucket.start
 
     def send(self, dtype=None) -> None:
@@ -75,11 +76,12 @@ class Fuser:
     def send_alone(self, t: CTensor) -> None:
         """All-reduces t by itself (a tensor larger than the fusion threshold), asynchronously."""
         wire = self.wire_dtype or t.dtype
-        self.bytes_sent += t.numel * CTensor([0], wire, t.device).itemsize
         if wire == t.dtype and t.is_contiguous():
+            self.bytes_sent += t.nbytes
             self._direct.append((self.comm.all_reduce(t, self.op, async_op=True), t, None))
             return
         staging = CTensor(list(t.shape), wire, t.device)
+        self.bytes_sent += staging.nbytes
         _core.copy_(staging, t)
         self._direct.append((self.comm.all_reduce(staging, self.op, async_op=True), t, staging))
 

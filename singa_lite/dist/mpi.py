@@ -295,7 +295,7 @@ class MpiCommunicator(Communicator):
     def _at_exit(self):
         if self._broken is None:
             self.close()  # the window must go before MPI_Finalize (mpi4py's own exit hook, which runs after)
-        elif not self._broken.args[0].endswith("used after close()"):
+        elif not self.closed:
             print(f"singa_lite: rank {self.rank}: aborting the MPI job after: {self._broken}", file=sys.stderr,
                   flush=True)
             time.sleep(ABORT_GRACE_S)  # the other surviving ranks' own errors get printed too

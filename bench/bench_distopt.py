@@ -9,6 +9,12 @@ are interleaved (singa_lite variants, then torch, ...); rank 0 reports medians. 
 time (goal <= 0.8). Also timed: DistOpt without fusion (threshold=1: every tensor alone), without overlap
 (the exchange starts after the whole backward pass), and with float16 on the wire; bytes on the wire per
 step are reported for fp32 and fp16.
+
+Overlap needs something idle to overlap with: on a machine whose cores all run ranks, the exchange costs
+CPU time wherever it is placed. `--link-gbps` models a slower network instead (a cluster link rather than
+shared memory): after each real all-reduce, the communication thread sleeps for the time a ring all-reduce
+of that many bytes would take on such a link, 2 (P - 1) / P * bytes / bandwidth + 2 (P - 1) * latency,
+using no core while it waits. The model applies to singa_lite only; torch's row is then not a peer.
 """
 from __future__ import annotations
 
@@ -30,6 +36,9 @@ def parse_args():
     p.add_argument("--steps", type=int, default=10, help="steps per timed block")
     p.add_argument("--repeat", type=int, default=7, help="timed blocks per variant")
     p.add_argument("--threads", type=int, default=None, help="threads per rank (default: cores / local ranks)")
+    p.add_argument("--link-gbps", type=float, default=None,
+                   help="model a network link of this many gigabits per second (see above; default: none)")
+    p.add_argument("--link-latency-us", type=float, default=20.0, help="per-message latency of --link-gbps")
     return p.parse_args()
 
 
@@ -60,6 +69,19 @@ device.set_num_threads(THREADS)
 torch.set_num_threads(THREADS)
 
 
+def model_slow_link(comm, gbps: float, latency_us: float) -> None:
+    """After each all-reduce, sleep (in the communication thread, releasing the GIL) for what a ring
+    all-reduce of the same payload would take on the modelled link."""
+    real, P = comm._all_reduce, comm.world_size
+    if gbps <= 0 or latency_us < 0:
+        sys.exit("--link-gbps must be > 0 and --link-latency-us >= 0")
+
+    def all_reduce_on_slow_link(t, op):
+        real(t, op)
+        time.sleep(2 * (P - 1) / P * t.nbytes * 8 / (gbps * 1e9) + 2 * (P - 1) * latency_us * 1e-6)
+    comm._all_reduce = all_reduce_on_slow_link
+
+
 def main():
     rank, P = WORLD.rank, WORLD.size
     rng = np.random.default_rng(rank)
@@ -79,6 +101,8 @@ def main():
         comm = ShmCommunicator(name, rank, P)
     else:
         comm = dist.init(backend="mpi")
+    if ARGS.link_gbps is not None:
+        model_slow_link(comm, ARGS.link_gbps, ARGS.link_latency_us)
     autograd.training = True
 
     def singa_variant(method="backward_and_update", **kw):
@@ -120,8 +144,10 @@ def main():
         med = {k: statistics.median(v) for k, v in times.items()}
         ref = med["torch DDP gloo"]
         what = "seed 001's CNN" if ARGS.model == "cnn" else f"a {len(DEEP_MLP) - 1}-layer tanh MLP"
+        link = "" if ARGS.link_gbps is None else (f" over a modelled {ARGS.link_gbps:g} Gb/s, "
+                                                   f"{ARGS.link_latency_us:g} us link (torch's row is not)")
         print(f"DistOpt step, {what}, batch {ARGS.batch} per rank, {P} ranks x {THREADS} threads, "
-              f"singa_lite {comm.backend} backend vs PyTorch {torch.__version__} DDP gloo; medians of "
+              f"singa_lite {comm.backend} backend{link} vs PyTorch {torch.__version__} DDP gloo; medians of "
               f"{ARGS.repeat} interleaved blocks of {ARGS.steps} steps")
         print(f"{'variant':18s} {'ms/step':>8s} {'vs torch':>9s} {'bytes sent/step':>16s}")
         for k, m in med.items():

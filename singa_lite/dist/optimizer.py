@@ -8,7 +8,9 @@ averages gradients (or parameters) over the ranks of a Communicator, on any back
 Four ways to synchronise, as SINGA:
 
 - ``backward_and_update``: gradients averaged in fused buckets while backward runs (each bucket's
-  all-reduce starts as soon as it is full and overlaps the rest of the backward pass);
+  all-reduce starts as soon as it is full and overlaps the rest of the backward pass; the first bucket of
+  a step is sent once it holds ``first_bucket`` elements, so that even a model smaller than ``threshold``
+  starts communicating before its backward pass ends);
 - ``backward_and_update_half``: the same with float16 on the wire; each rank divides by the world size
   *before* the sum, so the exchange cannot overflow where float32 would not; optional clipping;
 - ``backward_and_partial_update``: every rank updates with its own gradients, then one partition of the
@@ -39,6 +41,10 @@ from .fusion import Fuser
 
 CTensor = _core.Tensor
 DEFAULT_THRESHOLD = 2097152  # elements, SINGA's default
+# Elements (1 MiB of float32) after which the first bucket of a step leaves without waiting for `threshold`
+# (PyTorch DDP's first bucket is 1 MiB too): a step's exchange then starts early in backward even when the
+# whole model is smaller than `threshold`, as SINGA's seed models are.
+DEFAULT_FIRST_BUCKET = 262144
 
 
 def _raw(t, what: str) -> CTensor:
@@ -59,12 +65,13 @@ class DistOpt:
     gpu_per_node, accepted too). buffSize: the fusion buffer's size in elements. communicator: an existing
     ``dist.Communicator`` to use instead (backend / timeout otherwise go to ``dist.init``). overlap=False
     starts the gradient exchange only after the whole backward pass (to measure what overlapping gains).
+    first_bucket: elements after which a step's first bucket is sent (0: it waits for ``threshold`` too).
     ``bytes_sent`` counts the gradient payload this rank has handed to all-reduces.
     """
 
     def __init__(self, opt=None, nccl_id=None, local_rank=None, world_size=None, buffSize=4194304, *,
                  gpu_num=None, gpu_per_node=None, communicator=None, backend=None, timeout=None,
-                 on_nonfinite: str = "skip", overlap: bool = True):
+                 on_nonfinite: str = "skip", overlap: bool = True, first_bucket: int = DEFAULT_FIRST_BUCKET):
         from . import init
 
         self.opt = SGD() if opt is None else opt
@@ -75,6 +82,8 @@ class DistOpt:
         world_size = _same("world_size", world_size, "gpu_per_node", gpu_per_node)
         if isinstance(buffSize, bool) or not isinstance(buffSize, numbers.Integral) or buffSize < 1:
             raise ValueError(f"DistOpt: buffSize must be a positive number of elements, got {buffSize!r}")
+        if isinstance(first_bucket, bool) or not isinstance(first_bucket, numbers.Integral) or first_bucket < 0:
+            raise ValueError(f"DistOpt: first_bucket must be a number of elements >= 0, got {first_bucket!r}")
         if on_nonfinite not in ("skip", "raise"):
             raise ValueError(f"DistOpt: on_nonfinite must be 'skip' or 'raise', got {on_nonfinite!r}")
         if communicator is None:
@@ -87,6 +96,7 @@ class DistOpt:
         self.buffSize = int(buffSize)
         self.on_nonfinite = on_nonfinite
         self.overlap = bool(overlap)
+        self.first_bucket = int(first_bucket)
         self.world_size = communicator.world_size
         self.global_rank = self.rank_in_global = communicator.rank
         self.local_rank = self.rank_in_local = communicator.local_rank
@@ -272,29 +282,38 @@ class DistOpt:
         fuser = self._fuser(wire_dtype)
         triples = []
         overlap = self._synced and self.overlap  # the first step compares the models before any exchange
+        cap = min(threshold, self.first_bucket or threshold)
         for p, g in autograd.backward(loss):
             gd = g.data
             if clip is not None:
                 _core.clip(gd, -clip, clip, out=gd)
             triples.append((self.opt._name_of(p), p, g))
             if overlap:
-                self._launch(fuser, gd, threshold)
+                cap = self._launch(fuser, gd, threshold, cap)
         if not overlap:
             self._first_step(triples)
             for _, _, g in triples:
-                self._launch(fuser, g.data, threshold)
+                cap = self._launch(fuser, g.data, threshold, cap)
         regions = fuser.wait()
         if self._finite_everywhere(regions):
             self._apply(triples)
 
     @staticmethod
-    def _launch(fuser: Fuser, g: CTensor, threshold: int) -> None:
+    def _launch(fuser: Fuser, g: CTensor, threshold: int, cap: int) -> int:
+        """Queues g for the exchange: alone when larger than threshold, else into the open bucket, which is
+        sent first if g would take it past threshold, and right after if it now holds cap elements or more.
+        Returns the cap for the next bucket: threshold once one has gone (only the first one is smaller)."""
         if g.numel > threshold:
             fuser.send_alone(g)
-            return
+            return cap
         if fuser.open_elems(g.dtype) + g.numel > threshold:
             fuser.send()
+            cap = threshold
         fuser.add(g)
+        if fuser.open_elems(g.dtype) >= cap:
+            fuser.send()
+            cap = threshold
+        return cap
 
     def _local_gradients(self, loss) -> list:
         return [(self.opt._name_of(p), p, g) for p, g in autograd.backward(loss)]
@@ -339,7 +358,7 @@ class DistOpt:
     def _average_values(self, params, threshold: int) -> None:
         fuser = self._fuser(None)
         for p in params:
-            self._launch(fuser, p.data, threshold)
+            self._launch(fuser, p.data, threshold, threshold)
         fuser.wait()
 
     def _param_list(self, params, what: str) -> list:

@@ -63,9 +63,9 @@ def reference(kind: str, steps: int):
     return train(make_params(0), make_opt(kind), steps, method=None)
 
 
-def scenario_equivalence(comm, kind="sgd", threshold=2097152, buff=4194304, steps=20, rtol=1e-5):
+def scenario_equivalence(comm, kind="sgd", threshold=2097152, buff=4194304, steps=20, rtol=1e-5, first_bucket=262144):
     params = make_params(0)
-    dopt = opt.DistOpt(make_opt(kind), communicator=comm, buffSize=buff)
+    dopt = opt.DistOpt(make_opt(kind), communicator=comm, buffSize=buff, first_bucket=first_bucket)
     got = train(params, dopt, steps, shard=(comm.rank, comm.world_size), threshold=threshold)
     want = reference(kind, steps)
     for k in want:
@@ -216,6 +216,47 @@ def scenario_singa_low_level(comm):
     return "ok"
 
 
+def scenario_buckets_leave_during_backward(comm):
+    """Overlap: a bucket's all-reduce is launched while backward still runs. The gradients come as b2 (5), W2
+    (200), b1 (40), W1 (280); with first_bucket=200 the first bucket leaves as soon as it holds 205 elements,
+    before b1's gradient exists; the rest leaves with the last gradient. first_bucket=0 / overlap=False: one
+    bucket, after the whole backward pass."""
+    import singa_lite.dist.optimizer as dist_optimizer
+
+    def events_of_a_step(threshold=2097152, **kw):
+        params = make_params(0)
+        dopt = opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, **kw)
+        shard = (comm.rank, comm.world_size)
+        train(params, dopt, 1, shard=shard, threshold=threshold)  # the first step compares the models
+        events, real_backward, real_all_reduce = [], dist_optimizer.autograd.backward, comm.all_reduce
+
+        def backward(loss):
+            for p, g in real_backward(loss):
+                events.append(("grad", p.name))
+                yield p, g
+
+        def all_reduce(t, op="sum", async_op=False):
+            events.append(("send", t.numel))
+            return real_all_reduce(t, op, async_op)
+        dist_optimizer.autograd.backward, comm.all_reduce = backward, all_reduce
+        try:
+            train(params, dopt, 1, shard=shard, threshold=threshold)
+        finally:
+            dist_optimizer.autograd.backward = real_backward
+            del comm.all_reduce
+        return [e for e in events if e != ("send", 1)]  # the one-element finiteness vote
+
+    grads = [("grad", n) for n in ("b2", "W2", "b1", "W1")]
+    got = events_of_a_step(first_bucket=200)
+    assert got == grads[:2] + [("send", 205)] + grads[2:] + [("send", 320)], got
+    assert events_of_a_step(first_bucket=0) == grads + [("send", 525)]
+    assert events_of_a_step(overlap=False) == grads + [("send", 525)]
+    # large tensors go alone as they come; the first bucket waits for its threshold as any other
+    got = events_of_a_step(first_bucket=200, threshold=100)
+    assert got == grads[:2] + [("send", 200)] + grads[2:] + [("send", 280), ("send", 45)], got
+    return "ok"
+
+
 SCENARIOS = {
     "singa_low_level": scenario_singa_low_level,
     "equivalence_sgd": lambda c: scenario_equivalence(c, "sgd"),
@@ -223,6 +264,8 @@ SCENARIOS = {
     "equivalence_other_optimizers": lambda c: [scenario_equivalence(c, k, steps=10)
                                                for k in ("rmsprop", "adagrad", "user")],
     "equivalence_small_buckets": lambda c: scenario_equivalence(c, "sgd", threshold=50, buff=100),
+    "equivalence_small_first_bucket": lambda c: scenario_equivalence(c, "sgd", threshold=300, first_bucket=100),
+    "buckets_leave_during_backward": scenario_buckets_leave_during_backward,
     "half": scenario_half,
     "sparse_full": scenario_sparse_full_equals_plain,
     "sparse_feedback": scenario_sparse_error_feedback,

@@ -24,13 +24,12 @@ def run(args, launcher=None):
 
 
 # Issue 5 asks >= 97% for plain and half, and partial / sparse within 1 point of plain. On 360 test digits
-# one run's accuracy moves by about a point with the seed (partial update with one partition is plain
-# SGD to 3e-7 in the parameters, yet its runs scatter as much). Means of seeds 0-2, 10 epochs: plain 98.8,
-# half 98.2, partial (threshold 20000: three partitions) 98.1, sparse threshold 98.3, sparse top-K 5%
-# 97.5 (1.3 below plain: not yet within the goal). The floors below hold for seed 0 with a margin.
+# one run's accuracy moves by about a point with the seed, so the goal is judged on means over seeds 0-9
+# (docs/benchmarks.md, "Convergence"): plain 98.17, half 98.11, partial (three partitions) 98.03, top-K 5%
+# 97.94, threshold 97.97. Here seed 0 of each runs against a floor it clears with a margin.
 @pytest.mark.parametrize("option,extra,floor", [
     ("plain", [], 0.97), ("half", [], 0.97), ("partialUpdate", ["--threshold", "20000"], 0.965),
-    ("sparseTopK", [], 0.96), ("sparseThreshold", ["--spars", "0.002"], 0.97)])
+    ("sparseTopK", [], 0.965), ("sparseThreshold", ["--spars", "0.002"], 0.97)])
 def test_two_ranks_converge_with_every_dist_option(option, extra, floor):
     acc, out = run(["--world-size", "2", "--dist-option", option, "--epochs", "10", *extra])
     assert acc >= floor, out

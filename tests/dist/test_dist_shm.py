@@ -71,5 +71,5 @@ def test_distopt_on_shm(world_size):
     # the same DistOpt checks as under mpiexec (tests/dist/distopt_cases.py), on the shm backend
     out, holder, _ = run_ranks(scenario_distopt, world_size, timeout=240)
     for r in range(world_size):
-        assert out[r][0] == "ok" and "equivalence_sgd" in out[r][1], out
+        assert out[r][0] == "ok" and "equivalence_sgd" in out[r][1] and "buckets_leave_during_backward" in out[r][1], out
     assert no_segment_left(holder)

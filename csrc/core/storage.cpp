@@ -12,7 +12,7 @@
 
 #include "core/errors.h"
 #ifdef SINGA_LITE_WITH_CUDA
-#include "cuda/runtime.h"
+#include "cuda/allocator.h"
 #endif
 
 namespace sl {
@@ -122,9 +122,9 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
     return std::make_shared<Storage>(p, nbytes, device, [cls](void* q) { cpu_release(q, cls); });
   }
 #ifdef SINGA_LITE_WITH_CUDA
-  void* p = cuda::malloc_on(device.index, nbytes);
+  void* p = cuda::allocate(device.index, nbytes);
   int index = device.index;
-  return std::make_shared<Storage>(p, nbytes, device, [index](void* q) { cuda::free_on(index, q); });
+  return std::make_shared<Storage>(p, nbytes, device, [index, nbytes](void* q) { cuda::release(index, q, nbytes); });
 #else
   throw ValueError(str("cannot allocate on ", device.str(), ": ", cuda_unavailable_reason()));
 #endif

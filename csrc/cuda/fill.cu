@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "cuda/check.h"
+#include "cuda/context.h"
 #include "cuda/runtime.h"
 
 namespace sl::cuda {
@@ -15,11 +17,10 @@ __global__ void fill_kernel(U* dst, int64_t n, U value) {
 }
 
 template <typename U>
-void launch(void* dst, int64_t n, uint64_t pattern) {
-  const int threads = 256;
-  const int64_t wanted = (n + threads - 1) / threads;
-  const int blocks = int(wanted < 65535 ? wanted : 65535);  // grid-stride loop covers the rest
-  fill_kernel<U><<<blocks, threads>>>(static_cast<U*>(dst), n, static_cast<U>(pattern));
+void launch(void* dst, int64_t n, uint64_t pattern, int device) {
+  const Launch l = launch_for(n, device);
+  fill_kernel<U><<<l.blocks, l.threads, 0, stream(device)>>>(static_cast<U*>(dst), n, static_cast<U>(pattern));
+  SL_CUDA_LAUNCHED("fill");
 }
 
 }  // namespace
@@ -27,10 +28,10 @@ void launch(void* dst, int64_t n, uint64_t pattern) {
 void fill_pattern(void* dst, int64_t n, int itemsize, uint64_t pattern, int device) {
   if (n == 0) return;
   switch (itemsize) {
-    case 1: return launch<uint8_t>(dst, n, pattern);
-    case 2: return launch<uint16_t>(dst, n, pattern);
-    case 4: return launch<uint32_t>(dst, n, pattern);
-    default: return launch<uint64_t>(dst, n, pattern);
+    case 1: return launch<uint8_t>(dst, n, pattern, device);
+    case 2: return launch<uint16_t>(dst, n, pattern, device);
+    case 4: return launch<uint32_t>(dst, n, pattern, device);
+    default: return launch<uint64_t>(dst, n, pattern, device);
   }
 }
 

@@ -6,30 +6,11 @@
 
 #include "core/errors.h"
 #include "cpu/loop.h"
-
-#define SL_CUDA_CHECK(call)                                                                          \
-  do {                                                                                               \
-    cudaError_t err_ = (call);                                                                       \
-    if (err_ != cudaSuccess)                                                                         \
-      throw ::sl::CudaError(::sl::str(#call, " failed: ", cudaGetErrorString(err_), " (", __FILE__, ":", \
-                                      __LINE__, ")"));                                               \
-  } while (0)
+#include "cuda/check.h"
+#include "cuda/context.h"
 
 namespace sl::cuda {
 namespace {
-
-// Makes `device` current for a scope and restores the caller's device after it.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    SL_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) SL_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
 
 void check_index(int device) {
   int n = device_count();
@@ -101,7 +82,11 @@ void copy_bytes(void* dst, const void* src, size_t nbytes, CopyKind kind, int de
   cudaMemcpyKind k = kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
                      : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
                                                        : cudaMemcpyDeviceToDevice;
-  SL_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, k));
+  cudaStream_t st = stream(device);
+  SL_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, k, st));
+  // Host memory is pageable and may be freed or read as soon as we return: wait for copies that touch it.
+  // Device-to-device copies stay queued on the stream.
+  if (kind != CopyKind::kDeviceToDevice) SL_CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
 void fill(const Tensor& t, double value) {
@@ -112,7 +97,6 @@ void fill(const Tensor& t, double value) {
   });
   DeviceGuard guard(t.device().index);
   fill_pattern(t.data_ptr(), t.numel(), int(t.itemsize()), pattern, t.device().index);
-  SL_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace sl::cuda

@@ -18,9 +18,12 @@ void check_floating(const char* op, const Tensor& t) {
 }
 
 void check_kernel_device(const char* op, const Tensor& t) {
-  SL_CHECK(t.device().is_cpu(), ValueError, op, ": no kernel for ", t.device().str(),
-           " in this version of singa_lite (CUDA kernels arrive with the CUDA backend); "
-           "compute on the CPU with to_host()");
+#ifdef SINGA_LITE_WITH_CUDA
+  (void)op;  // a CUDA tensor exists only where its device could be used (allocation checks that)
+#else
+  SL_CHECK(t.device().is_cpu(), ValueError, op, ": ", t.device().str(), " is not available: ",
+           cuda_unavailable_reason());
+#endif
 }
 
 void check_out(const char* op, const Tensor& out, const Shape& shape, DType dtype, Device device) {

@@ -9,7 +9,7 @@ namespace sl {
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b);
 void check_same_device(const char* op, const Tensor& a, const Tensor& b);
 void check_floating(const char* op, const Tensor& t);
-// Kernels for this device exist? (CPU now; the CUDA kernels plug in here.)
+// Kernels for this device exist in this build? (CPU always; CUDA in CUDA builds.)
 void check_kernel_device(const char* op, const Tensor& t);
 // `out` must have exactly this shape, dtype and device.
 void check_out(const char* op, const Tensor& out, const Shape& shape, DType dtype, Device device);

@@ -1,7 +1,7 @@
 // Front-ends of the element-wise ops, fill, arange and copy.
 #include <cmath>
 
-#include "cpu/kernels.h"
+#include "ops/dispatch.h"
 #include "ops/checks.h"
 #include "ops/ops.h"
 #ifdef SINGA_LITE_WITH_CUDA
@@ -69,7 +69,7 @@ OutPlan plan_out(const char* op, Tensor out, const Shape& shape, DType dtype, De
 }
 
 Tensor finish(const OutPlan& p) {
-  if (!p.out.shares_storage(p.result)) cpu::copy(p.result, p.out);
+  if (!p.out.shares_storage(p.result)) SL_KERNEL(p.out.device(), copy, p.result, p.out);
   return p.result;
 }
 
@@ -77,8 +77,7 @@ Tensor finish(const OutPlan& p) {
 // Integer powers with a negative exponent have no integer result; numpy raises too.
 void check_int_pow_exponent(const Tensor& exponent) {
   if (is_floating(exponent.dtype()) || exponent.numel() == 0) return;
-  Tensor lo = Tensor::empty({}, exponent.dtype(), exponent.device());
-  cpu::reduce(ReduceOp::kMin, lo, exponent, std::vector<bool>(exponent.ndim(), true));
+  Tensor lo = reduce(ReduceOp::kMin, exponent, std::nullopt, false).to(Device::cpu());  // read on the host
   int64_t mn = exponent.dtype() == DType::kInt32 ? *lo.data<int32_t>() : *lo.data<int64_t>();
   SL_CHECK(mn >= 0, ValueError, "pow: integers to negative integer powers are not allowed (smallest exponent ", mn,
            "); cast to a float dtype with as_type() first");
@@ -97,7 +96,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor out) {
   Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
   if (op == BinaryOp::kPow) check_int_pow_exponent(b);
   OutPlan p = plan_out(name, out, shape, result_dtype(op, a.dtype()), a.device(), {&a, &b});
-  cpu::binary(op, p.out, a.broadcast_to(shape), b.broadcast_to(shape));
+  SL_KERNEL(p.out.device(), binary, op, p.out, a.broadcast_to(shape), b.broadcast_to(shape));
   return finish(p);
 }
 
@@ -113,7 +112,7 @@ Tensor binary_scalar(BinaryOp op, const Tensor& a, double s, bool scalar_first, 
                   "); cast to a float dtype with as_type() first");
   }
   OutPlan p = plan_out(name, out, a.shape(), result_dtype(op, a.dtype()), a.device(), {&a});
-  cpu::binary_scalar(op, p.out, a, s, scalar_first);
+  SL_KERNEL(p.out.device(), binary_scalar, op, p.out, a, s, scalar_first);
   return finish(p);
 }
 
@@ -124,7 +123,7 @@ Tensor unary(UnaryOp op, const Tensor& x, Tensor out) {
   SL_CHECK(x.dtype() != DType::kBool, TypeError, name, ": not defined for bool tensors; cast with as_type() first");
   if (op > UnaryOp::kRelu) check_floating(name, x);
   OutPlan p = plan_out(name, out, x.shape(), x.dtype(), x.device(), {&x});
-  cpu::unary(op, p.out, x);
+  SL_KERNEL(p.out.device(), unary, op, p.out, x);
   return finish(p);
 }
 
@@ -142,7 +141,7 @@ Tensor clip(const Tensor& x, std::optional<double> lo, std::optional<double> hi,
       SL_CHECK(std::isinf(b) || std::nearbyint(b) == b, TypeError, "clip: the bound ", b,
                " is not an integer but the tensor is ", dtype_name(x.dtype()));
   OutPlan p = plan_out("clip", out, x.shape(), x.dtype(), x.device(), {&x});
-  cpu::clip(p.out, x, l, h);
+  SL_KERNEL(p.out.device(), clip, p.out, x, l, h);
   return finish(p);
 }
 
@@ -158,10 +157,10 @@ void axpy_(double alpha, const Tensor& x, const Tensor& y) {
   SL_CHECK(shape == y.shape(), ValueError, "axpy: x of shape ", shape_str(x.shape()),
            " does not broadcast to y's shape ", shape_str(y.shape()));
   if (partial_overlap(y, x)) {
-    cpu::axpy(alpha, x.clone(), y);
+    SL_KERNEL(y.device(), axpy, alpha, x.clone(), y);
     return;
   }
-  cpu::axpy(alpha, x.broadcast_to(shape), y);
+  SL_KERNEL(y.device(), axpy, alpha, x.broadcast_to(shape), y);
 }
 
 void fill_(const Tensor& t, double value) {
@@ -196,32 +195,35 @@ void copy_(const Tensor& dst, const Tensor& src) {
   Shape shape = broadcast_shapes(src.shape(), dst.shape(), "copy");
   SL_CHECK(shape == dst.shape(), ValueError, "copy: source of shape ", shape_str(src.shape()),
            " does not broadcast to the destination's shape ", shape_str(dst.shape()));
-  if (dst.device().is_cpu() && src.device().is_cpu()) {
+  if (dst.device() == src.device()) {
+    check_kernel_device("copy", dst);
     Tensor s = partial_overlap(dst, src) ? src.clone() : src;
-    cpu::copy(dst, s.broadcast_to(shape));
+    SL_KERNEL(dst.device(), copy, dst, s.broadcast_to(shape));
     return;
   }
 #ifdef SINGA_LITE_WITH_CUDA
-  // Across devices: bytes move as they are; broadcasting and casting happen on the CPU side.
-  if (src.device().is_cuda() && dst.device().is_cpu()) {
-    Tensor packed = Tensor::empty(src.shape(), src.dtype(), Device::cpu());
-    SL_CHECK(src.is_contiguous(), ValueError, "copy: a CUDA source must be contiguous for now");
-    const Tensor& s = src;
-    cuda::copy_bytes(packed.data_ptr(), s.data_ptr(), s.nbytes(), cuda::CopyKind::kDeviceToHost, s.device().index);
-    copy_(dst, packed);
+  // Across devices only packed bytes of one dtype move; broadcasting, casting and strides are handled on
+  // one side by that device's copy kernel (on the GPU when it is involved: it is the faster side).
+  if (src.device().is_cuda() && dst.device().is_cuda()) {  // two GPUs: through the host (peer copies later)
+    copy_(dst, src.to(Device::cpu()));
     return;
   }
-  if (src.device().is_cpu() && dst.device().is_cuda()) {
-    SL_CHECK(dst.is_contiguous(), ValueError, "copy: a CUDA destination must be contiguous for now");
-    Tensor staged = Tensor::empty(dst.shape(), dst.dtype(), Device::cpu());
-    cpu::copy(staged, src.broadcast_to(shape));
-    cuda::copy_bytes(dst.data_ptr(), staged.data_ptr(), staged.nbytes(), cuda::CopyKind::kHostToDevice,
-                     dst.device().index);
+  if (src.device().is_cuda()) {  // GPU -> host: pack (and cast to dst's dtype) on the GPU, then move bytes
+    Tensor packed = src.dtype() == dst.dtype() ? src.contiguous() : src.cast(dst.dtype());
+    Tensor host = dst.is_contiguous() && shape == src.shape() ? dst : Tensor::empty(src.shape(), dst.dtype(), Device::cpu());
+    cuda::copy_bytes(host.data_ptr(), packed.data_ptr(), packed.nbytes(), cuda::CopyKind::kDeviceToHost,
+                     src.device().index);
+    if (!host.shares_storage(dst)) cpu::copy(dst, host.broadcast_to(shape));
     return;
   }
-  SL_CHECK(src.dtype() == dst.dtype() && src.shape() == dst.shape() && src.is_contiguous() && dst.is_contiguous(),
-           ValueError, "copy: between CUDA tensors only same-dtype, same-shape contiguous copies are supported for now");
-  cuda::copy_bytes(dst.data_ptr(), src.data_ptr(), src.nbytes(), cuda::CopyKind::kDeviceToDevice, dst.device().index);
+  // host -> GPU: pack on the host in src's dtype, move the bytes, then broadcast / cast / scatter on the GPU
+  Tensor packed = src.is_contiguous() ? src : src.contiguous();
+  const bool direct = dst.is_contiguous() && dst.dtype() == src.dtype() && shape == src.shape() &&
+                      !dst.shares_storage(src);
+  Tensor staged = direct ? dst : Tensor::empty(src.shape(), src.dtype(), dst.device());
+  cuda::copy_bytes(staged.data_ptr(), packed.data_ptr(), packed.nbytes(), cuda::CopyKind::kHostToDevice,
+                   dst.device().index);
+  if (!direct) cuda::copy(dst, staged.broadcast_to(shape));
 #else
   throw ValueError(str("copy: ", (dst.device().is_cpu() ? src : dst).device().str(), " is not available: ",
                        cuda_unavailable_reason()));

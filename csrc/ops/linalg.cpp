@@ -1,6 +1,6 @@
 // Front-end of matmul, with numpy's rules: 1-D operands are promoted (and the added axis removed
 // afterwards), batch axes broadcast.
-#include "cpu/kernels.h"
+#include "ops/dispatch.h"
 #include "ops/checks.h"
 #include "ops/ops.h"
 
@@ -37,10 +37,10 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, Tensor out) {
   if (out.defined()) check_out("matmul", out, result, a.dtype(), a.device());  // before any work
   // GEMM writes a packed result; a given `out` (possibly an operand, possibly strided) is filled from it.
   Tensor target = Tensor::empty(full, a.dtype(), a.device());
-  cpu::matmul(target, a.broadcast_to(a_full), b.broadcast_to(b_full));
+  SL_KERNEL(target.device(), matmul, target, a.broadcast_to(a_full), b.broadcast_to(b_full));
   Tensor r = target.view(result);
   if (!out.defined()) return r;
-  cpu::copy(out, r);
+  SL_KERNEL(out.device(), copy, out, r);
   return out;
 }
 

@@ -1,6 +1,6 @@
 // Front-ends of im2col / col2im and 2-D pooling: shape and geometry checks (PyTorch's rules), then the
 // kernel on a contiguous input.
-#include "cpu/kernels.h"
+#include "ops/dispatch.h"
 #include "ops/checks.h"
 #include "ops/ops.h"
 
@@ -52,7 +52,7 @@ Tensor im2col(const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dila
   Conv2dGeometry g = conv_geometry("im2col", x.shape(), kernel, stride, padding, dilation);
   Tensor cols = Tensor::empty({x.shape()[1] * g.kernel_h * g.kernel_w, x.shape()[0] * g.out_h * g.out_w}, x.dtype(),
                               x.device());
-  cpu::im2col(cols, x.contiguous(), g);
+  SL_KERNEL(cols.device(), im2col, cols, x.contiguous(), g);
   return cols;
 }
 
@@ -66,7 +66,7 @@ Tensor col2im(const Tensor& cols, const Shape& x_shape, Pair kernel, Pair stride
   SL_CHECK(cols.shape() == want, ValueError, "col2im: cols has shape ", shape_str(cols.shape()), ", expected ",
            shape_str(want), " for images of shape ", shape_str(x_shape));
   Tensor x = Tensor::empty(x_shape, cols.dtype(), cols.device());
-  cpu::col2im(x, cols.contiguous(), g);
+  SL_KERNEL(x.device(), col2im, x, cols.contiguous(), g);
   return x;
 }
 
@@ -76,7 +76,7 @@ std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, Pair kernel, Pair stride, 
   Shape shape = {x.shape()[0], x.shape()[1], g.out_h, g.out_w};
   Tensor y = Tensor::empty(shape, x.dtype(), x.device());
   Tensor argmax = Tensor::empty(shape, DType::kInt64, x.device());
-  cpu::max_pool2d(y, argmax, x.contiguous(), g);
+  SL_KERNEL(y.device(), max_pool2d, y, argmax, x.contiguous(), g);
   return {y, argmax};
 }
 
@@ -89,7 +89,7 @@ Tensor max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& 
   SL_CHECK(x_shape.size() == 4 && x_shape[0] == dy.shape()[0] && x_shape[1] == dy.shape()[1], ValueError,
            "max_pool2d_backward: input shape ", shape_str(x_shape), " does not match dy ", shape_str(dy.shape()));
   Tensor dx = Tensor::empty(x_shape, dy.dtype(), dy.device());
-  cpu::max_pool2d_backward(dx, dy.contiguous(), argmax.contiguous());
+  SL_KERNEL(dx.device(), max_pool2d_backward, dx, dy.contiguous(), argmax.contiguous());
   return dx;
 }
 
@@ -97,7 +97,7 @@ Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, bool 
   check_nchw("avg_pool2d", x);
   Pool2dGeometry g = pool_geometry("avg_pool2d", x.shape(), kernel, stride, padding);
   Tensor y = Tensor::empty({x.shape()[0], x.shape()[1], g.out_h, g.out_w}, x.dtype(), x.device());
-  cpu::avg_pool2d(y, x.contiguous(), g, count_include_pad);
+  SL_KERNEL(y.device(), avg_pool2d, y, x.contiguous(), g, count_include_pad);
   return y;
 }
 
@@ -111,7 +111,7 @@ Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x_shape, Pair kernel, 
   SL_CHECK(dy.shape() == want, ValueError, "avg_pool2d_backward: dy has shape ", shape_str(dy.shape()),
            ", expected ", shape_str(want));
   Tensor dx = Tensor::empty(x_shape, dy.dtype(), dy.device());
-  cpu::avg_pool2d_backward(dx, dy.contiguous(), g, count_include_pad);
+  SL_KERNEL(dx.device(), avg_pool2d_backward, dx, dy.contiguous(), g, count_include_pad);
   return dx;
 }
 

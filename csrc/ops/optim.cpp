@@ -1,5 +1,5 @@
 // Front-ends of the fused optimizer steps.
-#include "cpu/kernels.h"
+#include "ops/dispatch.h"
 #include "ops/checks.h"
 #include "ops/ops.h"
 
@@ -28,7 +28,7 @@ void sgd_update_(const Tensor& param, const Tensor& grad, const Tensor& buf, con
                  !partial_overlap(buf, grad) && buf.data_ptr() != grad.data_ptr(),
              ValueError, op, ": buf must not share memory with param or grad");
   }
-  cpu::sgd_update(param, grad, buf, step);
+  SL_KERNEL(param.device(), sgd_update, param, grad, buf, step);
 }
 
 }  // namespace sl

@@ -1,7 +1,7 @@
 // Front-ends of sum / mean / max / min over any axes, and argmax / argmin.
 #include <algorithm>
 
-#include "cpu/kernels.h"
+#include "ops/dispatch.h"
 #include "ops/checks.h"
 #include "ops/ops.h"
 
@@ -41,7 +41,7 @@ Tensor reduce(ReduceOp op, const Tensor& x_in, const std::optional<std::vector<i
     }
   }
   Tensor out = Tensor::empty(kept_shape, x.dtype(), x.device());
-  cpu::reduce(op, out, x, reduced);
+  SL_KERNEL(out.device(), reduce, op, out, x, reduced);
   return out.view(out_shape);
 }
 
@@ -72,7 +72,7 @@ static Tensor arg_reduce(bool is_max, const Tensor& x, std::optional<int64_t> ax
     rows = rows.view({x.numel() / x.shape()[a], x.shape()[a]});
   }
   Tensor out = Tensor::empty({rows.shape()[0]}, DType::kInt64, x.device());
-  cpu::arg_reduce(is_max, out, rows);
+  SL_KERNEL(out.device(), arg_reduce, is_max, out, rows);
   return out.view(out_shape);
 }
 

@@ -1,7 +1,7 @@
 // Front-ends of concat, stack, split and one_hot.
 #include <numeric>
 
-#include "cpu/kernels.h"
+#include "ops/dispatch.h"
 #include "ops/checks.h"
 #include "ops/ops.h"
 
@@ -88,7 +88,9 @@ Tensor one_hot(const Tensor& indices, int64_t depth, DType dtype) {
   // Check every index before writing anything. (Only when there are indices: min/max of an empty tensor
   // raise, which made one_hot of an empty batch fail.)
   if (idx.numel() > 0) {
-    Tensor lo = reduce(ReduceOp::kMin, idx, std::nullopt, false), hi = reduce(ReduceOp::kMax, idx, std::nullopt, false);
+    // min / max are computed where the indices live; the two scalars are read on the host.
+    Tensor lo = reduce(ReduceOp::kMin, idx, std::nullopt, false).to(Device::cpu());
+    Tensor hi = reduce(ReduceOp::kMax, idx, std::nullopt, false).to(Device::cpu());
     int64_t mn = idx.dtype() == DType::kInt32 ? *lo.data<int32_t>() : *lo.data<int64_t>();
     int64_t mx = idx.dtype() == DType::kInt32 ? *hi.data<int32_t>() : *hi.data<int64_t>();
     SL_CHECK(mn >= 0 && mx < depth, IndexError, "one_hot: indices must lie in [0, ", depth, "), got values in [", mn,
@@ -97,7 +99,7 @@ Tensor one_hot(const Tensor& indices, int64_t depth, DType dtype) {
   Shape shape = indices.shape();
   shape.push_back(depth);
   Tensor out = Tensor::empty(shape, dtype, indices.device());
-  cpu::one_hot(out, idx, depth);
+  SL_KERNEL(out.device(), one_hot, out, idx, depth);
   return out;
 }
 

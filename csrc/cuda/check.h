@@ -1,0 +1,22 @@
+// Checked CUDA calls. A failure becomes sl::CudaError naming the call, the runtime's message and file:line;
+// nothing aborts. Kernel launches are checked with SL_CUDA_LAUNCHED() right after the <<<...>>>.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "core/errors.h"
+
+#define SL_CUDA_CHECK(call)                                                                              \
+  do {                                                                                                   \
+    cudaError_t err_ = (call);                                                                           \
+    if (err_ != cudaSuccess)                                                                             \
+      throw ::sl::CudaError(::sl::str(#call, " failed: ", cudaGetErrorString(err_), " (", __FILE__, ":",   \
+                                      __LINE__, ")"));                                                   \
+  } while (0)
+
+#define SL_CUDA_LAUNCHED(kernel_name)                                                                   \
+  do {                                                                                                  \
+    cudaError_t err_ = cudaGetLastError();                                                              \
+    if (err_ != cudaSuccess)                                                                            \
+      throw ::sl::CudaError(::sl::str("launch of ", kernel_name, " failed: ", cudaGetErrorString(err_), \
+                                      " (", __FILE__, ":", __LINE__, ")"));                             \
+  } while (0)

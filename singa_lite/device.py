@@ -43,9 +43,32 @@ class Device:
     set_rand_seed = SetRandSeed
 
     def Sync(self) -> None:
-        """Waits for queued work. CPU kernels are synchronous, so this returns at once there."""
+        """Waits for queued work: a GPU's kernels run asynchronously on its compute stream (reading a value
+        on the host waits by itself; timing needs Sync). CPU kernels are synchronous: returns at once."""
+        if self.core.is_cuda():
+            _core.cuda_sync(self.core.index)
 
     sync = Sync
+
+    # ----- GPU memory (the caching allocator; the CPU has its own block cache, see empty_cache)
+    def memory_stats(self) -> dict:
+        """GPU: bytes held by live tensors (``in_use``), its peak since the last ``reset_peak_memory``
+        (``peak_in_use``), bytes kept for reuse (``cached``) and cudaMalloc calls (``device_allocs``).
+        CPU: ``cached``, the bytes of released blocks kept for reuse."""
+        if self.core.is_cuda():
+            return dict(_core.cuda_memory_stats(self.core.index))
+        return {"cached": _core.cpu_cache_bytes()}
+
+    def reset_peak_memory(self) -> None:
+        if self.core.is_cuda():
+            _core.cuda_reset_peak(self.core.index)
+
+    def empty_cache(self) -> None:
+        """Returns cached blocks to the driver (GPU) or the system (CPU); live tensors are untouched."""
+        if self.core.is_cuda():
+            _core.cuda_empty_cache(self.core.index)
+        else:
+            _core.empty_cache()
 
     # ----- plain Python
     @property

@@ -224,11 +224,11 @@ class Tensor:
 
     # ----- values
     def l1(self) -> float:
-        return float(np.asarray(_core.mean(_core.abs(self.data))))
+        return float(_scalar(_core.mean(_core.abs(self.data))))
 
     def l2(self) -> float:
         """Root mean square, as SINGA's l2 (the norm divided by sqrt(size))."""
-        return float(np.sqrt(np.asarray(_core.mean(_core.square(self.data.cast(float64))))))
+        return float(np.sqrt(_scalar(_core.mean(_core.square(self.data.cast(float64))))))
 
     def item(self):
         if self.size() != 1:
@@ -409,6 +409,11 @@ def _wrap(core: _core.Tensor) -> Tensor:
 def from_numpy(np_array, dev=None) -> Tensor:
     """A tensor holding a copy of np_array (uint8 / other ints / floats mapped to supported dtypes)."""
     return Tensor(device=dev, data=np.asarray(np_array))
+
+
+def _scalar(raw: _core.Tensor):
+    """The value of a one-element raw tensor on any device."""
+    return np.asarray(raw if raw.device.is_cpu() else raw.to(_core.Device("cpu"))).reshape(-1)[0]
 
 
 def to_numpy(t: Tensor) -> np.ndarray:

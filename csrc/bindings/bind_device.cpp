@@ -1,5 +1,7 @@
 // Errors (the typed C++ errors as Python exceptions), Device, CUDA availability, seeds and thread counts.
 #include <omp.h>
+
+#include <map>
 #include <pybind11/operators.h>
 #include <pybind11/stl.h>
 
@@ -8,12 +10,19 @@
 #include "core/errors.h"
 #include "core/generator.h"
 #include "core/storage.h"
+#ifdef SINGA_LITE_WITH_CUDA
+#include "cuda/allocator.h"
+#include "cuda/context.h"
+#include "cuda/runtime.h"
+#endif
 
 extern "C" void scipy_openblas_set_num_threads(int);
 
 namespace py = pybind11;
 
 namespace sl::bindings {
+
+void bind_cuda_device(py::module_& m);
 
 void bind_errors(py::module_& m) {
   // CudaError is a RuntimeError subclass so generic handlers still catch it.
@@ -78,6 +87,39 @@ void bind_device(py::module_& m) {
   m.def("get_num_threads", [] { return omp_get_max_threads(); });
   m.def("cpu_cache_bytes", &cpu_cache_bytes, "Bytes of released CPU blocks kept for reuse.");
   m.def("empty_cache", &empty_cpu_cache, "Returns the cached CPU blocks to the system.");
+  bind_cuda_device(m);
+}
+
+// GPU services of a device: Sync, the caching allocator's statistics and cache. In a CPU-only build they
+// raise the reason no GPU can be used. All release the GIL (Sync waits for the GPU).
+void bind_cuda_device(py::module_& m) {
+  const auto release = py::call_guard<py::gil_scoped_release>();
+#ifdef SINGA_LITE_WITH_CUDA
+  auto checked = [](int index) {
+    const int n = cuda::device_count();
+    SL_CHECK(index >= 0 && index < n, ValueError, "cuda:", index, " does not exist: ",
+             n == 0 ? cuda::unavailable_reason() : str("this machine has ", n, " GPU(s)"));
+    return index;
+  };
+  m.def("cuda_sync", [checked](int index) { cuda::sync(checked(index)); }, py::arg("index"), release,
+        "Waits for the work queued on the GPU's compute stream.");
+  m.def("cuda_memory_stats", [checked](int index) {
+    const cuda::MemoryStats s = cuda::memory_stats(checked(index));
+    return std::map<std::string, size_t>{{"in_use", s.in_use}, {"peak_in_use", s.peak_in_use},
+                                         {"cached", s.cached}, {"device_allocs", s.device_allocs}};
+  }, py::arg("index"), "Bytes held by live tensors, their peak, bytes cached for reuse, cudaMalloc calls.");
+  m.def("cuda_reset_peak", [checked](int index) { cuda::reset_peak(checked(index)); }, py::arg("index"));
+  m.def("cuda_empty_cache", [checked](int index) { cuda::empty_cache(checked(index)); }, py::arg("index"),
+        release, "Returns the GPU's cached blocks to the driver (cudaFree).");
+#else
+  auto unavailable = [](int index) -> void {
+    throw ValueError(str("cuda:", index, " is not available: ", cuda_unavailable_reason()));
+  };
+  for (const char* name : {"cuda_sync", "cuda_reset_peak", "cuda_empty_cache"}) m.def(name, unavailable, py::arg("index"));
+  m.def("cuda_memory_stats", [](int index) -> std::map<std::string, size_t> {
+    throw ValueError(str("cuda:", index, " is not available: ", cuda_unavailable_reason()));
+  }, py::arg("index"));
+#endif
 }
 
 }  // namespace sl::bindings

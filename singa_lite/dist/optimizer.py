@@ -51,10 +51,24 @@ def _raw(t, what: str) -> CTensor:
     return raw_tensor(t, f"DistOpt.{what}")
 
 
+_CPU = _core.Device("cpu")
+
+
+def _host(t: CTensor, dtype=None) -> np.ndarray:
+    """t's values as a numpy array (a copy when t lives on a GPU)."""
+    return np.asarray(t if t.device.is_cpu() else t.to(_CPU), dtype)
+
+
+def _on(device, a: np.ndarray) -> CTensor:
+    """A tensor on `device` holding numpy array a."""
+    t = CTensor.from_buffer(np.ascontiguousarray(a))
+    return t if device.is_cpu() else t.to(device)
+
+
 def _all_finite(t: CTensor) -> bool:
     if t.numel == 0:
         return True
-    return math.isfinite(float(np.asarray(_core.max(_core.abs(t)))))
+    return math.isfinite(float(_host(_core.max(_core.abs(t)))))
 
 
 class DistOpt:
@@ -231,8 +245,9 @@ class DistOpt:
         for i, p in enumerate(params):
             ref = p.data.clone()
             self.communicator.broadcast(ref, 0)
-            diff = np.abs(np.asarray(p.data, np.float64) - np.asarray(ref, np.float64))
-            excess = float((diff / (atol + rtol * np.abs(np.asarray(ref, np.float64)))).max()) if diff.size else 0.0
+            mine, theirs = _host(p.data, np.float64), _host(ref, np.float64)
+            diff = np.abs(mine - theirs)
+            excess = float((diff / (atol + rtol * np.abs(theirs))).max()) if diff.size else 0.0
             if excess > worst:
                 worst, worst_name = excess, p.name or f"parameter {i}"
         flags = self.communicator.all_gather_object([worst, worst_name])
@@ -247,7 +262,7 @@ class DistOpt:
     def get_states(self) -> dict:
         """The wrapped optimizer's states plus DistOpt's own (residuals differ per rank: save each rank's)."""
         return {"opt": self.opt.get_states(), "partial": int(self.partial), "skipped_steps": int(self.skipped_steps),
-                "residuals": {k: np.array(np.asarray(v)) for k, v in self._residuals.items()}}
+                "residuals": {k: np.array(_host(v)) for k, v in self._residuals.items()}}
 
     def set_states(self, states: dict) -> None:
         missing = {"opt", "partial", "residuals"} - set(states)
@@ -326,9 +341,10 @@ class DistOpt:
     def _finite_everywhere(self, regions) -> bool:
         """Whether every averaged gradient is finite, decided the same way on every rank (a one-element
         all-reduce of the local verdicts), so ranks never diverge on skipping a step."""
-        bad = CTensor.from_buffer(np.array([0 if all(_all_finite(r) for r in regions) else 1], np.int32))
+        where = regions[0].device if regions else _CPU  # the communicator's kind of memory (NCCL: the GPU)
+        bad = _on(where, np.array([0 if all(_all_finite(r) for r in regions) else 1], np.int32))
         self.communicator.all_reduce(bad, "max")
-        if int(np.asarray(bad)[0]) == 0:
+        if int(_host(bad)[0]) == 0:
             return True
         if self.on_nonfinite == "raise":
             raise FloatingPointError("DistOpt: the averaged gradients contain inf or nan; no parameter was "
@@ -374,12 +390,11 @@ class DistOpt:
         return params
 
     def _sparse_group(self, raws, names, spars, topK, corr, average, residual=None) -> None:
-        """Sparse all-reduce of the tensors as one flat vector, written back in place."""
-        for r in raws:
-            if r.device.kind != "cpu":
-                raise NotImplementedError("DistOpt: sparse updates of GPU tensors come with the CUDA backend")
-        flat = np.concatenate([np.asarray(r.contiguous(), np.float64).reshape(-1) for r in raws]) if raws else \
-            np.zeros(0)
+        """Sparse all-reduce of the tensors as one flat vector, written back in place. The selection runs on the
+        host in float64 (GPU tensors are staged through it); the exchange uses the tensors' own device, as the
+        communicator requires."""
+        where = raws[0].device if raws else _CPU
+        flat = np.concatenate([_host(r.contiguous(), np.float64).reshape(-1) for r in raws]) if raws else np.zeros(0)
         if corr:
             if residual is None:
                 key = tuple(names)
@@ -388,35 +403,35 @@ class DistOpt:
                     res = self._residuals[key] = CTensor.from_buffer(np.zeros(flat.size, np.float64))
             else:
                 res = residual
-            flat += np.asarray(res, np.float64).reshape(-1)
+            flat += _host(res, np.float64).reshape(-1)
         idx = _select(flat, spars, topK)
         if corr:
             left = flat.copy()
             left[idx] = 0.0
             _core.copy_(res, CTensor.from_buffer(left.reshape(list(res.shape)) if residual is not None
                                                  else left))
-        dense = self._sparse_sum(flat, idx, raws[0].dtype if raws else tensor.float32)
+        dense = self._sparse_sum(flat, idx, raws[0].dtype if raws else tensor.float32, where)
         if average:
             dense /= self.world_size
         off = 0
         for r in raws:
-            _core.copy_(r, CTensor.from_buffer(np.ascontiguousarray(dense[off:off + r.numel]).reshape(list(r.shape))))
+            _core.copy_(r, CTensor.from_buffer(np.ascontiguousarray(dense[off:off + r.numel]).reshape(list(r.shape))))  # host -> r's device
             off += r.numel
 
-    def _sparse_sum(self, flat: np.ndarray, idx: np.ndarray, dtype) -> np.ndarray:
+    def _sparse_sum(self, flat: np.ndarray, idx: np.ndarray, dtype, where) -> np.ndarray:
         """Sum over ranks of the vectors that hold flat[idx] at idx and zero elsewhere: every rank's
         (index, value) pairs are all-gathered, then added in rank order (the same result on every rank)."""
         comm = self.communicator
-        np_dtype = np.asarray(CTensor([0], dtype, _core.Device("cpu"))).dtype
-        counts = np.asarray(comm.all_gather(CTensor.from_buffer(np.array([idx.size], np.int64))))[:, 0]
+        np_dtype = np.asarray(CTensor([0], dtype, _CPU)).dtype
+        counts = _host(comm.all_gather(_on(where, np.array([idx.size], np.int64))))[:, 0]
         width = max(int(counts.max()), 1)
         index_dtype = np.int32 if flat.size < 2 ** 31 else np.int64
         my_idx = np.zeros(width, index_dtype)
         my_idx[:idx.size] = idx
         my_val = np.zeros(width, np_dtype)
         my_val[:idx.size] = flat[idx]
-        all_idx = np.asarray(comm.all_gather(CTensor.from_buffer(my_idx)))
-        all_val = np.asarray(comm.all_gather(CTensor.from_buffer(my_val)))
+        all_idx = _host(comm.all_gather(_on(where, my_idx)))
+        all_val = _host(comm.all_gather(_on(where, my_val)))
         dense = np.zeros(flat.size, np_dtype)
         for r in range(comm.world_size):
             np.add.at(dense, all_idx[r, :counts[r]], all_val[r, :counts[r]])

@@ -41,6 +41,27 @@ from . import _core  # noqa: E402
 from ._core import CudaError  # noqa: E402
 
 
+def _cuda_wheel_dirs() -> None:
+    # A CUDA build opens cuBLAS (and NCCL) at run time, so that it imports without them. NVIDIA's wheels
+    # put the libraries under site-packages/nvidia/: cu13/lib (CUDA 13 wheels) or cublas/lib (-cu12).
+    # Tell the loader where they are; without the wheels it falls back to the system's library path.
+    if not _core.cuda_compiled():
+        return
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for sub in ("cu13/lib", "cublas/lib"):
+            folder = os.path.join(root, sub)
+            if os.path.isdir(folder) and any(n.startswith("libcublas.so") for n in os.listdir(folder)):
+                _core.set_cublas_dir(folder)
+                return
+
+
+_cuda_wheel_dirs()
+
+
 def build_info() -> dict:
     """What this build compiled in (BLAS, CUDA, cuDNN, NCCL, with versions) and what the runtime sees."""
     info = _core.build_info()

@@ -5,6 +5,7 @@
 #include "bindings/binders.h"
 #include "core/device.h"
 #ifdef SINGA_LITE_WITH_CUDA
+#include "cuda/cublas.h"
 #include "cuda/runtime.h"
 #endif
 
@@ -31,10 +32,12 @@ void bind_build_info(py::module_& m) {
     cuda["compiler_version"] = SINGA_LITE_CUDA_COMPILER_VERSION;
     cuda["runtime_version"] = cuda::runtime_version();
     cuda["driver_version"] = cuda::driver_version();
+    cuda["cublas"] = py::dict(py::arg("version") = cuda::cublas_version(), py::arg("status") = cuda::cublas_status());
 #else
     cuda["compiler_version"] = py::none();
     cuda["runtime_version"] = py::none();
     cuda["driver_version"] = py::none();
+    cuda["cublas"] = py::none();
 #endif
     cuda["device_count"] = cuda_device_count();
     info["cuda"] = cuda;

@@ -12,6 +12,7 @@
 #include "core/storage.h"
 #ifdef SINGA_LITE_WITH_CUDA
 #include "cuda/allocator.h"
+#include "cuda/cublas.h"
 #include "cuda/context.h"
 #include "cuda/runtime.h"
 #endif
@@ -111,6 +112,9 @@ void bind_cuda_device(py::module_& m) {
   m.def("cuda_reset_peak", [checked](int index) { cuda::reset_peak(checked(index)); }, py::arg("index"));
   m.def("cuda_empty_cache", [checked](int index) { cuda::empty_cache(checked(index)); }, py::arg("index"),
         release, "Returns the GPU's cached blocks to the driver (cudaFree).");
+  m.def("set_cublas_dir", &cuda::set_library_dir, py::arg("dir"),
+        "Folder to load cuBLAS from first (the nvidia-cublas wheel's lib folder; singa_lite sets it on import).");
+  m.def("cublas_status", &cuda::cublas_status, release, "Where cuBLAS was loaded from, or why it cannot be.");
 #else
   auto unavailable = [](int index) -> void {
     throw ValueError(str("cuda:", index, " is not available: ", cuda_unavailable_reason()));

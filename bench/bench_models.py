@@ -43,12 +43,12 @@ def torch_mlp(torch, sizes=MLP_SIZES):
     return nn.Sequential(*layers[:-1])
 
 
-def torch_sgd_step(torch, model, x, y):
+def torch_sgd_step(torch, model, x, y, device="cpu"):
     """One PyTorch training step (SGD, momentum 0.9, cross-entropy) on numpy x and integer labels y."""
     import numpy as np
 
     t_opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    t_x, t_y = torch.from_numpy(x), torch.from_numpy(np.asarray(y).astype(np.int64))
+    t_x, t_y = torch.from_numpy(x).to(device), torch.from_numpy(np.asarray(y).astype(np.int64)).to(device)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step():

@@ -1,0 +1,203 @@
+"""GPU benchmarks of the CUDA backend (issue 6), each against a peer measured in the same run:
+
+  (a) a training step (forward, loss, backward, SGD momentum 0.9) of SINGA's MNIST CNN (batch 64) and of a
+      ResNet-18-style CIFAR-10 model (batch 128) against PyTorch eager on the same GPU (goal <= 1.3x);
+  (b) the float32 -> float16 cast against a device-to-device copy of the same float32 tensor, as bandwidth
+      (bytes read + written per second; goal >= 80 % of the copy's);
+  (c) a DistOpt step at world size 1 (NCCL) against the bare step (its overhead).
+
+    python bench/bench_gpu.py                 # all three; --only a|b|c; --repeat, --steps
+Blocks of steps are interleaved between the two sides and medians reported; every timed region ends with
+a device synchronisation on both sides. Needs a CUDA build of singa_lite, a GPU and PyTorch with CUDA.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from singa_lite import autograd, device, layer, model, opt, tensor  # noqa: E402
+from bench_models import SingaCNN, torch_cnn, torch_sgd_step  # noqa: E402
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--only", choices=("a", "b", "c"), action="append", help="run only these parts")
+    p.add_argument("--repeat", type=int, default=7, help="timed blocks per side")
+    p.add_argument("--steps", type=int, default=20, help="steps per block")
+    return p.parse_args()
+
+
+# ----------------------------------------------------------------- models
+class SingaBlock(layer.Layer):
+    def __init__(self, out_ch: int, stride: int):
+        super().__init__()
+        self.conv1 = layer.Conv2d(out_ch, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = layer.BatchNorm2d()
+        self.conv2 = layer.Conv2d(out_ch, 3, stride=1, padding=1, bias=False)
+        self.bn2 = layer.BatchNorm2d()
+        self.stride, self.out_ch = stride, out_ch
+        self.short = None
+
+    def forward(self, x):
+        if self.short is None and (self.stride != 1 or x.shape[1] != self.out_ch):
+            self.short = layer.Conv2d(self.out_ch, 1, stride=self.stride, bias=False)
+            self.short_bn = layer.BatchNorm2d()
+        y = autograd.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        s = x if self.short is None else self.short_bn(self.short(x))
+        return autograd.relu(autograd.add(y, s))
+
+
+class SingaResNet18(model.Model):
+    """ResNet-18 for 32x32 inputs: 3x3 stem, four stages of two basic blocks (64-512 channels), global
+    average pooling, a linear classifier."""
+
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        self.stem, self.bn = layer.Conv2d(64, 3, padding=1, bias=False), layer.BatchNorm2d()
+        self.blocks = []
+        for i, (ch, stride) in enumerate([(64, 1), (64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2),
+                                          (512, 1)]):
+            setattr(self, f"block{i}", SingaBlock(ch, stride))
+            self.blocks.append(getattr(self, f"block{i}"))
+        self.pool, self.fc = layer.GlobalAvgPool2d(), layer.Linear(classes)
+
+    def forward(self, x):
+        y = autograd.relu(self.bn(self.stem(x)))
+        for b in self.blocks:
+            y = b(y)
+        return self.fc(autograd.flatten(self.pool(y)))
+
+
+def torch_resnet18(torch, classes: int = 10):
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1, self.bn1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
+            self.conv2, self.bn2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+            self.short = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                          if stride != 1 or cin != cout else nn.Identity())
+
+        def forward(self, x):
+            y = torch.relu(self.bn1(self.conv1(x)))
+            return torch.relu(self.bn2(self.conv2(y)) + self.short(x))
+
+    layers, cin = [nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()], 64
+    for cout, stride in [(64, 1), (64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2), (512, 1)]:
+        layers.append(Block(cin, cout, stride))
+        cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, classes)]
+    return nn.Sequential(*layers)
+
+
+# ----------------------------------------------------------------- timing
+def interleaved(sides: dict, repeat: int, steps: int, sync: dict) -> dict:
+    """Median seconds per step of each side, blocks interleaved; sync[name]() ends a timed region."""
+    for name, fn in sides.items():
+        for _ in range(3):
+            fn()
+        sync[name]()
+    times = {k: [] for k in sides}
+    for _ in range(repeat):
+        for name, fn in sides.items():
+            sync[name]()
+            t = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            sync[name]()
+            times[name].append((time.perf_counter() - t) / steps)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def singa_step(net, gpu, x, y, dist_opt=None):
+    tx, ty = tensor.Tensor(data=x, device=gpu), tensor.Tensor(data=y, device=gpu)
+    sgd = opt.SGD(lr=0.01, momentum=0.9)
+    optimizer = dist_opt(sgd) if dist_opt else sgd
+    autograd.training = True
+
+    def step():
+        loss = autograd.softmax_cross_entropy(net.forward(tx), ty)
+        if dist_opt:
+            optimizer.backward_and_update(loss)
+        else:
+            for p, g in autograd.backward(loss):
+                sgd.apply(sgd._name_of(p), p, g)
+            sgd.step()
+    return step
+
+
+def part_a(torch, gpu, args):
+    rng = np.random.default_rng(0)
+    cases = [("seed 001 CNN, batch 64", SingaCNN, torch_cnn, (64, 1, 28, 28)),
+             ("ResNet-18 CIFAR, batch 128", SingaResNet18, torch_resnet18, (128, 3, 32, 32))]
+    for what, singa_model, t_model, shape in cases:
+        x = rng.standard_normal(shape).astype(np.float32)
+        y = rng.integers(0, 10, shape[0]).astype(np.int32)
+        tm = t_model(torch).cuda()
+        t_step = torch_sgd_step(torch, tm, x, y, device="cuda")
+        s_step = singa_step(singa_model(), gpu, x, y)
+        med = interleaved({"singa": s_step, "torch": t_step}, args.repeat, args.steps,
+                          {"singa": gpu.Sync, "torch": torch.cuda.synchronize})
+        print(f"(a) {what:28s} singa {1e3 * med['singa']:8.3f} ms  torch {1e3 * med['torch']:8.3f} ms  "
+              f"ratio singa/torch {med['singa'] / med['torch']:.2f} (goal <= 1.3)")
+
+
+def part_b(torch, gpu, args):
+    from singa_lite import _core
+
+    for n in (1 << 24, 1 << 26):
+        src = _core.Tensor([n], _core.DType.float32, gpu.core)
+        half = _core.Tensor([n], _core.DType.float16, gpu.core)
+        same = _core.Tensor([n], _core.DType.float32, gpu.core)
+        med = interleaved({"cast": lambda: _core.copy_(half, src), "copy": lambda: _core.copy_(same, src)},
+                          args.repeat, args.steps, {"cast": gpu.Sync, "copy": gpu.Sync})
+        cast_bw, copy_bw = 6 * n / med["cast"] / 1e9, 8 * n / med["copy"] / 1e9
+        print(f"(b) {n * 4 / 2**20:6.0f} MiB float32: cast to float16 {cast_bw:7.1f} GB/s, device copy "
+              f"{copy_bw:7.1f} GB/s: {100 * cast_bw / copy_bw:.0f} % (goal >= 80 %)")
+
+
+def part_c(torch, gpu, args):
+    from singa_lite import dist
+
+    comm = dist.init(backend="nccl", holder=dist.NcclIdHolder(), rank=0, world_size=1)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 1, 28, 28)).astype(np.float32)
+    y = rng.integers(0, 10, 64).astype(np.int32)
+    bare = singa_step(SingaCNN(), gpu, x, y)
+    wrapped = singa_step(SingaCNN(), gpu, x, y, dist_opt=lambda o: opt.DistOpt(o, communicator=comm))
+    med = interleaved({"bare": bare, "DistOpt": wrapped}, args.repeat, args.steps,
+                      {"bare": gpu.Sync, "DistOpt": gpu.Sync})
+    print(f"(c) DistOpt at world size 1 (nccl): {1e3 * med['DistOpt']:.3f} ms vs bare step "
+          f"{1e3 * med['bare']:.3f} ms: overhead {1e3 * (med['DistOpt'] - med['bare']):.3f} ms "
+          f"({100 * (med['DistOpt'] / med['bare'] - 1):.0f} %)")
+    comm.close()
+
+
+def main():
+    args = parse_args()
+    try:
+        import torch
+    except ImportError:
+        sys.exit("this benchmark compares against PyTorch: install a CUDA build of torch")
+    if not device.cuda_is_available() or not torch.cuda.is_available():
+        sys.exit(f"needs a GPU for both singa_lite (cuda available: {device.cuda_is_available()}) and torch "
+                 f"(cuda available: {torch.cuda.is_available()})")
+    gpu = device.create_cuda_gpu_on(0)
+    print(f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; singa_lite build "
+          f"{__import__('singa_lite').build_info()['cuda']}")
+    for part in args.only or ("a", "b", "c"):
+        {"a": part_a, "b": part_b, "c": part_c}[part](torch, gpu, args)
+
+
+if __name__ == "__main__":
+    main()

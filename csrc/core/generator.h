@@ -17,7 +17,17 @@ std::pair<uint64_t, uint64_t> reserve_counters(Device device, uint64_t counters)
 void manual_seed(Device device, uint64_t seed);
 uint64_t current_seed(Device device);
 
-inline std::array<uint32_t, 4> philox4x32(uint64_t counter, uint64_t seed) {
+// SL_HOST_DEVICE: also compiled for the GPU when a .cu file includes this header (cuda/random.cu draws the
+// same streams element for element); a plain C++ compiler sees an ordinary inline function.
+#ifdef __CUDACC__
+#define SL_HOST_DEVICE __host__ __device__
+#else
+#define SL_HOST_DEVICE
+#endif
+
+// Philox4x32-10 of (counter, seed) into four words. Device code calls this form: it touches no std::array
+// member (those are host constexpr functions, callable on the GPU only with --expt-relaxed-constexpr).
+SL_HOST_DEVICE inline void philox4x32_words(uint64_t counter, uint64_t seed, uint32_t out[4]) {
   uint32_t c0 = uint32_t(counter), c1 = uint32_t(counter >> 32), c2 = 0, c3 = 0;
   uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
   for (int round = 0; round < 10; ++round) {
@@ -32,7 +42,16 @@ inline std::array<uint32_t, 4> philox4x32(uint64_t counter, uint64_t seed) {
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
-  return {c0, c1, c2, c3};
+  out[0] = c0;
+  out[1] = c1;
+  out[2] = c2;
+  out[3] = c3;
+}
+
+inline std::array<uint32_t, 4> philox4x32(uint64_t counter, uint64_t seed) {
+  std::array<uint32_t, 4> w;
+  philox4x32_words(counter, seed, w.data());
+  return w;
 }
 
 }  // namespace sl

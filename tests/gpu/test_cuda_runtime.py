@@ -48,10 +48,17 @@ def test_copy_from_numpy_into_gpu_tensor(gpu):
     np.testing.assert_array_equal(tensor.to_numpy(t).ravel(), np.arange(20))
 
 
-def test_ops_without_gpu_kernels_raise_a_clear_error(gpu):
+def test_ops_run_on_the_gpu_and_stay_there(gpu):
     t = tensor.Tensor((2, 2), gpu)
-    with pytest.raises(ValueError, match="no kernel for cuda:0"):
-        t + t
+    t.set_value(1.5)
+    s = t + t
+    assert s.device is gpu
+    np.testing.assert_array_equal(tensor.to_numpy(s), np.full((2, 2), 3.0, np.float32))
+
+
+def test_mixing_devices_is_a_clear_error(gpu):
+    with pytest.raises(ValueError, match="different devices"):
+        tensor.Tensor((2, 2), gpu) + tensor.Tensor((2, 2))
 
 
 def test_out_of_range_gpu_id_is_an_error():

@@ -10,4 +10,7 @@ void bind_ops(pybind11::module_& m);
 void bind_nn(pybind11::module_& m);
 void bind_build_info(pybind11::module_& m);
 void bind_comm(pybind11::module_& m);
+#ifdef SINGA_LITE_WITH_CUDA
+void bind_nccl(pybind11::module_& m);  // bind_nccl.cpp, compiled in CUDA builds only
+#endif
 }  // namespace sl::bindings

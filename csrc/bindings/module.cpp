@@ -9,5 +9,8 @@ PYBIND11_MODULE(_core, m) {
   sl::bindings::bind_ops(m);
   sl::bindings::bind_nn(m);
   sl::bindings::bind_comm(m);
+#ifdef SINGA_LITE_WITH_CUDA
+  sl::bindings::bind_nccl(m);  // NCCL is loaded at run time: a CUDA build imports without it
+#endif
   sl::bindings::bind_build_info(m);
 }

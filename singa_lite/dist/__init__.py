@@ -9,9 +9,10 @@ multiprocessing / singa-run +       ``shm`` (C++ shared     ``nccl``, id carried
 ==================================  ======================  ====================================
 
 ``init()`` picks the backend: ``backend=`` if given, else ``SINGA_LITE_COMM_BACKEND``, else from the
-situation (a holder -> shm for CPU tensors; started by mpiexec -> mpi; neither -> mpi as a one-process job
-when mpi4py is installed, else shm with one rank). ``nccl`` arrives with the CUDA backend and plugs into the
-same interface.
+situation: ``nccl`` when the default device is a GPU (``device.set_default_device``); otherwise CPU
+tensors: a holder -> shm; started by mpiexec -> mpi; neither -> mpi as a one-process job when mpi4py is
+installed, else shm with one rank. Scripts that create their GPU after the optimizer (as SINGA's examples
+do) pass ``backend="nccl"`` or set ``SINGA_LITE_COMM_BACKEND=nccl``.
 """
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def init(backend: str | None = None, holder: NcclIdHolder | None = None, rank: i
     multiprocessing bootstrap (every rank passes the parent's holder, its rank and the world size).
     timeout: seconds before a stuck operation raises CommError (default SINGA_LITE_COMM_TIMEOUT or 300).
     options: backend-specific (shm: slot_bytes; mpi: comm, an mpi4py communicator to use instead of
-    COMM_WORLD).
+    COMM_WORLD; nccl: device, the GPU (default: the default device when it is a GPU, else cuda:<local
+    rank>), and comm, an mpi4py communicator to bootstrap from).
     """
     timeout = default_timeout() if timeout is None else timeout
     chosen = backend or os.environ.get("SINGA_LITE_COMM_BACKEND") or _auto_backend(holder)
@@ -58,9 +60,9 @@ def init(backend: str | None = None, holder: NcclIdHolder | None = None, rank: i
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {chosen!r}"
                          + ("" if backend else " (from SINGA_LITE_COMM_BACKEND)"))
     if chosen == "nccl":
-        raise CommError("the nccl backend needs a CUDA build with NCCL, which this build does not have "
-                        "(python -m singa_lite shows what was compiled in); use backend='shm' or 'mpi' for "
-                        "CPU tensors")
+        from .nccl import create
+
+        return create(holder=holder, rank=rank, world_size=world_size, timeout=timeout, **options)
     if chosen == "mpi":
         if holder is not None:
             raise ValueError("backend 'mpi' takes its ranks from mpiexec; a NcclIdHolder is for processes "
@@ -82,8 +84,12 @@ def init(backend: str | None = None, holder: NcclIdHolder | None = None, rank: i
 
 
 def _auto_backend(holder) -> str:
+    from ..device import get_default_device
+
+    if get_default_device().is_cuda():
+        return "nccl"  # the user chose a GPU: its tensors need the GPU backend
     if holder is not None:
-        return "shm"  # GPU tensors will pick nccl here once the CUDA backend exists
+        return "shm"
     if launched_by_mpiexec():
         return "mpi"
     return "mpi" if importlib.util.find_spec("mpi4py") is not None else "shm"

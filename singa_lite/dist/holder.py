@@ -2,8 +2,10 @@
 
 Created once in the parent and passed to every rank (as SINGA's scripts do); unlike SINGA's it is picklable,
 so it works with both the ``fork`` and the ``spawn`` start methods and with ``Pool``. It carries the name of
-the shared-memory segment the ``shm`` backend rendezvouses in (every build) and, when this build has NCCL,
-a NCCL unique id (the ``nccl`` backend, with the CUDA issue).
+the shared-memory segment the ``shm`` backend rendezvouses in (every build) and, when NCCL and a GPU are
+available, a NCCL unique id for the ``nccl`` backend (``nccl_id``; otherwise None, and ``nccl_error`` says
+why, so the holder still serves the ``shm`` backend). Creating the id does not initialise CUDA: the parent
+can still fork workers that use the GPU.
 """
 from __future__ import annotations
 
@@ -12,14 +14,18 @@ import os
 import secrets
 
 from .. import _core
+from . import nccl
 
 
 class NcclIdHolder:
     def __init__(self):
         # Owner-only segment with an unguessable name: another user cannot pre-create or join it.
         self.shm_name = f"/singa_lite_{os.getpid()}_{secrets.token_hex(8)}"
-        make_id = getattr(_core, "nccl_get_unique_id", None)
-        self.nccl_id = make_id() if make_id is not None else None
+        self.nccl_id, self.nccl_error = None, None
+        try:
+            self.nccl_id = nccl.unique_id()
+        except (_core.CommError, _core.CudaError) as e:  # no NCCL or no GPU here: fine for the shm backend
+            self.nccl_error = str(e)
         self._owner_pid = os.getpid()
         # The ranks unlink the segment once all have joined; if a rank died before that, the parent removes
         # the name when it exits.
@@ -31,10 +37,11 @@ class NcclIdHolder:
             unlink(self.shm_name)
 
     def __getstate__(self):
-        return {"shm_name": self.shm_name, "nccl_id": self.nccl_id}
+        return {"shm_name": self.shm_name, "nccl_id": self.nccl_id, "nccl_error": self.nccl_error}
 
     def __setstate__(self, state):
         self.shm_name, self.nccl_id = state["shm_name"], state["nccl_id"]
+        self.nccl_error = state.get("nccl_error")
         self._owner_pid = None  # a copy in a child never removes the parent's segment name
 
     def __repr__(self):

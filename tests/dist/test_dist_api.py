@@ -51,8 +51,9 @@ def test_backend_choice_errors(monkeypatch):
     with pytest.raises(ValueError, match="from SINGA_LITE_COMM_BACKEND"):
         dist.init()
     monkeypatch.delenv("SINGA_LITE_COMM_BACKEND")
-    with pytest.raises(dist.CommError, match="nccl backend needs a CUDA build with NCCL"):
-        dist.init(backend="nccl")
+    if dist.nccl.readiness():  # where NCCL runs, tests/gpu/test_nccl.py covers backend="nccl"
+        with pytest.raises(dist.CommError, match="the nccl backend needs"):
+            dist.init(backend="nccl")
     with pytest.raises(ValueError, match="NcclIdHolder is for processes started by multiprocessing"):
         dist.init(backend="mpi", holder=dist.NcclIdHolder())
     with pytest.raises(ValueError, match="needs the parent's NcclIdHolder"):

@@ -66,6 +66,12 @@ def build_info() -> dict:
     """What this build compiled in (BLAS, CUDA, cuDNN, NCCL, with versions) and what the runtime sees."""
     info = _core.build_info()
     info["version"] = __version__
+    from .dist import nccl
+
+    ok = nccl.available()
+    info["nccl"] = {"compiled": nccl.compiled(), "version": nccl.version() if ok else None,
+                    "status": "loaded" if ok else _core.nccl_unavailable_reason() if nccl.compiled() else
+                    "not built (CPU-only build)"}
     return info
 
 

@@ -14,11 +14,13 @@ def main() -> None:
               f"driver {cuda['driver_version'] or 'none'}, {cuda['device_count']} GPU(s) visible")
         if cuda["device_count"] == 0:
             print(f"         {singa_lite._core.cuda_unavailable_reason()}")
+        blas = cuda["cublas"]
+        print(f"  cuBLAS: {'version ' + str(blas['version']) + ', ' if blas['version'] else ''}{blas['status']}")
     else:
         print("  CUDA : not compiled in (CPU-only build)")
-    for name in ("cudnn", "nccl"):
-        part = info[name]
-        print(f"  {name:<5}: {'version ' + str(part['version']) if part['compiled'] else 'not compiled in'}")
+    print("  cuDNN: not used yet (convolution runs as im2col + GEMM)")
+    nccl = info["nccl"]
+    print(f"  NCCL : {'version ' + str(nccl['version']) if nccl['version'] else nccl['status'].splitlines()[0]}")
     print(f"  threads: {singa_lite.device.get_num_threads()}")
     print(json.dumps(info, indent=None, default=str))
 

@@ -1,13 +1,14 @@
+// The NCCL communicator (Comm, Work): polling with back-off, the per-device communication streams, the
+// mapping of dtypes and ops to NCCL's, the shared CommState, failure messages, the watchdog thread and the
+// collectives themselves. nccl.h explains the design (streams and events, timeouts, errors). NCCL's types
+// and the loaded function table come from nccl_api.h; loading the library and the library functions of
+// nccl.h (available, version, get_unique_id, ...) are in nccl_api.cpp.
 #include "cuda/nccl.h"
-
-#include <dlfcn.h>
-#include <sys/stat.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -17,182 +18,16 @@
 #include "core/errors.h"
 #include "cuda/check.h"
 #include "cuda/context.h"
+#include "cuda/nccl_api.h"
 #include "cuda/runtime.h"
 
 namespace sl::cuda::nccl {
+
+using namespace detail;  // NCCL's ABI and api() (nccl_api.h)
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// ---------------------------------------------------------------- NCCL's ABI, as far as we use it
-// Declared here rather than included: builds need no NCCL headers and the library is optional at run time.
-// The numbers are those of NCCL's nccl.h (checked against NCCL 2.32.3); NCCL keeps them stable across 2.x.
-// Its enums are C enums of int size; enums with an int underlying type have the same calling convention.
-using ncclComm_t = struct ncclComm*;  // opaque
-struct ncclUniqueId {
-  char internal[128];  // NCCL_UNIQUE_ID_BYTES; passed by value to ncclCommInitRankConfig
-};
-static_assert(sizeof(ncclUniqueId) == 128, "ncclUniqueId is 128 bytes");
-
-enum ncclResult_t : int {
-  ncclSuccess = 0,
-  ncclUnhandledCudaError = 1,
-  ncclSystemError = 2,
-  ncclInternalError = 3,
-  ncclInvalidArgument = 4,
-  ncclInvalidUsage = 5,
-  ncclRemoteError = 6,
-  ncclInProgress = 7,  // non-blocking communicators: the call goes on; poll ncclCommGetAsyncError
-};
-enum ncclDataType_t : int {
-  ncclInt32 = 2,
-  ncclInt64 = 4,
-  ncclFloat16 = 6,
-  ncclFloat32 = 7,
-  ncclFloat64 = 8,
-};
-enum ncclRedOp_t : int { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4 };
-
-// ncclConfig_t as NCCL 2.14 defined it (the first version with a config): size, magic, version, blocking.
-// NCCL reads `size` bytes of it and takes every field that is not there (and every field newer than
-// `version`) at its default, so this older, shorter layout stays valid for every later NCCL.
-struct ncclConfig_v21400 {
-  size_t size;
-  unsigned int magic;
-  unsigned int version;
-  int blocking;
-};
-constexpr unsigned kConfigMagic = 0xcafebeef;  // NCCL_API_MAGIC
-constexpr unsigned kConfigVersion = 21400;     // NCCL_VERSION(2, 14, 0)
-constexpr int kMinVersion = 21400;             // non-blocking communicators and ncclCommFinalize
-
-struct Api {
-  ncclResult_t (*GetVersion)(int*);
-  ncclResult_t (*GetUniqueId)(ncclUniqueId*);
-  ncclResult_t (*CommInitRankConfig)(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_v21400*);
-  ncclResult_t (*CommFinalize)(ncclComm_t);
-  ncclResult_t (*CommDestroy)(ncclComm_t);
-  ncclResult_t (*CommAbort)(ncclComm_t);
-  ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t*);
-  const char* (*GetErrorString)(ncclResult_t);
-  const char* (*GetLastError)(ncclComm_t);  // optional (NCCL 2.13+)
-  ncclResult_t (*AllReduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
-  ncclResult_t (*Broadcast)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
-  ncclResult_t (*Reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t, cudaStream_t);
-  ncclResult_t (*AllGather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
-  ncclResult_t (*ReduceScatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
-  ncclResult_t (*Send)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
-  ncclResult_t (*Recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
-  ncclResult_t (*GroupStart)();
-  ncclResult_t (*GroupEnd)();
-};
-
-// ---------------------------------------------------------------- loading
-const char* install_hint() {
-#if defined(CUDART_VERSION) && CUDART_VERSION >= 13000
-  return "install it with: pip install 'singa_lite[cuda13]' (the nvidia-nccl-cu13 wheel), or put libnccl.so.2 "
-         "on LD_LIBRARY_PATH";
-#else
-  return "install it with: pip install 'singa_lite[cuda12]' (the nvidia-nccl-cu12 wheel), or put libnccl.so.2 "
-         "on LD_LIBRARY_PATH";
-#endif
-}
-
-struct Library {
-  std::mutex mutex;
-  std::string dir;     // from set_library_dir
-  void* handle = nullptr;
-  Api api{};
-  int version = 0;
-  std::string reason;  // why the last load attempt failed
-};
-
-Library& library() {
-  static Library* lib = new Library();  // never destroyed: communicators may be closed during exit
-  return *lib;
-}
-
-template <typename F>
-bool resolve(void* handle, const char* name, F& fn, bool required, std::string& missing) {
-  fn = reinterpret_cast<F>(dlsym(handle, name));
-  if (fn == nullptr && required) missing += std::string(missing.empty() ? "" : ", ") + name;
-  return fn != nullptr;
-}
-
-// Fills lib.api from an opened library; "" when everything needed is there, else what is missing.
-std::string bind_symbols(Library& lib, void* h) {
-  Api& a = lib.api;
-  std::string missing;
-  resolve(h, "ncclGetVersion", a.GetVersion, true, missing);
-  resolve(h, "ncclGetUniqueId", a.GetUniqueId, true, missing);
-  resolve(h, "ncclCommInitRankConfig", a.CommInitRankConfig, true, missing);
-  resolve(h, "ncclCommFinalize", a.CommFinalize, true, missing);
-  resolve(h, "ncclCommDestroy", a.CommDestroy, true, missing);
-  resolve(h, "ncclCommAbort", a.CommAbort, true, missing);
-  resolve(h, "ncclCommGetAsyncError", a.CommGetAsyncError, true, missing);
-  resolve(h, "ncclGetErrorString", a.GetErrorString, true, missing);
-  resolve(h, "ncclGetLastError", a.GetLastError, false, missing);
-  resolve(h, "ncclAllReduce", a.AllReduce, true, missing);
-  resolve(h, "ncclBroadcast", a.Broadcast, true, missing);
-  resolve(h, "ncclReduce", a.Reduce, true, missing);
-  resolve(h, "ncclAllGather", a.AllGather, true, missing);
-  resolve(h, "ncclReduceScatter", a.ReduceScatter, true, missing);
-  resolve(h, "ncclSend", a.Send, true, missing);
-  resolve(h, "ncclRecv", a.Recv, true, missing);
-  resolve(h, "ncclGroupStart", a.GroupStart, true, missing);
-  resolve(h, "ncclGroupEnd", a.GroupEnd, true, missing);
-  return missing;
-}
-
-std::string version_str(int v) { return str(v / 10000, ".", v / 100 % 100, ".", v % 100); }
-
-// Opens NCCL once (lib.mutex held); later attempts retry only while it is not loaded (a directory may
-// have been set since).
-bool load(Library& lib) {
-  if (lib.handle != nullptr) return true;
-  std::vector<std::string> candidates;
-  if (!lib.dir.empty()) candidates.push_back(lib.dir + "/libnccl.so.2");
-  candidates.push_back("libnccl.so.2");
-  std::string tried;
-  for (const std::string& path : candidates) {
-    // RTLD_LOCAL: NCCL's symbols stay out of the global namespace (another copy, e.g. PyTorch's, may be loaded).
-    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) {
-      const char* err = dlerror();  // names the path itself
-      tried += str("\n  ", err ? std::string(err) : path + ": not found");
-      continue;
-    }
-    std::string missing = bind_symbols(lib, h);
-    int v = 0;
-    if (missing.empty() && lib.api.GetVersion(&v) != ncclSuccess) missing = "a working ncclGetVersion";
-    if (!missing.empty() || v < kMinVersion) {
-      tried += str("\n  ", path, ": ", !missing.empty() ? "lacks " + missing : "NCCL " + version_str(v),
-                   " (singa_lite needs NCCL ", version_str(kMinVersion), " or newer)");
-      lib.api = Api{};
-      dlclose(h);
-      continue;
-    }
-    lib.handle = h;
-    lib.version = v;
-    lib.reason.clear();
-    return true;
-  }
-  lib.reason = str("NCCL could not be loaded; ", install_hint(), ". Tried:", tried);
-  return false;
-}
-
-// The loaded API; throws CommError saying how to install NCCL when it cannot be loaded.
-const Api& api() {
-  Library& lib = library();
-  std::lock_guard<std::mutex> lock(lib.mutex);
-  if (!load(lib)) throw CommError(str("the nccl backend needs the NCCL library: ", lib.reason));
-  return lib.api;
-}
-
-const char* error_string(ncclResult_t r) {
-  const char* s = api().GetErrorString ? api().GetErrorString(r) : nullptr;
-  return s ? s : "unknown NCCL error";
-}
 
 // ---------------------------------------------------------------- small helpers
 // Polling back-off: spin (yielding) for a short while, then sleep, growing to 1 ms between polls. Keeps
@@ -248,24 +83,6 @@ cudaStream_t comm_stream(int device) {
     SL_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
   }
   return s;
-}
-
-// Why there is certainly no usable GPU, or "" when there may be one; decided WITHOUT initialising CUDA.
-// NcclIdHolder asks in the parent of multiprocessing workers, and a process that has initialised CUDA
-// cannot fork children that use it ("initialization error" in every child): so no CUDA call here, only
-// the environment and the driver's device files. Unsure means "" (the ranks then report precisely).
-std::string no_gpu_reason() {
-  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
-    const std::string visible(v);
-    if (visible.empty() || visible.rfind("-1", 0) == 0)
-      return str("CUDA_VISIBLE_DEVICES='", visible, "' hides every GPU");
-  }
-  struct stat st;
-  for (const char* path : {"/dev/nvidia0", "/dev/dxg", "/proc/driver/nvidia/gpus"})  // dxg: WSL 2
-    if (stat(path, &st) == 0) return "";
-  for (int i = 1; i < 64; ++i)  // a container may expose only some GPUs, e.g. /dev/nvidia3
-    if (stat(str("/dev/nvidia", i).c_str(), &st) == 0) return "";
-  return "no NVIDIA GPU or driver is visible (no /dev/nvidia* device)";
 }
 
 ncclDataType_t nccl_type(DType t, const char* op) {
@@ -586,45 +403,6 @@ std::shared_ptr<Work> enqueue(const std::shared_ptr<CommState>& sp, const char* 
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------- the library, public
-void set_library_dir(const std::string& dir) {
-  Library& lib = library();
-  std::lock_guard<std::mutex> lock(lib.mutex);
-  lib.dir = dir;
-}
-
-bool available() {
-  Library& lib = library();
-  std::lock_guard<std::mutex> lock(lib.mutex);
-  return load(lib);
-}
-
-std::string unavailable_reason() {
-  Library& lib = library();
-  std::lock_guard<std::mutex> lock(lib.mutex);
-  return load(lib) ? std::string() : lib.reason;
-}
-
-int version() {
-  api();
-  Library& lib = library();
-  std::lock_guard<std::mutex> lock(lib.mutex);
-  return lib.version;
-}
-
-std::string get_unique_id() {
-  const Api& a = api();
-  // NCCL itself hands out an id without a GPU; refuse here when there clearly is none, so that a CPU-only
-  // job never starts NCCL's bootstrap listener (NcclIdHolder calls this in every parent process).
-  const std::string no_gpu = no_gpu_reason();
-  if (!no_gpu.empty()) throw CudaError(str("NCCL needs a GPU: ", no_gpu));
-  ncclUniqueId id;
-  ncclResult_t r = a.GetUniqueId(&id);
-  if (r != ncclSuccess) throw CommError(str("ncclGetUniqueId failed: ", error_string(r), " (NCCL_DEBUG=WARN shows why; "
-                                            "NCCL_SOCKET_IFNAME picks the network interface)"));
-  return std::string(id.internal, sizeof(id.internal));
-}
 
 // ---------------------------------------------------------------- Work
 Work::Work(std::shared_ptr<CommState> state, std::string what, std::shared_ptr<Event> done, std::vector<Tensor> held)

@@ -3,7 +3,7 @@
 //
 // Loading: libnccl is opened at run time (dlopen), never linked, so a CUDA build imports and runs its CPU and
 // single-GPU paths on machines without NCCL, and compiles without NCCL's headers: the few types and values
-// used are declared in nccl.cpp with NCCL's documented numbers. The library is looked for in the directory
+// used are declared in nccl_api.h with NCCL's documented numbers. The library is looked for in the directory
 // given to set_library_dir() (the Python package passes the nvidia-nccl wheel's lib/ folder), then as
 // libnccl.so.2 on the loader's path. NCCL 2.14 or newer is needed (non-blocking communicators, finalize).
 //

@@ -70,6 +70,12 @@ void bind_ops(py::module_& m) {
   m.def("split_sections", &split_sections, py::arg("x"), py::arg("sections"), py::arg("axis") = 0);
   m.def("one_hot", &one_hot, py::arg("indices"), py::arg("depth"), py::arg("dtype") = DType::kFloat32, release);
 
+  m.def("select_significant", &select_significant, py::arg("x"), py::arg("spars"), py::arg("top_k"), release,
+        "Ascending int64 indices of 1-D x's entries with |x| >= spars, or (top_k) of its ceil(spars * n) largest "
+        "magnitudes.");
+  m.def("take", &take, py::arg("x"), py::arg("indices"), release, "x[indices] for 1-D x and int64 indices.");
+  m.def("index_add_", &index_add_, py::arg("dense"), py::arg("indices"), py::arg("values"), release,
+        "dense[indices[i]] += values[i] in place; the indices must be distinct.");
   m.def("uniform_", &uniform_, py::arg("t"), py::arg("low") = 0.0, py::arg("high") = 1.0, release);
   m.def("gaussian_", &gaussian_, py::arg("t"), py::arg("mean") = 0.0, py::arg("std") = 1.0, release);
   m.def("bernoulli_", &bernoulli_, py::arg("t"), py::arg("p") = 0.5, release);

@@ -39,4 +39,11 @@ void uniform(const Tensor& t, double low, double high, uint64_t seed, uint64_t o
 void gaussian(const Tensor& t, double mean, double std, uint64_t seed, uint64_t offset);
 void bernoulli(const Tensor& t, double p, uint64_t seed, uint64_t offset);
 
+// ----- sparse exchange (DistOpt's sparsification; see ops/sparse.cpp)
+// x: contiguous 1-D float. k < 0: the ascending indices of every |x| >= spars; else of the k largest |x|
+// (NaN counts as the largest). Returns a new int64 tensor on x's device (its length depends on the data).
+Tensor select_significant(const Tensor& x, double spars, int64_t k);
+void take(const Tensor& out, const Tensor& x, const Tensor& idx);  // out[i] = x[idx[i]]
+void index_add(const Tensor& dense, const Tensor& idx, const Tensor& vals);  // dense[idx[i]] += vals[i], distinct idx
+
 }  // namespace sl::cuda

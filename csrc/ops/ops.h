@@ -79,6 +79,15 @@ Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, bool 
 Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x_shape, Pair kernel, Pair stride, Pair padding,
                            bool count_include_pad);
 
+// ----- sparse exchange (DistOpt's sparsification)
+// Ascending int64 indices of the significant entries of 1-D float x: every |x| >= spars, or with top_k the
+// ceil(spars * n) largest magnitudes (NaN counts as the largest; among equal magnitudes at the cut, which
+// ones are kept is unspecified).
+Tensor select_significant(const Tensor& x, double spars, bool top_k);
+Tensor take(const Tensor& x, const Tensor& idx);  // x[idx], 1-D
+// dense[idx[i]] += vals[i]. The indices of one call must be distinct (each element written once).
+void index_add_(const Tensor& dense, const Tensor& idx, const Tensor& vals);
+
 // ----- random (per-device counter-based generator; see core/generator.h)
 void uniform_(const Tensor& t, double low, double high);
 void gaussian_(const Tensor& t, double mean, double std);

@@ -65,6 +65,12 @@ def _on(device, a: np.ndarray) -> CTensor:
     return t if device.is_cpu() else t.to(device)
 
 
+def _zeros(shape, dtype, device) -> CTensor:
+    t = CTensor(list(shape), dtype, device)  # the raw constructor leaves memory uninitialised
+    _core.fill_(t, 0)
+    return t
+
+
 def _all_finite(t: CTensor) -> bool:
     if t.numel == 0:
         return True
@@ -213,6 +219,9 @@ class DistOpt:
         raws = [_raw(t, "fused_sparsification") for t in tensors]
         spars = _check_spars(spars, topK)
         acc = None if accumulation is None else _raw(accumulation, "fused_sparsification")
+        if acc is not None and not acc.is_contiguous():
+            raise ValueError("DistOpt.fused_sparsification: accumulation must be contiguous (it is updated in "
+                             "place); pass a tensor of its own, not a strided view")
         if acc is not None and acc.numel != sum(r.numel for r in raws):
             raise ValueError(f"DistOpt.fused_sparsification: accumulation has {acc.numel} elements, the tensors "
                              f"{sum(r.numel for r in raws)}")
@@ -390,67 +399,63 @@ class DistOpt:
         return params
 
     def _sparse_group(self, raws, names, spars, topK, corr, average, residual=None) -> None:
-        """Sparse all-reduce of the tensors as one flat vector, written back in place. The selection runs on the
-        host in float64 (GPU tensors are staged through it); the exchange uses the tensors' own device, as the
-        communicator requires."""
+        """Sparse all-reduce of the tensors as one flat vector, written back in place, all on the tensors'
+        device (C++ kernels: the selection, the gather and the adds of (index, value) pairs)."""
         where = raws[0].device if raws else _CPU
-        flat = np.concatenate([_host(r.contiguous(), np.float64).reshape(-1) for r in raws]) if raws else np.zeros(0)
+        dtype = raws[0].dtype if raws else tensor.float32
+        if any(r.dtype != dtype or r.device != where for r in raws):
+            raise TypeError("DistOpt: the tensors of one sparse group must share one dtype and device, got "
+                            + ", ".join(f"{r.dtype.name} on {r.device}" for r in raws))
+        n = sum(r.numel for r in raws)
+        flat = _core.concat([r.reshape([r.numel]) for r in raws], 0) if raws else _zeros([0], dtype, where)
+        res = None
         if corr:
-            if residual is None:
-                key = tuple(names)
-                res = self._residuals.get(key)
-                if res is None or res.numel != flat.size:
-                    res = self._residuals[key] = CTensor.from_buffer(np.zeros(flat.size, np.float64))
-            else:
-                res = residual
-            flat += _host(res, np.float64).reshape(-1)
-        idx = _select(flat, spars, topK)
-        if corr:
-            left = flat.copy()
-            left[idx] = 0.0
-            _core.copy_(res, CTensor.from_buffer(left.reshape(list(res.shape)) if residual is not None
-                                                 else left))
-        dense = self._sparse_sum(flat, idx, raws[0].dtype if raws else tensor.float32, where)
+            res = residual.reshape([n]) if residual is not None else self._residual(tuple(names), n, dtype, where)
+            _core.add(flat, res, out=flat)
+        idx = _core.select_significant(flat, spars, topK)
+        vals = _core.take(flat, idx)
+        if corr:  # the residual keeps what was not sent: flat with the sent entries set to exactly 0
+            _core.copy_(res, flat)
+            _core.index_add_(res, idx, _core.neg(vals))
+        dense = self._sparse_sum(idx, vals, n, dtype, where)
         if average:
-            dense /= self.world_size
+            _core.mul_scalar(dense, 1.0 / self.world_size, out=dense)
         off = 0
         for r in raws:
-            _core.copy_(r, CTensor.from_buffer(np.ascontiguousarray(dense[off:off + r.numel]).reshape(list(r.shape))))  # host -> r's device
+            _core.copy_(r, dense.slice(0, off, off + r.numel, 1).reshape(list(r.shape)))
             off += r.numel
 
-    def _sparse_sum(self, flat: np.ndarray, idx: np.ndarray, dtype, where) -> np.ndarray:
-        """Sum over ranks of the vectors that hold flat[idx] at idx and zero elsewhere: every rank's
-        (index, value) pairs are all-gathered, then added in rank order (the same result on every rank)."""
+    def _residual(self, key, n: int, dtype, where) -> CTensor:
+        """The error-feedback residual of a group of parameters (zeros the first time; moved to the gradients'
+        device and dtype after set_states, which restores residuals on the host)."""
+        res = self._residuals.get(key)
+        if res is None or res.numel != n:
+            res = _zeros([n], dtype, where)
+        elif res.device != where or res.dtype != dtype:
+            res = res.reshape([n]).cast(dtype).to(where) if res.device.is_cpu() else res.to(where).cast(dtype)
+        self._residuals[key] = res
+        return res
+
+    def _sparse_sum(self, idx: CTensor, vals: CTensor, n: int, dtype, where) -> CTensor:
+        """Sum over ranks of the vectors holding vals at idx and zero elsewhere: every rank's (index, value)
+        pairs are all-gathered (indices as int32 when they fit), then added in rank order, so every rank
+        gets the same result."""
         comm = self.communicator
-        np_dtype = np.asarray(CTensor([0], dtype, _CPU)).dtype
-        counts = _host(comm.all_gather(_on(where, np.array([idx.size], np.int64))))[:, 0]
+        counts = _host(comm.all_gather(_on(where, np.array([idx.numel], np.int64))))[:, 0]
         width = max(int(counts.max()), 1)
-        index_dtype = np.int32 if flat.size < 2 ** 31 else np.int64
-        my_idx = np.zeros(width, index_dtype)
-        my_idx[:idx.size] = idx
-        my_val = np.zeros(width, np_dtype)
-        my_val[:idx.size] = flat[idx]
-        all_idx = _host(comm.all_gather(_on(where, my_idx)))
-        all_val = _host(comm.all_gather(_on(where, my_val)))
-        dense = np.zeros(flat.size, np_dtype)
+        wire = tensor.int32 if n < 2 ** 31 else tensor.int64
+        my_idx, my_val = _zeros([width], wire, where), _zeros([width], dtype, where)
+        if idx.numel:
+            _core.copy_(my_idx.slice(0, 0, idx.numel, 1), idx)
+            _core.copy_(my_val.slice(0, 0, idx.numel, 1), vals)
+        all_idx, all_val = comm.all_gather(my_idx), comm.all_gather(my_val)
+        dense = _zeros([n], dtype, where)
         for r in range(comm.world_size):
-            np.add.at(dense, all_idx[r, :counts[r]], all_val[r, :counts[r]])
-        return dense.astype(np.float64)
-
-
-def _select(flat: np.ndarray, spars: float, topK: bool) -> np.ndarray:
-    """Indices sent, ascending: exactly the ceil(spars * n) largest magnitudes (compared as floats; among
-    equal magnitudes at the cut, which ones go is unspecified), or every |v| >= spars."""
-    n = flat.size
-    mag = np.abs(flat)
-    if topK:
-        k = min(n, int(math.ceil(spars * n)))
-        if k == 0:
-            return np.zeros(0, np.int64)
-        if k == n:
-            return np.arange(n)
-        return np.sort(np.argpartition(mag, n - k)[n - k:])  # linear-time selection, not a full sort
-    return np.flatnonzero(mag >= spars)
+            c = int(counts[r])
+            if c:
+                rank_idx = all_idx.select(0, r).slice(0, 0, c, 1).cast(tensor.int64)
+                _core.index_add_(dense, rank_idx, all_val.select(0, r).slice(0, 0, c, 1))
+        return dense
 
 
 def _check_spars(spars, topK) -> float:

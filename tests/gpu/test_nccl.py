@@ -284,6 +284,33 @@ def test_distopt_with_a_holder_as_seed_scripts_write_it(gpu):
     dopt.communicator.close()
 
 
+MODES = {
+    "plain": lambda d: d.backward_and_update,
+    "half": lambda d: lambda loss: d.backward_and_update_half(loss, threshold=50, clipping=True, clip_Value=5.0),
+    "partial": lambda d: lambda loss: d.backward_and_partial_update(loss, threshold=100),
+    "sparse_topk": lambda d: lambda loss: d.backward_and_sparse_update(loss, threshold=100, spars=0.2, topK=True),
+    "sparse_threshold": lambda d: lambda loss: d.backward_and_sparse_update(loss, spars=0.01, topK=False),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_every_distopt_mode_on_the_gpu_equals_the_cpu(comm, gpu, mode):
+    """Each DistOpt mode over NCCL on the GPU against the same mode over shared memory on the CPU (both at
+    world size 1, so the same arithmetic): the same Python code on either device."""
+    cpu = device.get_default_device()
+    cpu_comm = dist.init(backend="shm", holder=dist.NcclIdHolder(), rank=0, world_size=1, timeout=60)
+    try:
+        runs = []
+        for dev, c in ((cpu, cpu_comm), (gpu, comm)):
+            dopt = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), communicator=c)
+            runs.append(_train(_params(dev), MODES[mode](dopt), dev))
+    finally:
+        cpu_comm.close()
+    tol = 2e-3 if mode == "half" else 1e-5
+    for k in runs[0]:
+        np.testing.assert_allclose(runs[1][k], runs[0][k], rtol=tol, atol=tol, err_msg=f"{k} ({mode})")
+
+
 # ---------------------------------------------------------------- the other bootstraps, in other processes
 def _spawned_rank(holder, out):
     try:

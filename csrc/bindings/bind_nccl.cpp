@@ -8,7 +8,7 @@
 
 #include "bindings/binders.h"
 #include "core/errors.h"
-#include "cuda/nccl.h"
+#include "comm/nccl.h"
 
 namespace py = pybind11;
 

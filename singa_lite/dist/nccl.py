@@ -5,7 +5,7 @@ is created once the device is known: ``device=``, else the default device when i
 ``cuda:<local rank>`` as SINGA does). NCCL itself is loaded at run time from the nvidia-nccl wheel
 (``pip install 'singa_lite[cuda13]'``) or the system; a CUDA build imports without it.
 
-How waiting works (csrc/cuda/nccl.h has the details). Collectives run on the device's communication stream,
+How waiting works (csrc/comm/nccl.h has the details). Collectives run on the device's communication stream,
 after the work already queued on its compute stream. ``wait()`` does not block the host: it makes the compute
 stream wait for the operation (an event), so every GPU operation queued afterwards sees the result (including
 copies to the host, which wait for the compute stream), while the host goes on queueing work -- this is

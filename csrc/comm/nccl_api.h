@@ -4,7 +4,7 @@
 //
 // Why this header exists: libnccl is opened at run time, never linked, and builds need no NCCL headers (see
 // nccl.h), so NCCL's types, values and function signatures are declared here instead of included. They live
-// in namespace detail because they are not part of singa_lite's interface: nothing outside csrc/cuda/nccl*.cpp
+// in namespace detail because they are not part of singa_lite's interface: nothing outside csrc/comm/nccl*.cpp
 // includes this file (the bindings use nccl.h).
 #pragma once
 #include <cuda_runtime.h>  // cudaStream_t

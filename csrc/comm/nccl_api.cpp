@@ -2,7 +2,7 @@
 // get_unique_id). libnccl is opened at run time with dlopen, never linked (see nccl.h for why and where it is
 // looked for); its functions are resolved with dlsym into the Api table of nccl_api.h, which the
 // communicator (nccl.cpp) reaches through api().
-#include "cuda/nccl_api.h"
+#include "comm/nccl_api.h"
 
 #include <dlfcn.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/errors.h"
-#include "cuda/nccl.h"
+#include "comm/nccl.h"
 
 namespace sl::cuda::nccl {
 namespace detail {

@@ -3,7 +3,7 @@
 // collectives themselves. nccl.h explains the design (streams and events, timeouts, errors). NCCL's types
 // and the loaded function table come from nccl_api.h; loading the library and the library functions of
 // nccl.h (available, version, get_unique_id, ...) are in nccl_api.cpp.
-#include "cuda/nccl.h"
+#include "comm/nccl.h"
 
 #include <atomic>
 #include <chrono>
@@ -18,7 +18,7 @@
 #include "core/errors.h"
 #include "cuda/check.h"
 #include "cuda/context.h"
-#include "cuda/nccl_api.h"
+#include "comm/nccl_api.h"
 #include "cuda/runtime.h"
 
 namespace sl::cuda::nccl {

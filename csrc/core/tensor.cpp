@@ -8,8 +8,15 @@
 namespace sl {
 
 int64_t numel_of(const Shape& shape) {
+  // Every shape a tensor can take passes through here, so an element count beyond int64 (e.g. a broadcast
+  // to [2**62, 2**62]) is refused once, here, instead of wrapping to a small number that later kernels would
+  // trust. A zero dimension makes the product 0 whatever the others are, as numpy has it.
+  for (int64_t d : shape)
+    if (d == 0) return 0;
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape)
+    SL_CHECK(d < 0 || !__builtin_mul_overflow(n, d, &n), ValueError, "shape ", shape_str(shape),
+             " has more elements than a tensor can hold (2**63 - 1)");
   return n;
 }
 
@@ -70,7 +77,10 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   SL_CHECK(shape.size() <= size_t(kMaxDims), ValueError, "Tensor: at most ", kMaxDims, " dimensions, got ",
            shape.size());
   int64_t n = numel_of(shape);
-  auto storage = Storage::allocate(size_t(n) * sl::itemsize(dtype), device);
+  size_t nbytes = 0;
+  SL_CHECK(!__builtin_mul_overflow(size_t(n), sl::itemsize(dtype), &nbytes), OutOfMemory, "cannot allocate a ",
+           dtype_name(dtype), " tensor of shape ", shape_str(shape), ": its size in bytes overflows");
+  auto storage = Storage::allocate(nbytes, device);
   return Tensor(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }
 
@@ -180,6 +190,7 @@ Tensor Tensor::broadcast_to(const Shape& shape) const {
   check_defined(*this, "broadcast_to", "input");
   SL_CHECK(shape.size() >= shape_.size(), ValueError, "broadcast_to: cannot broadcast ", shape_str(shape_), " to ",
            shape_str(shape), " (fewer dimensions)");
+  numel_of(shape);  // refuses element counts beyond int64
   size_t lead = shape.size() - shape_.size();
   Shape strides(shape.size(), 0);
   for (size_t i = 0; i < shape_.size(); ++i) {

@@ -1,0 +1,99 @@
+"""Smoke runs of examples/dist_matmul.py (both launchers, uneven sizes) and examples/multi_device.py (two
+CPU replicas, one epoch), and their --help. Tiny sizes: each run takes a few seconds."""
+import functools
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MATMUL = os.path.join(ROOT, "examples", "dist_matmul.py")
+MULTI = os.path.join(ROOT, "examples", "multi_device.py")
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+
+
+def run(cmd, timeout=120):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def check_matmul_output(out: str, world: int, backend: str):
+    assert f"{world} ranks ({backend} backend" in out, out
+    for strategy in ("partition-by-row", "partition-by-reduction"):
+        found = re.search(rf"{strategy}\s+max abs error (\S+) \(bound (\S+)\).* ok$", out, re.M)
+        assert found and float(found.group(1)) <= float(found.group(2)), out
+    assert "both strategies match the single-process product" in out, out
+
+
+# m, k, n that 2 and 3 do not all divide: both strategies pad
+@pytest.mark.parametrize("world,sizes", [(2, (7, 5, 3)), (3, (10, 8, 4)), (3, (2, 1, 5))])
+def test_dist_matmul_multiprocessing(world, sizes):
+    m, k, n = sizes
+    rc, out = run([sys.executable, MATMUL, "--world-size", str(world), "--m", str(m), "--k", str(k),
+                   "--n", str(n), "--repeat", "1"])
+    assert rc == 0, out
+    check_matmul_output(out, world, "shm")
+    assert "uneven split" in out, out
+
+
+def test_dist_matmul_float64_even():
+    rc, out = run([sys.executable, MATMUL, "--world-size", "2", "--m", "16", "--k", "8", "--n", "4",
+                   "--dtype", "float64"])
+    assert rc == 0, out
+    check_matmul_output(out, 2, "shm")
+    assert "float64" in out and "uneven split" not in out, out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_dist_matmul_mpi(world):
+    if not os.path.exists(MPIEXEC):
+        pytest.skip(f"no mpiexec next to {sys.executable}: pip install 'singa_lite[mpi]'")
+    rc, out = run([MPIEXEC, "-n", str(world), sys.executable, MATMUL, "--launcher", "mpi", "--m", "11",
+                   "--k", "7", "--n", "5", "--repeat", "1"])
+    assert rc == 0, out
+    check_matmul_output(out, world, "mpi")
+
+
+@functools.lru_cache(maxsize=None)  # the two-replica run serves two tests
+def run_multi_device(replicas, batch_size):
+    pytest.importorskip("sklearn", reason="the offline digits come with scikit-learn")
+    rc, out = run([sys.executable, MULTI, "--device", "cpu", "--replicas", str(replicas), "--epochs", "1",
+                   "--batch-size", str(batch_size)], timeout=180)
+    assert rc == 0, out
+    assert f"{replicas} replicas on {', '.join(['cpu'] * replicas)}" in out, out
+    assert "replicas identical: yes (max difference 0.0e+00)" in out, out
+    found = re.search(r"train loss ([0-9.]+)  train acc ([0-9.]+)  test acc ([0-9.]+)", out)
+    assert found, out
+    return [float(v) for v in found.groups()], out
+
+
+def test_multi_device_two_cpu_replicas():
+    # batch 31: the replicas get 16 and 15 examples
+    (loss, train_acc, test_acc), out = run_multi_device(2, 31)
+    assert test_acc >= 0.8 and "final test accuracy" in out, out
+
+
+def test_multi_device_replicas_train_like_one_device():
+    # the share-scaled gradients summed over the replicas are one device's gradient of the whole batch
+    two, out_two = run_multi_device(2, 31)
+    one, out_one = run_multi_device(1, 31)
+    assert np.allclose(one, two, atol=2e-3), out_one + out_two
+
+
+def test_multi_device_too_many_gpus_is_a_clear_error():
+    from singa_lite import device
+
+    rc, out = run([sys.executable, MULTI, "--device", "cuda", "--replicas", str(device.get_num_gpus() + 1),
+                   "--epochs", "1"])
+    assert rc != 0 and "--device cpu" in out and "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("script,expected", [(MATMUL, ["--launcher", "--world-size", "--m", "--dtype"]),
+                                             (MULTI, ["--replicas", "--device", "--batch-size"])])
+def test_help(script, expected):
+    rc, out = run([sys.executable, script, "--help"], timeout=60)
+    assert rc == 0 and all(opt in out for opt in expected), out

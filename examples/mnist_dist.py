@@ -6,7 +6,7 @@ page, with its two launchers and its five synchronisation options.
     python examples/mnist_dist.py --world-size 2 --dist-option sparseTopK --spars 0.05
 
 Data: MNIST IDX files from --data-dir, else scikit-learn's bundled digits (no download; see
-examples/train_cnn.py). Every rank trains on its contiguous share of the training set (SINGA's
+singa_lite.data). Every rank trains on its contiguous share of the training set (SINGA's
 data_partition), batch --batch-size per rank; rank 0 prints progress, and the epoch's loss and accuracy are
 reduced over all ranks. --plot writes loss / accuracy curves to a PNG (needs matplotlib).
 """
@@ -21,9 +21,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from train_cnn import CNN, load_digits, load_mnist  # noqa: E402
+from train_cnn import CNN  # noqa: E402
 
 from singa_lite import autograd, device, opt, singa_wrap, tensor  # noqa: E402
+from singa_lite.data import data_partition, load_digits, load_mnist  # noqa: E402
 
 DIST_OPTIONS = ("plain", "half", "partialUpdate", "sparseTopK", "sparseThreshold")
 
@@ -50,13 +51,6 @@ def parse_args(argv=None):
     if args.world_size < 1 or args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
         p.error("--world-size, --epochs and --batch-size must be >= 1 and --lr > 0")
     return args
-
-
-def data_partition(x, y, rank_in_global, world_size):
-    """SINGA's contiguous partition: rank r gets the r-th of world_size equal slices (the remainder is
-    dropped so that every rank runs the same number of steps)."""
-    per = x.shape[0] // world_size
-    return x[rank_in_global * per:(rank_in_global + 1) * per], y[rank_in_global * per:(rank_in_global + 1) * per]
 
 
 def model_params(model) -> dict:
@@ -86,7 +80,11 @@ def train(args, nccl_id=None, gpu_num=None, gpu_per_node=None) -> float:
     if args.data_dir:
         (train_x, train_y), (test_x, test_y) = load_mnist(args.data_dir)
     else:
-        (train_x, train_y), (test_x, test_y) = load_digits(args.seed)
+        try:
+            (train_x, train_y), (test_x, test_y) = load_digits(args.seed)
+        except ImportError:
+            sys.exit("the offline default dataset comes with scikit-learn: pip install scikit-learn "
+                     "(or pass --data-dir with MNIST files)")
     train_x, train_y = data_partition(train_x, train_y, rank, world)
     test_x, test_y = data_partition(test_x, test_y, rank, world)
     model = CNN()

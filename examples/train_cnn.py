@@ -16,14 +16,13 @@ max-pool, fc 500, fc 10), written against ``autograd`` exactly as there. Data, i
 from __future__ import annotations
 
 import argparse
-import gzip
-import os
 import sys
 import time
 
 import numpy as np
 
 from singa_lite import autograd, device, opt, tensor
+from singa_lite.data import load_digits, load_mnist
 
 
 # ---------------------------------------------------------------- models (SINGA's seed code)
@@ -63,57 +62,6 @@ class MLP:
 
 
 # ---------------------------------------------------------------- data
-def _read_idx(path: str) -> np.ndarray:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        raw = f.read()
-    magic = int.from_bytes(raw[:4], "big")
-    if magic not in (2049, 2051):
-        raise ValueError(f"{path}: not an MNIST IDX file (magic {magic})")
-    ndim = magic & 0xFF
-    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
-    return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(dims)
-
-
-def load_mnist(data_dir: str):
-    def find(stem):
-        for name in (stem, stem + ".gz"):
-            if os.path.isfile(os.path.join(data_dir, name)):
-                return os.path.join(data_dir, name)
-        raise FileNotFoundError(f"{stem}[.gz] not found in {data_dir}")
-
-    xs = [_read_idx(find(f"{s}-images-idx3-ubyte")) for s in ("train", "t10k")]
-    ys = [_read_idx(find(f"{s}-labels-idx1-ubyte")) for s in ("train", "t10k")]
-    return [(x[:, None].astype(np.float32) / 255.0, y.astype(np.int32)) for x, y in zip(xs, ys)]
-
-
-def _resize_bilinear(images: np.ndarray, size: int) -> np.ndarray:
-    """(N, h, w) -> (N, size, size), bilinear with aligned corners."""
-    n, h, w = images.shape
-    ys, xs = np.linspace(0, h - 1, size), np.linspace(0, w - 1, size)
-    y0, x0 = np.floor(ys).astype(int), np.floor(xs).astype(int)
-    y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
-    wy, wx = (ys - y0)[None, :, None], (xs - x0)[None, None, :]
-    top = images[:, y0][:, :, x0] * (1 - wx) + images[:, y0][:, :, x1] * wx
-    bottom = images[:, y1][:, :, x0] * (1 - wx) + images[:, y1][:, :, x1] * wx
-    return top * (1 - wy) + bottom * wy
-
-
-def load_digits(seed: int):
-    try:
-        from sklearn.datasets import load_digits as sk_digits
-    except ImportError:
-        sys.exit("the offline default dataset comes with scikit-learn: pip install scikit-learn "
-                 "(or pass --data-dir with MNIST files, or --synthetic)")
-    d = sk_digits()
-    # 8x8 scans -> 20x20 digit centred in a 28x28 frame, as MNIST digits are.
-    x = np.pad(_resize_bilinear(d.images / 16.0, 20), ((0, 0), (4, 4), (4, 4))).astype(np.float32)[:, None]
-    y = d.target.astype(np.int32)
-    order = np.random.default_rng(seed).permutation(len(y))
-    cut = int(0.8 * len(y))
-    return (x[order[:cut]], y[order[:cut]]), (x[order[cut:]], y[order[cut:]])
-
-
 def load_synthetic(seed: int, n_train=2048, n_test=512):
     rng = np.random.default_rng(seed)
 
@@ -185,7 +133,11 @@ def main(argv=None) -> int:
         (train_x, train_y), (test_x, test_y) = load_synthetic(args.seed)
         source = "synthetic quadrants"
     else:
-        (train_x, train_y), (test_x, test_y) = load_digits(args.seed)
+        try:
+            (train_x, train_y), (test_x, test_y) = load_digits(args.seed)
+        except ImportError:
+            sys.exit("the offline default dataset comes with scikit-learn: pip install scikit-learn "
+                     "(or pass --data-dir with MNIST files, or --synthetic)")
         source = "scikit-learn digits (8x8 scans resized to 28x28)"
     model = CNN() if args.model == "cnn" else MLP()
     sgd = opt.SGD(lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)

@@ -62,11 +62,12 @@ import warnings
 import numpy as np
 
 from . import _core, tensor
+from .data.partition import data_partition  # noqa: F401 - SINGA scripts partition with DistOpt's rank
 from .tensor import Tensor
 
 __all__ = [
     "DecayScheduler", "Constant", "ExponentialDecay", "StepDecay", "LinearDecay",
-    "Optimizer", "SGD", "RMSProp", "AdaGrad", "Adam",
+    "Optimizer", "SGD", "RMSProp", "AdaGrad", "Adam", "data_partition",
 ]
 
 

@@ -2,8 +2,29 @@
 dedicated run (`SINGA_LITE_FUZZ=1 python -m pytest tests/fuzz`, or `--hypothesis-profile fuzz`), which runs
 enough examples per test for well over 10,000 cases in all."""
 import os
+import resource
+
+import pytest
 
 from hypothesis import HealthCheck, settings
+
+# Fuzzed sizes reach 2**31 and beyond. Whether the system grants a 17 GB request depends on its overcommit
+# policy and free memory, and a granted one is then written and takes the machine down with it. Capping
+# the address space while the fuzz tests run makes every huge request fail the same way everywhere:
+# MemoryError, which is what the tests expect of them. The cap is 8 GiB above what the process already
+# maps (a CUDA context maps a lot), and the previous limit is restored afterwards.
+@pytest.fixture(autouse=True, scope="module")
+def _bounded_address_space():
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as f:
+        mapped = int(f.read().split()[0]) * resource.getpagesize()
+    limit = mapped + (8 << 30)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
 
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])

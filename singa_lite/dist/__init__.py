@@ -17,6 +17,8 @@ do) pass ``backend="nccl"`` or set ``SINGA_LITE_COMM_BACKEND=nccl`` (``singa-run
 Under ``singa-run`` (singa_lite/dist/launcher.py) a plain ``init()`` (and so ``DistOpt(sgd)``) finds the
 launcher's holder in ``SINGA_LITE_HOLDER`` and its rank in ``RANK`` / ``WORLD_SIZE``. Only
 ``SINGA_LITE_HOLDER`` marks a singa-run rank: a ``RANK`` left by another launcher alone changes nothing.
+The launcher's holder serves one rendezvous, so the first such call creates the rank's communicator and
+later ones return it (``comm = dist.init()`` and ``opt.DistOpt(sgd)`` in one script share it).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from .mpi import broadcast_bytes, launched_by_mpiexec
 
 BACKENDS = ("mpi", "shm", "nccl")
 HOLDER_VAR = "SINGA_LITE_HOLDER"  # set by singa-run: the holder's to_string()
+_launched = None  # the communicator a singa-run rank made from its environment
 
 __all__ = ["init", "Communicator", "CommError", "NcclIdHolder", "Work", "broadcast_bytes", "BACKENDS",
            "REDUCE_OPS", "DTYPES", "DEFAULT_TIMEOUT", "default_timeout", "launched_by_singa_run", "from_launcher"]
@@ -79,16 +82,30 @@ def init(backend: str | None = None, holder: NcclIdHolder | None = None, rank: i
 
     backend: "mpi", "shm" or "nccl" (default: see the module docstring). holder, rank, world_size: the
     multiprocessing bootstrap (every rank passes the parent's holder, its rank and the world size); under
-    singa-run, when none of the three is given, they come from the environment (see from_launcher).
+    singa-run, when none of the three is given, they come from the environment (see from_launcher), and
+    the communicator the first such call made is returned by the later ones.
     timeout: seconds before a stuck operation raises CommError (default SINGA_LITE_COMM_TIMEOUT or 300).
     options: backend-specific (shm: slot_bytes; mpi: comm, an mpi4py communicator to use instead of
     COMM_WORLD; nccl: device, the GPU (default: the default device when it is a GPU, else cuda:<local
     rank>), and comm, an mpi4py communicator to bootstrap from).
     """
-    timeout = default_timeout() if timeout is None else timeout
+    global _launched
     launched = holder is None and rank is None and world_size is None and from_launcher()
-    if launched:
-        holder, rank, world_size = launched
+    if not launched:
+        return _create(backend, holder, rank, world_size, timeout, options)
+    if _launched is None:
+        _launched = _create(backend, *launched, timeout, options, launched=True)
+    elif _launched.closed:
+        raise CommError("this singa-run rank's communicator was closed, and the launcher's holder serves one "
+                        "rendezvous: keep the communicator open while the rank needs one")
+    elif backend not in (None, _launched.backend):
+        raise ValueError(f"this singa-run rank already has a {_launched.backend!r} communicator (from an earlier "
+                         f"init() or DistOpt), so it cannot make a {backend!r} one; use singa-run --backend")
+    return _launched
+
+
+def _create(backend, holder, rank, world_size, timeout, options, launched=False) -> Communicator:
+    timeout = default_timeout() if timeout is None else timeout
     chosen = backend or os.environ.get("SINGA_LITE_COMM_BACKEND") or _auto_backend(holder)
     if chosen not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {chosen!r}"

@@ -46,13 +46,20 @@ print(f"to stderr {r}", file=sys.stderr)
     "distopt.py": COMMON + """
 sys.path.insert(0, sys.argv[1])
 from distopt_cases import make_params, reference, train
+comm = dist.init()
 sgd = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9))  # nccl_id=None: the holder and rank come from singa-run
+assert sgd.communicator is comm and dist.init() is comm  # one rendezvous per rank: later calls share it
 r, n = sgd.global_rank, sgd.world_size
 got = train(make_params(0), sgd, 5, shard=(r, n))
 want = reference("sgd", 5)
 for k in want:
     np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5, err_msg=k)
-print(f"distopt rank={r} of {n} backend={sgd.communicator.backend} local={sgd.rank_in_local}")
+print(f"distopt rank={r} of {n} backend={sgd.communicator.backend} local={sgd.rank_in_local}", flush=True)
+comm.close()
+try:
+    dist.init()
+except dist.CommError as e:
+    print(f"after close: {e}")
 """,
     # rank 1 raises once every rank has joined; the others sleep, so only singa-run can stop them (and rank
     # 0's own child process, in its process group)
@@ -91,6 +98,15 @@ if int(os.environ["RANK"]) == 1:
     time.sleep(1)
     sys.exit(3)
 dist.init()
+""",
+    # the nccl backend: DistOpt from the environment, GPU tensors (one GPU per rank)
+    "nccl.py": COMMON + """
+sgd = opt.DistOpt(opt.SGD(lr=0.1))
+r, n = sgd.global_rank, sgd.world_size
+t = tensor.from_numpy(np.arange(5, dtype=np.float32) + 10 * r).to_device(sgd.communicator.device)
+sgd.all_reduce(t.data)
+assert np.array_equal(tensor.to_numpy(t.to_host()), n * np.arange(5) + 10 * n * (n - 1) // 2)
+print(f"nccl rank={r} of {n} backend={sgd.communicator.backend} device={sgd.communicator.device}")
 """,
     "pkg/job.py": COMMON + """
 print(f"module {__name__} rank {os.environ['RANK']}")
@@ -165,7 +181,10 @@ def test_distopt_from_the_environment(scripts):
     r = launch(["-np", "3", "distopt.py", HERE], scripts)
     assert r.returncode == 0, r.err
     for rank in range(3):
-        assert r.lines(r.out, rank)[-1] == f"[rank {rank}] distopt rank={rank} of 3 backend=shm local={rank}"
+        assert r.lines(r.out, rank)[-2:] == [
+            f"[rank {rank}] distopt rank={rank} of 3 backend=shm local={rank}",
+            f"[rank {rank}] after close: this singa-run rank's communicator was closed, and the launcher's holder "
+            f"serves one rendezvous: keep the communicator open while the rank needs one"]
 
 
 def test_no_prefix_passes_output_through(scripts):
@@ -247,6 +266,26 @@ def test_bad_input_exits_2_with_a_message(scripts, args, message):
     assert r.returncode == 2 and message in r.err and "Traceback" not in r.err, r.err
 
 
+def test_nccl_backend_needs_nccl(scripts):
+    if dist.NcclIdHolder().nccl_id is not None:
+        pytest.skip("NCCL works here: test_nccl_backend_through_singa_run runs instead")
+    r = launch(["-np", "2", "--backend", "nccl", "allreduce.py"], scripts, timeout=30)
+    assert r.returncode == 2 and "--backend nccl, but NCCL cannot be used here" in r.err, r.err
+    assert "Traceback" not in r.err and r.rank_pids == []
+
+
+@pytest.mark.gpu
+def test_nccl_backend_through_singa_run(scripts):
+    problem = dist.nccl.readiness()
+    if problem:
+        pytest.skip(problem)
+    n = min(_core.cuda_device_count(), 4)  # NCCL needs one GPU per rank
+    r = launch(["-np", str(n), "--backend", "nccl", "nccl.py"], scripts, timeout=120)
+    assert r.returncode == 0, r.err
+    for rank in range(n):
+        assert r.lines(r.out, rank)[-1] == f"[rank {rank}] nccl rank={rank} of {n} backend=nccl device=cuda:{rank}"
+
+
 def test_help():
     r = subprocess.run(RUN + ["--help"], capture_output=True, text=True, timeout=30, env=CLEAN)
     assert r.returncode == 0 and "usage: singa-run" in r.stdout
@@ -277,6 +316,9 @@ def test_launcher_environment_errors(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ValueError, match="this process is a singa-run rank"):
         dist.init(backend="mpi")
+    if dist.nccl.readiness():  # the environment's holder reaches the nccl backend too
+        with pytest.raises(dist.CommError, match="the nccl backend needs"):
+            dist.init(backend="nccl")
     monkeypatch.setenv("SINGA_LITE_HOLDER", "garbage")
     with pytest.raises(ValueError, match="expected the text of NcclIdHolder.to_string"):
         dist.init()

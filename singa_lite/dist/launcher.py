@@ -122,7 +122,8 @@ def rank_environment(args, rank: int, holder_text: str, base=None) -> dict:
     if args.timeout is not None:
         env[TIMEOUT_VAR] = repr(args.timeout)
     if "OMP_NUM_THREADS" not in env:  # N ranks of all cores each would oversubscribe the CPU
-        env["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // args.np))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        env["OMP_NUM_THREADS"] = str(max(1, cores // args.np))
     if args.prefix:
         env.setdefault("PYTHONUNBUFFERED", "1")
     return env

@@ -12,7 +12,13 @@ multiprocessing / singa-run +       ``shm`` (C++ shared     ``nccl``, id carried
 situation: ``nccl`` when the default device is a GPU (``device.set_default_device``); otherwise CPU
 tensors: a holder -> shm; started by mpiexec -> mpi; neither -> mpi as a one-process job when mpi4py is
 installed, else shm with one rank. Scripts that create their GPU after the optimizer (as SINGA's examples
-do) pass ``backend="nccl"`` or set ``SINGA_LITE_COMM_BACKEND=nccl``.
+do) pass ``backend="nccl"`` or set ``SINGA_LITE_COMM_BACKEND=nccl`` (``singa-run --backend nccl``).
+
+Under ``singa-run`` (singa_lite/dist/launcher.py) a plain ``init()`` (and so ``DistOpt(sgd)``) finds the
+launcher's holder in ``SINGA_LITE_HOLDER`` and its rank in ``RANK`` / ``WORLD_SIZE``. Only
+``SINGA_LITE_HOLDER`` marks a singa-run rank: a ``RANK`` left by another launcher alone changes nothing.
+The launcher's holder serves one rendezvous, so the first such call creates the rank's communicator and
+later ones return it (``comm = dist.init()`` and ``opt.DistOpt(sgd)`` in one script share it).
 """
 from __future__ import annotations
 
@@ -24,9 +30,11 @@ from .holder import NcclIdHolder
 from .mpi import broadcast_bytes, launched_by_mpiexec
 
 BACKENDS = ("mpi", "shm", "nccl")
+HOLDER_VAR = "SINGA_LITE_HOLDER"  # set by singa-run: the holder's to_string()
+_launched = None  # the communicator a singa-run rank made from its environment
 
 __all__ = ["init", "Communicator", "CommError", "NcclIdHolder", "Work", "broadcast_bytes", "BACKENDS",
-           "REDUCE_OPS", "DTYPES", "DEFAULT_TIMEOUT", "default_timeout"]
+           "REDUCE_OPS", "DTYPES", "DEFAULT_TIMEOUT", "default_timeout", "launched_by_singa_run", "from_launcher"]
 
 
 def default_timeout() -> float:
@@ -43,22 +51,69 @@ def default_timeout() -> float:
     return value
 
 
+def launched_by_singa_run() -> bool:
+    """Was this process started as a rank by singa-run (SINGA_LITE_HOLDER set)?"""
+    return bool(os.environ.get(HOLDER_VAR))
+
+
+def from_launcher() -> tuple[NcclIdHolder, int, int] | None:
+    """(holder, rank, world_size) of a rank started by singa-run, from its environment; None otherwise."""
+    if not launched_by_singa_run():
+        return None
+    holder = NcclIdHolder.from_string(os.environ[HOLDER_VAR])
+    values = {}
+    for name in ("RANK", "WORLD_SIZE"):
+        raw = os.environ.get(name)
+        try:
+            values[name] = int(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"{HOLDER_VAR} is set (a singa-run rank), so {name} must be an integer, got "
+                             f"{raw!r}; start the script with singa-run, or unset {HOLDER_VAR}") from None
+    rank, world_size = values["RANK"], values["WORLD_SIZE"]
+    if not 0 <= rank < world_size:
+        raise ValueError(f"singa-run environment: need 0 <= RANK < WORLD_SIZE, got RANK={rank}, "
+                         f"WORLD_SIZE={world_size}")
+    return holder, rank, world_size
+
+
 def init(backend: str | None = None, holder: NcclIdHolder | None = None, rank: int | None = None,
          world_size: int | None = None, timeout: float | None = None, **options) -> Communicator:
     """A communicator for this process.
 
     backend: "mpi", "shm" or "nccl" (default: see the module docstring). holder, rank, world_size: the
-    multiprocessing bootstrap (every rank passes the parent's holder, its rank and the world size).
+    multiprocessing bootstrap (every rank passes the parent's holder, its rank and the world size); under
+    singa-run, when none of the three is given, they come from the environment (see from_launcher), and
+    the communicator the first such call made is returned by the later ones.
     timeout: seconds before a stuck operation raises CommError (default SINGA_LITE_COMM_TIMEOUT or 300).
     options: backend-specific (shm: slot_bytes; mpi: comm, an mpi4py communicator to use instead of
     COMM_WORLD; nccl: device, the GPU (default: the default device when it is a GPU, else cuda:<local
     rank>), and comm, an mpi4py communicator to bootstrap from).
     """
+    global _launched
+    launched = holder is None and rank is None and world_size is None and from_launcher()
+    if not launched:
+        return _create(backend, holder, rank, world_size, timeout, options)
+    if _launched is None:
+        _launched = _create(backend, *launched, timeout, options, launched=True)
+    elif _launched.closed:
+        raise CommError("this singa-run rank's communicator was closed, and the launcher's holder serves one "
+                        "rendezvous: keep the communicator open while the rank needs one")
+    elif backend not in (None, _launched.backend):
+        raise ValueError(f"this singa-run rank already has a {_launched.backend!r} communicator (from an earlier "
+                         f"init() or DistOpt), so it cannot make a {backend!r} one; use singa-run --backend")
+    return _launched
+
+
+def _create(backend, holder, rank, world_size, timeout, options, launched=False) -> Communicator:
     timeout = default_timeout() if timeout is None else timeout
     chosen = backend or os.environ.get("SINGA_LITE_COMM_BACKEND") or _auto_backend(holder)
     if chosen not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {chosen!r}"
                          + ("" if backend else " (from SINGA_LITE_COMM_BACKEND)"))
+    if launched and chosen == "mpi":
+        raise ValueError("backend 'mpi' takes its ranks from mpiexec, but this process is a singa-run rank "
+                         f"({HOLDER_VAR} is set): use backend 'shm' (CPU tensors) or 'nccl' (GPU tensors), "
+                         "e.g. singa-run --backend shm")
     if chosen == "nccl":
         from .nccl import create
 

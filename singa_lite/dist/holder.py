@@ -5,11 +5,13 @@ so it works with both the ``fork`` and the ``spawn`` start methods and with ``Po
 the shared-memory segment the ``shm`` backend rendezvouses in (every build) and, when NCCL and a GPU are
 available, a NCCL unique id for the ``nccl`` backend (``nccl_id``; otherwise None, and ``nccl_error`` says
 why, so the holder still serves the ``shm`` backend). Creating the id does not initialise CUDA: the parent
-can still fork workers that use the GPU.
+can still fork workers that use the GPU. ``to_string()`` / ``from_string()`` carry it through an environment
+variable (how singa-run hands it to the ranks it starts).
 """
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import secrets
 
@@ -43,6 +45,27 @@ class NcclIdHolder:
         self.shm_name, self.nccl_id = state["shm_name"], state["nccl_id"]
         self.nccl_error = state.get("nccl_error")
         self._owner_pid = None  # a copy in a child never removes the parent's segment name
+
+    def to_string(self) -> str:
+        """This holder as one line of text (JSON), for an environment variable; from_string() reads it."""
+        return json.dumps({"shm_name": self.shm_name, "nccl_id": self.nccl_id.hex() if self.nccl_id else None,
+                           "nccl_error": self.nccl_error}, separators=(",", ":"))
+
+    @classmethod
+    def from_string(cls, text: str) -> "NcclIdHolder":
+        """The holder written by to_string() in the parent (a copy: it never removes the parent's segment)."""
+        try:
+            state = json.loads(text)
+            shm_name, nccl_id = state["shm_name"], state["nccl_id"]
+            if not isinstance(shm_name, str) or not shm_name.startswith("/"):
+                raise ValueError("shm_name")
+            nccl_id = None if nccl_id is None else bytes.fromhex(nccl_id)
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"NcclIdHolder.from_string: expected the text of NcclIdHolder.to_string(), got "
+                             f"{text[:80]!r} ({type(e).__name__}: {e})") from None
+        holder = cls.__new__(cls)
+        holder.__setstate__({"shm_name": shm_name, "nccl_id": nccl_id, "nccl_error": state.get("nccl_error")})
+        return holder
 
     def __repr__(self):
         return f"NcclIdHolder(shm_name={self.shm_name!r}, nccl_id={'set' if self.nccl_id else 'none'})"

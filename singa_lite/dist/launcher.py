@@ -1,0 +1,382 @@
+"""singa-run: starts N ranks of a script on this host, sharing one NcclIdHolder, and watches them.
+
+    singa-run -np 2 train.py --lr 0.1            # also: python -m singa_lite.run -np 2 train.py ...
+    singa-run -np 4 --backend nccl -m mypkg.train
+
+Each rank is ``python script.py args`` (or ``python -m module args``) with the variables below, so that a
+plain ``dist.init()`` or ``opt.DistOpt(sgd)`` in the script joins the others. Output lines carry the rank
+(``[rank 1] ...``; stdout and stderr stay apart; ``--no-prefix`` passes output through untouched).
+
+How a job ends. When every rank exits 0, singa-run exits 0. When a rank fails (a non-zero exit code or a
+signal), the others are stopped at once: SIGTERM to each rank's process group, SIGKILL to what is left after
+``--grace`` seconds; singa-run then names the failed rank and how it ended and exits with its code (128 +
+the signal number when a signal ended it). SIGINT (Ctrl-C), SIGTERM and SIGHUP sent to singa-run are passed
+to every rank, SIGKILL follows after the grace period (at once on a second Ctrl-C), and singa-run exits
+128 + the signal number. Every wait after a stop began is bounded: singa-run never waits forever. The
+holder's shared-memory segment is removed at the end whatever happened, and each rank is killed by the
+kernel if singa-run itself dies (Linux).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.machinery
+import os
+import queue
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from . import HOLDER_VAR
+from .holder import NcclIdHolder
+
+BACKEND_VAR = "SINGA_LITE_COMM_BACKEND"
+TIMEOUT_VAR = "SINGA_LITE_COMM_TIMEOUT"
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+POLL_S = 0.1  # how often the supervisor looks at signals and deadlines
+REAP_S = 5.0  # after SIGKILL, how long to wait for the kernel to end a process before giving up on it
+DRAIN_S = 2.0  # after the ranks ended, how long to wait for the rest of their output
+
+EPILOG = f"""\
+environment of each rank:
+  {HOLDER_VAR}       the shared NcclIdHolder (NcclIdHolder.to_string()); marks a singa-run rank
+  RANK, WORLD_SIZE        this rank and the number of ranks
+  LOCAL_RANK, LOCAL_WORLD_SIZE   the same on this host (singa-run starts ranks on one host)
+  {BACKEND_VAR} --backend, when not auto
+  {TIMEOUT_VAR} --timeout, when given
+  OMP_NUM_THREADS         cores / ranks, unless already set
+  PYTHONUNBUFFERED=1      with --prefix, unless already set (so lines arrive as they are printed)
+
+exit status: 0 when every rank succeeded; the failed rank's exit code, or 128 + signal number when a signal
+ended it; 128 + signal number when singa-run was interrupted (130 for Ctrl-C); 2 for a bad command line or a
+job that cannot start.
+"""
+
+
+class UsageError(Exception):
+    """A problem with the command line or the situation, reported in one line with exit code 2."""
+
+
+# ---------------------------------------------------------------- command line
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="singa-run", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+        description="Start N ranks of a Python script on this host for singa_lite's data-parallel training.")
+    p.add_argument("-np", "-n", "--np", dest="np", type=int, required=True, metavar="N",
+                   help="number of ranks to start")
+    p.add_argument("--backend", choices=("auto", "shm", "nccl"), default=None,
+                   help=f"communication backend of dist.init() in the ranks (sets {BACKEND_VAR}); auto: shm "
+                        f"for CPU tensors, nccl when the script made a GPU its default device first "
+                        f"(default: {BACKEND_VAR} when set, else auto)")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help=f"communicator timeout in the ranks (sets {TIMEOUT_VAR}; default 300)")
+    p.add_argument("--prefix", action=argparse.BooleanOptionalAction, default=True,
+                   help="prefix every output line with its rank")
+    p.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
+                   help="after stopping the ranks with SIGTERM (or a forwarded signal), how long before SIGKILL")
+    p.add_argument("-m", dest="module", action="store_true",
+                   help="run the target as a module (python -m), not as a script file")
+    p.add_argument("--dry-run", action="store_true", help="print what would be started, start nothing")
+    p.add_argument("target", metavar="script.py | module", help="the script (or, with -m, the module) to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed on to the script")
+    return p
+
+
+def check_args(args) -> None:
+    if args.np < 1:
+        raise UsageError(f"-np must be at least 1, got {args.np}")
+    if args.timeout is not None and not args.timeout > 0:
+        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    if not args.grace >= 0:
+        raise UsageError(f"--grace must be a number of seconds >= 0, got {args.grace}")
+    if args.module:
+        top = args.target.split(".")[0]
+        if not all(part.isidentifier() for part in args.target.split(".")):
+            raise UsageError(f"-m: {args.target!r} is not a module name")
+        # Where `python -m` will look: the current directory first. The top-level package is found
+        # without importing anything.
+        if importlib.machinery.PathFinder.find_spec(top, [os.getcwd()] + sys.path) is None \
+                and top not in sys.builtin_module_names:
+            raise UsageError(f"-m: no module named {top!r} (looked in the current directory and sys.path)")
+    elif not os.path.isfile(args.target):
+        what = "is a directory" if os.path.isdir(args.target) else "does not exist"
+        raise UsageError(f"script {args.target!r} {what} (to run a module, use -m)")
+
+
+def command(args) -> list[str]:
+    """The command line of every rank: this interpreter, so that the ranks see the same packages."""
+    return [sys.executable] + (["-m"] if args.module else []) + [args.target] + list(args.args)
+
+
+def rank_environment(args, rank: int, holder_text: str, base=None) -> dict:
+    """The environment of one rank: the parent's, plus what dist.init() needs to find the job."""
+    env = dict(os.environ if base is None else base)
+    env.update({HOLDER_VAR: holder_text, "RANK": str(rank), "WORLD_SIZE": str(args.np),
+                "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(args.np)})
+    if args.backend == "auto":
+        env.pop(BACKEND_VAR, None)
+    elif args.backend is not None:
+        env[BACKEND_VAR] = args.backend
+    if args.timeout is not None:
+        env[TIMEOUT_VAR] = repr(args.timeout)
+    if "OMP_NUM_THREADS" not in env:  # N ranks of all cores each would oversubscribe the CPU
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        env["OMP_NUM_THREADS"] = str(max(1, cores // args.np))
+    if args.prefix:
+        env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def describe_end(returncode: int) -> str:
+    """How a process ended, in words: 'exit code 1' or 'killed by SIGKILL'."""
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"killed by {name}"
+
+
+def exit_status(returncode: int) -> int:
+    """The shell's convention: a process ended by signal s reports 128 + s."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+# ---------------------------------------------------------------- the job
+def _die_with_parent():
+    """Runs in each rank between fork and exec: the kernel sends SIGKILL to the rank if singa-run dies."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+    parent = os.getpid()
+    PR_SET_PDEATHSIG = 1
+
+    def setup():
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+        if os.getppid() != parent:  # singa-run died before the line above
+            os._exit(1)
+
+    return setup
+
+
+def _binary(stream):
+    return getattr(stream, "buffer", stream)
+
+
+class Job:
+    """One run of N ranks: start, pass output on, supervise, stop, clean up."""
+
+    def __init__(self, args, out=None, err=None):
+        self.args = args
+        self.out, self.err = _binary(out or sys.stdout), _binary(err or sys.stderr)
+        self.locks = {id(self.out): threading.Lock(), id(self.err): threading.Lock()}
+        self.width = len(str(args.np - 1))
+        self.procs: list[subprocess.Popen] = []
+        self.pumps: list[threading.Thread] = []
+        self.ended: queue.Queue = queue.Queue()  # (rank, returncode), in the order the processes ended
+        self.codes: dict[int, int] = {}  # rank -> returncode (Popen's convention: -N for signal N)
+        self.signals: list[int] = []  # received by singa-run, not yet handled
+        self.interrupted = None  # the first signal singa-run got
+        self.failed = None  # the rank that failed first
+        self.stopping = False  # the ranks were told to stop (by a failure or a signal)
+        self.kill_at = None  # when the ranks still running get SIGKILL
+        self.give_up_at = None  # after SIGKILL: when to stop waiting for processes stuck in the kernel
+
+    # ----- output
+    def _write(self, stream, data: bytes) -> None:
+        with self.locks[id(stream)]:
+            try:
+                stream.write(data)
+                stream.flush()
+            except (OSError, ValueError):  # our own output is gone (a closed pipe): keep draining the ranks
+                pass
+
+    def say(self, message: str) -> None:
+        self._write(self.err, f"singa-run: {message}\n".encode())
+
+    def _pump(self, src, dst, rank: int) -> None:
+        prefix = f"[rank {rank:>{self.width}}] ".encode()
+        with src:
+            for line in iter(src.readline, b""):
+                self._write(dst, prefix + (line if line.endswith(b"\n") else line + b"\n"))
+
+    # ----- signals
+    def _on_signal(self, signum, frame):
+        self.signals.append(signum)  # handled by the supervisor loop, outside the handler
+
+    def _signal_ranks(self, sig: int, every: bool = False) -> None:
+        """sig to the process group of each running rank (every: of each rank, for its leftover children).
+        Safe however late: an ended rank stays a zombie until the job is over, so its process (and group)
+        id cannot have been given to an unrelated process."""
+        for r, p in enumerate(self.procs):
+            if every or r not in self.codes:
+                try:
+                    os.killpg(p.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    # ----- life cycle
+    def run(self) -> int:
+        previous = {s: signal.signal(s, self._on_signal) for s in FORWARDED}
+        holder = None
+        try:
+            holder = NcclIdHolder()
+            if self.args.backend == "nccl" and holder.nccl_id is None:
+                raise UsageError(f"--backend nccl, but NCCL cannot be used here: {holder.nccl_error}")
+            self._start(holder.to_string())
+            code = self._supervise()
+            self._drain()
+            self._report()
+            return code
+        finally:
+            if self._running() or self.stopping:
+                self._signal_ranks(signal.SIGKILL, every=True)  # an error in singa-run itself, or leftovers
+            for p in self.procs:  # reap: every rank has ended by now (or singa-run gave up on it)
+                try:
+                    p.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    pass
+            if holder is not None:
+                holder._cleanup()  # the segment's name, if the ranks did not remove it (one never joined)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _start(self, holder_text: str) -> None:
+        cmd = command(self.args)
+        pipe = subprocess.PIPE if self.args.prefix else None
+        setup = _die_with_parent()
+        for rank in range(self.args.np):
+            if self.signals:  # interrupted while starting: start no more
+                break
+            try:
+                self.procs.append(subprocess.Popen(
+                    cmd, env=rank_environment(self.args, rank, holder_text), stdout=pipe, stderr=pipe,
+                    stdin=None if rank == 0 else subprocess.DEVNULL,  # like mpiexec: stdin goes to rank 0
+                    start_new_session=True,  # its own process group: singa-run alone decides what reaches it
+                    preexec_fn=setup))
+            except OSError as e:
+                raise UsageError(f"could not start rank {rank} ({shlex.join(cmd)}): {e}") from None
+        # Threads only once every rank is started: preexec_fn must not run while other threads work.
+        for rank, p in enumerate(self.procs):
+            if self.args.prefix:
+                for src, dst in ((p.stdout, self.out), (p.stderr, self.err)):
+                    t = threading.Thread(target=self._pump, args=(src, dst, rank), daemon=True)
+                    t.start()
+                    self.pumps.append(t)
+            threading.Thread(target=self._watch, args=(p, rank), daemon=True).start()
+
+    def _watch(self, p: subprocess.Popen, rank: int) -> None:
+        """Reports when rank's process ends, leaving it a zombie (WNOWAIT): run() reaps it at the end."""
+        info = os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)
+        self.ended.put((rank, info.si_status if info.si_code == os.CLD_EXITED else -info.si_status))
+
+    def _supervise(self) -> int:
+        """Waits for the ranks, reacting to failures and signals; returns singa-run's exit status."""
+        running = len(self.procs)
+        while True:
+            while self.signals:
+                self._handle_signal(self.signals.pop(0))
+            if not running:
+                break
+            try:
+                rank, code = self.ended.get(timeout=POLL_S)
+            except queue.Empty:
+                rank = None
+            if rank is not None:
+                running -= 1
+                self.codes[rank] = code
+                if code != 0 and not self.stopping:
+                    self.failed, self.stopping = rank, True
+                    if running:
+                        self.say(f"rank {rank} failed ({describe_end(code)}): stopping the other ranks "
+                                 f"(SIGTERM, SIGKILL after {self.args.grace:g} s)")
+                        self._signal_ranks(signal.SIGTERM)
+                        self.kill_at = time.monotonic() + self.args.grace
+            now = time.monotonic()
+            if running and self.kill_at is not None and now >= self.kill_at:
+                self.say(f"rank(s) {_ranks(self._running())} still running {self.args.grace:g} s after being "
+                         f"told to stop: SIGKILL")
+                self._kill()
+            if running and self.give_up_at is not None and now >= self.give_up_at:
+                left = [f"{r} (pid {self.procs[r].pid})" for r in self._running()]
+                self.say(f"rank(s) {', '.join(left)} did not end {REAP_S:g} s after SIGKILL; giving up on them")
+                break
+        if self.interrupted is not None:
+            return 128 + self.interrupted
+        if self.failed is not None:
+            return exit_status(self.codes[self.failed])
+        return 0
+
+    def _running(self) -> list[int]:
+        return [r for r in range(len(self.procs)) if r not in self.codes]
+
+    def _handle_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self.interrupted is None:
+            self.interrupted, self.stopping = signum, True
+            self.say(f"got {name}: passing it to the ranks (SIGKILL after {self.args.grace:g} s; Ctrl-C "
+                     f"again to kill them at once)")
+            self._signal_ranks(signum)
+            if self.give_up_at is None:  # not killed yet
+                self.kill_at = min(self.kill_at or float("inf"), time.monotonic() + self.args.grace)
+        elif self.give_up_at is None:
+            self.say(f"got {name} again: killing the ranks")
+            self._kill()
+
+    def _kill(self) -> None:
+        self._signal_ranks(signal.SIGKILL, every=True)
+        self.kill_at, self.give_up_at = None, time.monotonic() + REAP_S
+
+    def _drain(self) -> None:
+        """Waits (a bounded time) for the ranks' last lines: a child a rank left behind may hold its pipes."""
+        end = time.monotonic() + DRAIN_S
+        for t in self.pumps:
+            t.join(max(0.0, end - time.monotonic()))
+
+    def _report(self) -> None:
+        if self.interrupted is not None:
+            self.say(f"interrupted by {signal.Signals(self.interrupted).name}; {self._ends()}")
+        elif self.failed is not None:
+            code = self.codes[self.failed]
+            others = self._ends(skip=self.failed)
+            self.say(f"rank {self.failed} failed: {describe_end(code)} (see its output above)"
+                     + (f"; the others: {others}" if others else ""))
+
+    def _ends(self, skip=None) -> str:
+        return ", ".join(f"rank {r} " + (describe_end(self.codes[r]) if r in self.codes else "still running")
+                         for r in range(len(self.procs)) if r != skip)
+
+
+def _ranks(ranks) -> str:
+    return ", ".join(map(str, ranks))
+
+
+def dry_run(args) -> None:
+    print(f"singa-run would start {args.np} rank(s) of: {shlex.join(command(args))}")
+    for rank in range(args.np):
+        env = rank_environment(args, rank, "<a new NcclIdHolder>")
+        new = {k: v for k, v in env.items() if os.environ.get(k) != v}
+        print(f"  rank {rank}: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(new.items())))
+
+
+def main(argv=None) -> int:
+    """singa-run's entry point; returns the exit status (argparse exits with 2 itself on a bad command line)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_args(args)
+    except UsageError as e:
+        parser.error(str(e))  # usage, the message, exit code 2
+    if args.dry_run:
+        dry_run(args)
+        return 0
+    try:
+        return Job(args).run()
+    except UsageError as e:
+        print(f"singa-run: error: {e}", file=sys.stderr)
+        return 2

@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 pytest.importorskip("sklearn", reason="the offline dataset comes with scikit-learn")
@@ -13,8 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SCRIPT = os.path.join(ROOT, "examples", "mnist_dist.py")
 
 
-def run(args, launcher=None):
-    cmd = (launcher or []) + [sys.executable, SCRIPT, *args]
+def run(args, launcher=None, python=True):
+    cmd = (launcher or []) + ([sys.executable] if python else []) + [SCRIPT, *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
@@ -47,3 +48,33 @@ def test_mpi_launcher():
 def test_help():
     proc = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "--dist-option" in proc.stdout and "sparseTopK" in proc.stdout
+
+
+def test_singa_run_launcher():
+    acc, out = run(["--launcher", "singa-run", "--epochs", "3"],
+                   launcher=[sys.executable, "-m", "singa_lite.run", "-np", "2", "--no-prefix"], python=False)
+    assert acc >= 0.9 and "2 ranks (shm backend" in out, out
+
+
+RESNET = os.path.join(ROOT, "examples", "resnet_cifar10.py")
+
+
+@pytest.mark.parametrize("option", ["plain", "half"])
+def test_resnet_example_learns_the_generated_classes(option):
+    proc = subprocess.run([sys.executable, RESNET, "--world-size", "2", "--epochs", "3", "--dist-option", option],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    acc = float(re.search(r"final test accuracy ([0-9.]+)", out).group(1))
+    assert acc >= 0.6 and "generated CIFAR-shaped data" in out, out
+
+
+def test_resnet_example_reads_cifar_batches(tmp_path):
+    # a tiny CIFAR-10 in the binary format (label byte + 3072 pixel bytes per image): the reader path runs
+    rng = np.random.default_rng(0)
+    for name, n in [(f"data_batch_{i}.bin", 40) for i in range(1, 6)] + [("test_batch.bin", 40)]:
+        rows = np.concatenate([rng.integers(0, 10, (n, 1)), rng.integers(0, 256, (n, 3072))], 1).astype(np.uint8)
+        (tmp_path / name).write_bytes(rows.tobytes())
+    proc = subprocess.run([sys.executable, RESNET, "--world-size", "2", "--epochs", "1", "--batch-size", "8",
+                           "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0 and "CIFAR-10" in proc.stdout, proc.stdout + proc.stderr

@@ -26,7 +26,11 @@ import time
 
 import numpy as np
 
-from singa_lite import device, dist, tensor
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from dist_training import LAUNCHERS, launch  # noqa: E402
+
+from singa_lite import device, dist, tensor  # noqa: E402
 
 DTYPES = ("float32", "float64")
 
@@ -34,7 +38,7 @@ DTYPES = ("float32", "float64")
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--launcher", choices=("multiprocessing", "mpi"), default="multiprocessing",
+    p.add_argument("--launcher", choices=LAUNCHERS, default="multiprocessing",
                    help="mpi: the script was started by mpiexec; multiprocessing: it starts --world-size ranks")
     p.add_argument("--world-size", type=int, default=2, help="ranks to start (multiprocessing launcher)")
     p.add_argument("--m", type=int, default=512, help="rows of A and C")
@@ -160,28 +164,13 @@ def run(args, holder=None, rank=None, world_size=None) -> bool:
     return ok
 
 
-def _rank_main(args, holder, rank, world_size) -> None:
-    sys.exit(0 if run(args, holder, rank, world_size) else 1)
+def _rank_main(args, holder=None, rank=None, world_size=None) -> None:
+    if not run(args, holder, rank, world_size):
+        sys.exit(1)
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.launcher == "mpi":
-        return 0 if run(args) else 1
-    import multiprocessing
-
-    holder = dist.NcclIdHolder()  # created in the parent, passed to every rank (shm rendezvous)
-    procs = [multiprocessing.Process(target=_rank_main, args=(args, holder, rank, args.world_size))
-             for rank in range(args.world_size)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    failed = [r for r, p in enumerate(procs) if p.exitcode != 0]
-    if failed:
-        print(f"ranks {failed} failed (exit codes {[procs[r].exitcode for r in failed]})", file=sys.stderr)
-        return 1
-    return 0
+    return launch(parse_args(argv), _rank_main)
 
 
 if __name__ == "__main__":

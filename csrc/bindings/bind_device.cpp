@@ -10,6 +10,7 @@
 #include "core/errors.h"
 #include "core/generator.h"
 #include "core/storage.h"
+#include "cpu/loop.h"
 #ifdef SINGA_LITE_WITH_CUDA
 #include "cuda/allocator.h"
 #include "cuda/cublas.h"
@@ -85,7 +86,8 @@ void bind_device(py::module_& m) {
     SL_CHECK(n >= 1, ValueError, "set_num_threads: expected n >= 1, got ", n);
     omp_set_num_threads(n);
   }, py::arg("n"), "Threads used by the CPU kernels, GEMMs included (OpenBLAS itself runs on one thread).");
-  m.def("get_num_threads", [] { return omp_get_max_threads(); });
+  m.def("get_num_threads", [] { return cpu::max_threads(); },
+        "Threads the CPU kernels use (1 in a child forked after its parent used them: see cpu/threads.cpp).");
   m.def("cpu_cache_bytes", &cpu_cache_bytes, "Bytes of released CPU blocks kept for reuse.");
   m.def("empty_cache", &empty_cpu_cache, "Returns the cached CPU blocks to the system.");
   bind_cuda_device(m);

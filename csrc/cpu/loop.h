@@ -14,9 +14,13 @@ namespace sl::cpu {
 
 constexpr int64_t kParallelGrain = 32768;  // elements per thread below which threads cost more than they save
 
+// Threads the kernels may use: omp_get_max_threads(), or 1 in a child forked after this process used its
+// OpenMP pool (libgomp's pool does not survive fork; see cpu/threads.cpp).
+int max_threads();
+
 inline int threads_for(int64_t work) {
   if (work < 2 * kParallelGrain) return 1;
-  return int(std::min<int64_t>(omp_get_max_threads(), work / kParallelGrain));
+  return int(std::min<int64_t>(max_threads(), work / kParallelGrain));
 }
 
 // Runs fn(begin, end) over [0, total) split across threads. The range is cut into about four chunks per

@@ -77,7 +77,7 @@ constexpr int64_t kGemmGrain = int64_t(1) << 18;
 // size does not depend on the thread count, so neither does the result (partials are summed in order).
 constexpr int64_t kSplitK = 8192;
 
-// C = op(A) @ op(B) on up to omp_get_max_threads() threads, each calling single-threaded BLAS on a block:
+// C = op(A) @ op(B) on up to max_threads() threads, each calling single-threaded BLAS on a block:
 // the larger of M / N is split when it gives every thread a reasonable block, otherwise K is split and the
 // partial products are summed (a dW GEMM of a small convolution: 20 x 25 outputs over K = 147456).
 template <typename T>
@@ -150,8 +150,8 @@ void matmul_blas(const Tensor& out, Tensor a, Tensor b) {
   T* po = out.data<T>();
   int64_t batches = 1;
   for (int d = 0; d < n - 2; ++d) batches *= out.shape()[d];
-  const int max_threads = omp_get_max_threads();
-  if (batches >= max_threads && batches * M * N * K >= 2 * kGemmGrain) {
+  const int max_threads = cpu::max_threads();
+  if (max_threads > 1 && batches >= max_threads && batches * M * N * K >= 2 * kGemmGrain) {
     // Many small products (attention-style batches): one whole GEMM per task.
     std::vector<std::array<int64_t, 3>> offsets;
     offsets.reserve(static_cast<size_t>(batches));

@@ -78,7 +78,7 @@ void reduce_inner(ReduceOp op, T* out, const T* x, int64_t K, int64_t R) {
     return convert<T>(C(s));
   };
   if (op == ReduceOp::kSum || op == ReduceOp::kMean) {
-    if (K >= omp_get_max_threads() || R * K < 2 * kParallelGrain) {
+    if (K >= max_threads() || R * K < 2 * kParallelGrain) {
       parallel_range(K, [&](int64_t b, int64_t e) {
         for (int64_t k = b; k < e; ++k) out[k] = finish_sum(sum_run(x + k * R, R));
       }, R);

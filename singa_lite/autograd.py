@@ -23,6 +23,15 @@ How backward works
    the loss towards the inputs, so the last layer's parameters come out first.
 3. Each op's state (cached inputs, masks) is dropped right after its backward, so activations are freed as
    the pass goes; a second backward through the same graph raises ``ValueError``.
+4. Gradient hooks (``Tensor.register_hook``) run here, when a parameter's gradient is final and before it is
+   yielded, so they run whoever consumes the generator (:func:`gradients`, an optimizer, DistOpt). A hook
+   ``hook(grad)`` returns None (keep ``grad``), a replacement gradient (the next hook sees it), or a
+   *pending* gradient: an object whose ``wait()`` returns the gradient later, e.g. an asynchronous
+   all-reduce (``parallel.DataParallel``). A pending pair, and every pair behind it, is held back and
+   yielded after the pass, in the same order, once ``wait()`` returned (hooks registered after the one that
+   deferred then run on the waited gradient): communication started by a hook overlaps the rest of the
+   backward pass, and consumers still only ever see final gradients. Parameters without hooks cost the
+   pass one attribute test each.
 
 Broadcasting: binary operators broadcast like numpy; their backward sums the gradient over the axes an input
 was broadcast along (``_reduce_to``: the leading axes it lacks and the axes where it has size 1).
@@ -127,7 +136,8 @@ def backward(y: Tensor, dy=None):
     g0, owned0 = _initial_dy(y, dy)
     if y.creator is None:
         if y.stores_grad:
-            yield y, Tensor(data=g0 if owned0 else g0.clone(), requires_grad=False, name=f"{y.name}_g")
+            grad = Tensor(data=g0 if owned0 else g0.clone(), requires_grad=False, name=f"{y.name}_g")
+            yield y, (_hooked(y, grad, y._grad_hooks) if y._grad_hooks else grad)
             return
         raise ValueError("backward: y has no recorded graph; set autograd.training = True before the forward "
                          "pass and build y with autograd operators (tensor operators such as + are not recorded)")
@@ -147,6 +157,7 @@ def backward(y: Tensor, dy=None):
     grads = {y.creator: [None] * len(y.creator.y_meta)}
     grads[y.creator][y.creator.y_id2idx[id(y)]] = (g0, owned0)
     ready = [y.creator]
+    held = []  # (param, gradient or _Pending) behind a hook's pending gradient, yielded after the pass
     while ready:
         op = ready.pop()
         dys = [g[0] if g is not None else _zeros(*meta) for g, meta in zip(grads.pop(op), op.y_meta)]
@@ -169,16 +180,84 @@ def backward(y: Tensor, dy=None):
             if deps[node] == 0:
                 if isinstance(node, Tensor):
                     g, owned = grads.pop(node)[0]
-                    yield node, Tensor(data=g if owned else g.clone(), requires_grad=False, name=f"{node.name}_g")
+                    grad = Tensor(data=g if owned else g.clone(), requires_grad=False, name=f"{node.name}_g")
+                    if not (node._grad_hooks or held):  # the common case: no hooks, nothing held back
+                        yield node, grad
+                    else:
+                        if node._grad_hooks:
+                            grad = _run_hooks(node, grad, list(node._grad_hooks.values()))
+                        if held or isinstance(grad, _Pending):
+                            held.append((node, grad))
+                        else:
+                            yield node, grad
                 else:
                     ready.append(node)
         del dxs
         op._release()
+    for node, grad in held:
+        yield node, _resolve(node, grad)
 
 
 def gradients(y: Tensor, dy=None) -> dict:
     """{param: grad} for every parameter y depends on."""
     return {p: g for p, g in backward(y, dy)}
+
+
+# ---------------------------------------------------------------- gradient hooks
+class _Pending:
+    """A hook's pending gradient (``work.wait()`` returns it) and the hooks still to run on it."""
+
+    __slots__ = ("work", "hook", "rest")
+
+    def __init__(self, work, hook, rest):
+        self.work, self.hook, self.rest = work, hook, rest
+
+
+def _run_hooks(param: Tensor, grad: Tensor, hooks: list):
+    """grad through the hooks in order: the final gradient, or a _Pending when one of them deferred."""
+    for i, hook in enumerate(hooks):
+        out = hook(grad)
+        if out is None:
+            continue
+        if isinstance(out, (Tensor, CTensor)):
+            grad = _checked_grad(param, out, hook)
+        elif callable(getattr(out, "wait", None)):
+            return _Pending(out, hook, hooks[i + 1:])
+        else:
+            raise TypeError(f"backward: the gradient hook {_hook_name(hook)} of {param.name} returned "
+                            f"{type(out).__name__}; a hook returns None, a Tensor (the new gradient), or an "
+                            f"object whose wait() returns the gradient")
+    return grad
+
+
+def _resolve(param: Tensor, grad):
+    """Waits for a pending gradient (and for any that the hooks after it return)."""
+    while isinstance(grad, _Pending):
+        done = _checked_grad(param, grad.work.wait(), grad.hook, "'s pending gradient: wait() returned")
+        grad = _run_hooks(param, done, grad.rest)
+    return grad
+
+
+def _hooked(param: Tensor, grad: Tensor, hooks: dict) -> Tensor:
+    return _resolve(param, _run_hooks(param, grad, list(hooks.values())))
+
+
+def _checked_grad(param: Tensor, out, hook, what: str = " returned") -> Tensor:
+    if isinstance(out, CTensor):
+        out = Tensor(data=out, requires_grad=False)
+    if not isinstance(out, Tensor):
+        raise TypeError(f"backward: the gradient hook {_hook_name(hook)} of {param.name}{what} "
+                        f"{type(out).__name__}, expected a Tensor like the parameter")
+    p, g = param.data, out.data
+    if g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
+        raise ValueError(f"backward: the gradient hook {_hook_name(hook)} of {param.name}{what} a gradient of "
+                         f"shape {tuple(g.shape)}, {g.dtype.name} on {g.device}; the parameter is "
+                         f"{tuple(p.shape)}, {p.dtype.name} on {p.device}")
+    return out
+
+
+def _hook_name(hook) -> str:
+    return getattr(hook, "__qualname__", None) or repr(hook)
 
 
 def _initial_dy(y: Tensor, dy):

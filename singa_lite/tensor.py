@@ -70,6 +70,7 @@ class Tensor:
     """
 
     __array_priority__ = 100  # numpy defers to our operators in `ndarray + Tensor`
+    _grad_hooks = None  # {handle id: hook} once register_hook is called; None keeps autograd's fast path
 
     def __init__(self, shape=(), device=None, dtype=float32, data=None, requires_grad=True, stores_grad=False,
                  creator=None, name=None):
@@ -124,6 +125,26 @@ class Tensor:
     def _derive(self, core: _core.Tensor) -> Tensor:
         """A new tensor over `core` with this tensor's autograd flags."""
         return Tensor(data=core, requires_grad=self.requires_grad, stores_grad=False)
+
+    # ----- autograd
+    def register_hook(self, hook) -> HookHandle:
+        """Calls ``hook(grad)`` in every backward pass, when this parameter's gradient is final and before
+        ``autograd.backward`` yields it (so also under ``autograd.gradients``, an optimizer or DistOpt).
+        The hook returns None (keep ``grad``), a Tensor of the same shape, dtype and device (used instead, and
+        what later hooks see), or an object whose ``wait()`` returns the gradient later; the engine then yields
+        this pair, and those behind it, after the pass (see ``autograd``). Hooks run in the order they were
+        registered. Returns a handle whose ``remove()`` unregisters the hook (PyTorch's
+        ``Tensor.register_hook``; hooks are for parameters, the tensors autograd yields)."""
+        if not callable(hook):
+            raise TypeError(f"register_hook: hook must be callable, got {type(hook).__name__}")
+        if not self.stores_grad:
+            raise ValueError(f"register_hook: {self.name or 'this tensor'} is not a parameter (stores_grad=False); "
+                             f"autograd computes final gradients, and calls hooks, for parameters only")
+        if self._grad_hooks is None:
+            self._grad_hooks = {}
+        handle = HookHandle(self._grad_hooks)
+        self._grad_hooks[handle.id] = hook
+        return handle
 
     # ----- shape
     def reshape(self, shape) -> Tensor:
@@ -306,6 +327,26 @@ class Tensor:
     def __ipow__(self, x): return _binary("pow", self, x, out=self)
 
     __hash__ = object.__hash__  # identity: tensors are dictionary keys in autograd
+
+
+class HookHandle:
+    """What ``Tensor.register_hook`` returns: ``remove()`` unregisters the hook (calling it again does nothing)."""
+
+    _ids = 0
+
+    def __init__(self, hooks: dict):
+        self._hooks = hooks
+        HookHandle._ids += 1
+        self.id = HookHandle._ids
+
+    def remove(self) -> None:
+        self._hooks.pop(self.id, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
 
 
 # ---------------------------------------------------------------- helpers

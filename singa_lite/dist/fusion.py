@@ -57,6 +57,23 @@ class Fuser:
         bucket.members.append((t, bucket.end, n))
         bucket.end += n
 
+    def launch(self, t: CTensor, threshold: int, cap: int) -> int:
+        """Queues t for the exchange, as a gradient comes out of backward: alone when larger than threshold,
+        else into the open bucket, which is sent first if t would take it past threshold, and right after if
+        it now holds cap elements or more. Returns the cap for the next bucket: threshold once one has gone
+        (a caller passes a smaller first cap so that a step's exchange starts early)."""
+        if t.numel > threshold:
+            self.send_alone(t)
+            return cap
+        if self.open_elems(t.dtype) + t.numel > threshold:
+            self.send()
+            cap = threshold
+        self.add(t)
+        if self.open_elems(t.dtype) >= cap:
+            self.send()
+            cap = threshold
+        return cap
+
     def open_elems(self, dtype) -> int:
         """Elements in the open bucket that a tensor of `dtype` would join."""
         bucket = self._open.get(self.wire_dtype or dtype)

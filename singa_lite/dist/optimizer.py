@@ -36,6 +36,7 @@ import numpy as np
 from .. import _core, autograd, tensor
 from ..opt import SGD, Optimizer
 from ..tensor import Tensor
+from . import replicas
 from .communicator import raw_tensor
 from .fusion import Fuser
 
@@ -250,22 +251,9 @@ class DistOpt:
         """True when every rank's parameters equal rank 0's within atol + rtol * |rank 0's|; a warning names
         the worst parameter otherwise. The same answer on every rank."""
         params = self._param_list(params, "check_parameter_closeness")
-        worst, worst_name = 0.0, None
-        for i, p in enumerate(params):
-            ref = p.data.clone()
-            self.communicator.broadcast(ref, 0)
-            mine, theirs = _host(p.data, np.float64), _host(ref, np.float64)
-            diff = np.abs(mine - theirs)
-            excess = float((diff / (atol + rtol * np.abs(theirs))).max()) if diff.size else 0.0
-            if excess > worst:
-                worst, worst_name = excess, p.name or f"parameter {i}"
-        flags = self.communicator.all_gather_object([worst, worst_name])
-        worst, worst_name = max(flags, key=lambda f: f[0])
-        if worst > 1.0:
-            warnings.warn(f"DistOpt: replicas drifted: {worst_name} differs from rank 0's by {worst:.3g}x the "
-                          f"tolerance (atol={atol}, rtol={rtol})", RuntimeWarning, stacklevel=2)
-            return False
-        return True
+        return replicas.check_parameter_closeness(
+            self.communicator, [(p.name or f"parameter {i}", p) for i, p in enumerate(params)], rtol, atol,
+            who="DistOpt")
 
     # ----- checkpoints
     def get_states(self) -> dict:
@@ -303,6 +291,11 @@ class DistOpt:
         return self._fusers[key]
 
     def _fused_step(self, loss, threshold: int, wire_dtype, clip=None) -> None:
+        self._fused_finish(*self._fused_backward(loss, threshold, wire_dtype, clip))
+
+    def _fused_backward(self, loss, threshold: int, wire_dtype, clip=None):
+        """The backward pass, each gradient queued for the exchange as it comes (the first step: after the
+        models were compared). Returns what _fused_finish needs."""
         fuser = self._fuser(wire_dtype)
         triples = []
         overlap = self._synced and self.overlap  # the first step compares the models before any exchange
@@ -313,31 +306,18 @@ class DistOpt:
                 _core.clip(gd, -clip, clip, out=gd)
             triples.append((self.opt._name_of(p), p, g))
             if overlap:
-                cap = self._launch(fuser, gd, threshold, cap)
+                cap = fuser.launch(gd, threshold, cap)
         if not overlap:
             self._first_step(triples)
             for _, _, g in triples:
-                cap = self._launch(fuser, g.data, threshold, cap)
+                cap = fuser.launch(g.data, threshold, cap)
+        return fuser, triples
+
+    def _fused_finish(self, fuser: Fuser, triples) -> None:
+        """Waits for the exchange; one update with the averaged gradients unless one is not finite."""
         regions = fuser.wait()
         if self._finite_everywhere(regions):
             self._apply(triples)
-
-    @staticmethod
-    def _launch(fuser: Fuser, g: CTensor, threshold: int, cap: int) -> int:
-        """Queues g for the exchange: alone when larger than threshold, else into the open bucket, which is
-        sent first if g would take it past threshold, and right after if it now holds cap elements or more.
-        Returns the cap for the next bucket: threshold once one has gone (only the first one is smaller)."""
-        if g.numel > threshold:
-            fuser.send_alone(g)
-            return cap
-        if fuser.open_elems(g.dtype) + g.numel > threshold:
-            fuser.send()
-            cap = threshold
-        fuser.add(g)
-        if fuser.open_elems(g.dtype) >= cap:
-            fuser.send()
-            cap = threshold
-        return cap
 
     def _local_gradients(self, loss) -> list:
         return [(self.opt._name_of(p), p, g) for p, g in autograd.backward(loss)]
@@ -370,20 +350,13 @@ class DistOpt:
             self._params = [(n, p) for n, p, _ in triples]
         if self._synced and not force:
             return
-        mine = [[n, list(p.shape), p.dtype.name] for n, p, _ in triples]
-        every = self.communicator.all_gather_object(mine)
-        differences = [_describe_difference(every[0], other, r) for r, other in enumerate(every) if other != every[0]]
-        if differences:
-            raise ValueError("DistOpt: the ranks' models differ: " + "; ".join(differences)
-                             + ". Every rank must build the same model (same layers, in the same order)")
-        for _, p, _ in triples:
-            self.communicator.broadcast(p.data, 0)
+        replicas.broadcast_parameters(self.communicator, [(n, p) for n, p, _ in triples], 0, who="DistOpt")
         self._synced = True
 
     def _average_values(self, params, threshold: int) -> None:
         fuser = self._fuser(None)
         for p in params:
-            self._launch(fuser, p.data, threshold, threshold)
+            fuser.launch(p.data, threshold, threshold)
         fuser.wait()
 
     def _param_list(self, params, what: str) -> list:
@@ -493,13 +466,3 @@ def _same(name, value, alias, alias_value):
     if value is not None and value != alias_value:
         raise ValueError(f"DistOpt: {name}={value} and {alias}={alias_value} disagree; pass one of them")
     return alias_value
-
-
-def _describe_difference(ref, other, rank: int) -> str:
-    if len(ref) != len(other):
-        return f"rank 0 has {len(ref)} parameters, rank {rank} has {len(other)}"
-    for i, (a, b) in enumerate(zip(ref, other)):
-        if a != b:
-            return (f"parameter {i}: rank 0 has {a[0]} {tuple(a[1])} {a[2]}, rank {rank} has {b[0]} {tuple(b[1])} "
-                    f"{b[2]}")
-    return f"rank {rank} differs"

@@ -97,3 +97,32 @@ def test_multi_device_too_many_gpus_is_a_clear_error():
 def test_help(script, expected):
     rc, out = run([sys.executable, script, "--help"], timeout=60)
     assert rc == 0 and all(opt in out for opt in expected), out
+
+
+MLP_DDP = os.path.join(ROOT, "examples", "mlp_ddp.py")
+TINY_MLP = ["--niters", "40", "--log-every", "20", "--check-every", "10", "--dim-in", "64", "--dim-hidden", "32",
+            "--n-classes", "4", "--train-size", "600", "--batch-size", "32"]
+
+
+def _mlp_final_loss(args):
+    proc = subprocess.run([sys.executable, MLP_DDP, *TINY_MLP, *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "replicas identical" in out, out
+    return float(re.search(r"final test loss ([0-9.]+)", out).group(1)), out
+
+
+def test_mlp_ddp_modes_learn_and_agree():
+    single, _ = _mlp_final_loss(["--mode", "single"])
+    distopt, out_d = _mlp_final_loss(["--mode", "distopt", "--world-size", "2"])
+    hooks, out_h = _mlp_final_loss(["--mode", "hooks", "--world-size", "2"])
+    assert single < 0.9 * np.log(4), (single, "did not learn")
+    assert "2 rank(s)" in out_d and "2 rank(s)" in out_h
+    # two ranks with half batches follow one process with the whole batch, up to rounding
+    assert abs(distopt - single) < 0.05 and abs(hooks - single) < 0.05, (single, distopt, hooks)
+
+
+def test_mlp_ddp_help():
+    proc = subprocess.run([sys.executable, MLP_DDP, "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "--mode" in proc.stdout and "--check-every" in proc.stdout

@@ -62,7 +62,7 @@ class UsageError(Exception):
 # ---------------------------------------------------------------- command line
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="singa-run", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+        prog="singa-run", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG, allow_abbrev=False,
         description="Start N ranks of a Python script on this host for singa_lite's data-parallel training.")
     p.add_argument("-np", "-n", "--np", dest="np", type=int, required=True, metavar="N",
                    help="number of ranks to start")
@@ -82,6 +82,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("target", metavar="script.py | module", help="the script (or, with -m, the module) to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed on to the script")
     return p
+
+
+_TAKE_A_VALUE = {"-np", "-n", "--np", "--backend", "--timeout", "--grace"}
+
+
+def parse_command_line(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:
+    """singa-run's own options stop at the script (or module): everything after it belongs to the script,
+    even words that look like singa-run's options (argparse alone parsed `--n 5` meant for the script as
+    an abbreviation of `--np`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":  # an explicit end of singa-run's options
+            return _with_script_args(parser.parse_args(argv[:i] + argv[i + 1:i + 2]), argv[i + 2:])
+        if not word.startswith("-") or word == "-":
+            return _with_script_args(parser.parse_args(argv[:i + 1]), argv[i + 1:])
+        i += 2 if word in _TAKE_A_VALUE else 1
+    return parser.parse_args(argv)  # no script: argparse reports what is missing (or prints --help)
+
+
+def _with_script_args(args: argparse.Namespace, rest: list) -> argparse.Namespace:
+    args.args = list(args.args) + rest
+    return args
 
 
 def check_args(args) -> None:
@@ -367,7 +391,7 @@ def dry_run(args) -> None:
 def main(argv=None) -> int:
     """singa-run's entry point; returns the exit status (argparse exits with 2 itself on a bad command line)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     try:
         check_args(args)
     except UsageError as e:

@@ -126,3 +126,30 @@ def test_mlp_ddp_modes_learn_and_agree():
 def test_mlp_ddp_help():
     proc = subprocess.run([sys.executable, MLP_DDP, "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "--mode" in proc.stdout and "--check-every" in proc.stdout
+
+
+# Every distributed example under the two external launchers (the multiprocessing one is above and in
+# test_dist_examples.py), two ranks, tiny sizes.
+EXTERNAL = {
+    "dist_matmul.py": ["--m", "9", "--k", "7", "--n", "5"],
+    "resnet_cifar10.py": ["--epochs", "1", "--batch-size", "16"],
+    "mlp_ddp.py": [*TINY_MLP, "--mode", "hooks"],
+    "mnist_dist.py": ["--epochs", "1"],
+}
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "singa-run"])
+@pytest.mark.parametrize("script", sorted(EXTERNAL))
+def test_examples_under_external_launchers(script, launcher):
+    path = os.path.join(ROOT, "examples", script)
+    if launcher == "mpi":
+        if not os.path.exists(MPIEXEC):
+            pytest.skip(f"no mpiexec next to {sys.executable}: pip install 'singa_lite[mpi]'")
+        cmd = [MPIEXEC, "-n", "2", sys.executable, path]
+    else:
+        cmd = [sys.executable, "-m", "singa_lite.run", "-np", "2", path]
+    proc = subprocess.run(cmd + ["--launcher", launcher, *EXTERNAL[script]], capture_output=True, text=True,
+                          timeout=180, cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert re.search(r"2 ranks|2 rank\(s\)|world size 2|; 2 ranks", out), out

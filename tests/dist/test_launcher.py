@@ -254,6 +254,15 @@ def test_module_and_dry_run(scripts):
     assert "rank 1: LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 " in r.out and "SINGA_LITE_COMM_BACKEND=shm" in r.out
 
 
+def test_words_after_the_script_belong_to_the_script(scripts):
+    # --n and --time look like abbreviations of singa-run's --np / --timeout: they are the script's
+    args = ["--n", "5", "--time", "1", "-np", "3", "--backend", "x"]
+    r = launch(["-np", "2", "--dry-run", "allreduce.py", *args], scripts)
+    assert r.returncode == 0 and f"{sys.executable} allreduce.py {' '.join(args)}" in r.out, r.out + r.err
+    r = launch(["-np", "2", "--dry-run", "--", "allreduce.py", "--np", "4"], scripts)
+    assert r.returncode == 0 and f"{sys.executable} allreduce.py --np 4" in r.out, r.out + r.err
+
+
 @pytest.mark.parametrize("args,message", [
     (["-np", "0", "allreduce.py"], "-np must be at least 1, got 0"),
     (["-np", "2", "missing.py"], "script 'missing.py' does not exist"),

@@ -13,29 +13,12 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "ops/gemm_layout.h"
 #include "cpu/kernels.h"
 #include "cpu/loop.h"
 
 namespace sl::cpu {
 namespace {
-
-struct MatLayout {
-  bool ok = false;
-  bool trans = false;
-  int64_t ld = 0;
-};
-
-// Can a rows x cols matrix with these strides (elements) be handed to row-major GEMM, and how?
-MatLayout blas_layout(int64_t rows, int64_t cols, int64_t stride_r, int64_t stride_c) {
-  MatLayout m;
-  int64_t sr = rows == 1 ? std::max<int64_t>(cols, 1) : stride_r;
-  int64_t sc = cols == 1 ? 1 : stride_c;
-  if (sc == 1 && sr >= std::max<int64_t>(cols, 1)) return {true, false, sr};
-  sr = rows == 1 ? 1 : stride_r;
-  sc = cols == 1 ? std::max<int64_t>(rows, 1) : stride_c;
-  if (sr == 1 && sc >= std::max<int64_t>(rows, 1)) return {true, true, sc};
-  return m;
-}
 
 // Iterates the batch axes (all but the last two) of out / a / b, calling fn with element offsets.
 template <typename Fn>
@@ -127,24 +110,13 @@ template <typename T>
 void matmul_blas(const Tensor& out, Tensor a, Tensor b) {
   const int n = out.ndim();
   const int64_t M = out.shape()[n - 2], N = out.shape()[n - 1], K = a.shape()[n - 1];
-  SL_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX, ValueError, "matmul: dimensions (", M, ", ", K, ", ", N,
-           ") exceed the 32-bit BLAS limit of ", INT_MAX);
+  check_gemm_dims(M, N, K);
   if (M == 0 || N == 0) return;
   if (K == 0) {
     fill(out, 0.0);
     return;
   }
-  MatLayout la = blas_layout(M, K, a.strides()[n - 2], a.strides()[n - 1]);
-  if (!la.ok) {
-    a = a.contiguous();
-    la = blas_layout(M, K, a.strides()[n - 2], a.strides()[n - 1]);
-  }
-  MatLayout lb = blas_layout(K, N, b.strides()[n - 2], b.strides()[n - 1]);
-  if (!lb.ok) {
-    b = b.contiguous();
-    lb = blas_layout(K, N, b.strides()[n - 2], b.strides()[n - 1]);
-  }
-  SL_ASSERT(la.ok && lb.ok);
+  const MatLayout la = gemm_operand(a, M, K), lb = gemm_operand(b, K, N);
   const T* pa = a.data<T>();
   const T* pb = b.data<T>();
   T* po = out.data<T>();

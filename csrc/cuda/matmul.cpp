@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "ops/gemm_layout.h"
 #include "cuda/check.h"
 #include "cuda/context.h"
 #include "cuda/cublas.h"
@@ -30,25 +31,6 @@ namespace sl::cuda {
 void matmul_int(const Tensor& out, const Tensor& a, const Tensor& b);  // cuda/matmul_int.cu
 
 namespace {
-
-struct MatLayout {
-  bool ok = false;
-  bool trans = false;  // unit stride on the row axis: a transposed view
-  int64_t ld = 0;
-};
-
-// How a rows x cols row-major view with these element strides is handed to cuBLAS (see the file comment):
-// trans = false: unit column stride, ld = row stride; trans = true: unit row stride, ld = column stride.
-// The leading dimension must cover the other extent (as BLAS requires) and fit cuBLAS's int.
-MatLayout blas_layout(int64_t rows, int64_t cols, int64_t stride_r, int64_t stride_c) {
-  int64_t sr = rows == 1 ? std::max<int64_t>(cols, 1) : stride_r;
-  int64_t sc = cols == 1 ? 1 : stride_c;
-  if (sc == 1 && sr >= std::max<int64_t>(cols, 1) && sr <= INT_MAX) return {true, false, sr};
-  sr = rows == 1 ? 1 : stride_r;
-  sc = cols == 1 ? std::max<int64_t>(rows, 1) : stride_c;
-  if (sr == 1 && sc >= std::max<int64_t>(rows, 1) && sc <= INT_MAX) return {true, true, sc};
-  return {};
-}
 
 cublasOperation_t op_of(const MatLayout& l) { return l.trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
@@ -98,19 +80,8 @@ template <typename T>
 void matmul_cublas(const Tensor& out, Tensor a, Tensor b, int device) {
   const int n = out.ndim(), nb = n - 2;
   const int64_t M = out.shape()[n - 2], N = out.shape()[n - 1], K = a.shape()[n - 1];
-  SL_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX, ValueError, "matmul: dimensions (", M, ", ", K, ", ", N,
-           ") exceed the 32-bit BLAS limit of ", INT_MAX);
-  MatLayout la = blas_layout(M, K, a.strides()[n - 2], a.strides()[n - 1]);
-  if (!la.ok) {
-    a = a.contiguous();
-    la = blas_layout(M, K, a.strides()[n - 2], a.strides()[n - 1]);
-  }
-  MatLayout lb = blas_layout(K, N, b.strides()[n - 2], b.strides()[n - 1]);
-  if (!lb.ok) {
-    b = b.contiguous();
-    lb = blas_layout(K, N, b.strides()[n - 2], b.strides()[n - 1]);
-  }
-  SL_ASSERT(la.ok && lb.ok);
+  check_gemm_dims(M, N, K);
+  const MatLayout la = gemm_operand(a, M, K), lb = gemm_operand(b, K, N);
 
   // The innermost batch axes [first, nb) that collapse to one stride in both operands (out is contiguous).
   const Shape batch(out.shape().begin(), out.shape().begin() + nb);

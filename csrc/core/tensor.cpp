@@ -8,9 +8,9 @@
 namespace sl {
 
 int64_t numel_of(const Shape& shape) {
-  // Every shape a tensor can take passes through here, so an element count beyond int64 (e.g. a broadcast
-  // to [2**62, 2**62]) is refused once, here, instead of wrapping to a small number that later kernels would
-  // trust. A zero dimension makes the product 0 whatever the others are, as numpy has it.
+  // Every tensor's shape passes through here when it is built (Tensor's constructor), so an element count
+  // beyond int64 (e.g. a broadcast to [2**62, 2**62]) is refused instead of wrapping to a small number that
+  // later kernels would trust. A zero dimension makes the product 0 whatever the others are, as numpy has it.
   for (int64_t d : shape)
     if (d == 0) return 0;
   int64_t n = 1;
@@ -70,6 +70,7 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int
            shape_.size());
   SL_ASSERT(shape_.size() == strides_.size());
   for (int64_t d : shape_) SL_CHECK(d >= 0, ValueError, "Tensor: negative dimension in shape ", shape_str(shape_));
+  numel_ = numel_of(shape_);  // every tensor and view is built here: a count beyond int64 is refused once
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
@@ -190,7 +191,6 @@ Tensor Tensor::broadcast_to(const Shape& shape) const {
   check_defined(*this, "broadcast_to", "input");
   SL_CHECK(shape.size() >= shape_.size(), ValueError, "broadcast_to: cannot broadcast ", shape_str(shape_), " to ",
            shape_str(shape), " (fewer dimensions)");
-  numel_of(shape);  // refuses element counts beyond int64
   size_t lead = shape.size() - shape_.size();
   Shape strides(shape.size(), 0);
   for (size_t i = 0; i < shape_.size(); ++i) {

@@ -37,7 +37,7 @@ class Tensor {
   DType dtype() const { return dtype_; }
   Device device() const;
   int ndim() const { return int(shape_.size()); }
-  int64_t numel() const { return numel_of(shape_); }
+  int64_t numel() const { return numel_; }
   size_t itemsize() const { return sl::itemsize(dtype_); }
   size_t nbytes() const { return size_t(numel()) * itemsize(); }
   bool is_contiguous() const;
@@ -70,6 +70,7 @@ class Tensor {
   Shape strides_;
   int64_t offset_ = 0;
   DType dtype_ = DType::kFloat32;
+  int64_t numel_ = 1;  // of shape_, counted (and checked against int64 overflow) once, at construction
 };
 
 // Raises ValueError unless `t` is defined; used by ops taking optional outputs.

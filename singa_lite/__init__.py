@@ -47,16 +47,11 @@ def _cuda_wheel_dirs() -> None:
     # Tell the loader where they are; without the wheels it falls back to the system's library path.
     if not _core.cuda_compiled():
         return
-    import importlib.util
-    import os
+    from ._wheels import nvidia_lib_dir
 
-    spec = importlib.util.find_spec("nvidia")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        for sub in ("cu13/lib", "cublas/lib"):
-            folder = os.path.join(root, sub)
-            if os.path.isdir(folder) and any(n.startswith("libcublas.so") for n in os.listdir(folder)):
-                _core.set_cublas_dir(folder)
-                return
+    folder = nvidia_lib_dir(("cu13/lib", "cublas/lib"), "libcublas.so")
+    if folder is not None:
+        _core.set_cublas_dir(folder)
 
 
 _cuda_wheel_dirs()

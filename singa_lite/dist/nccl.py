@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib.util
-import os
 import sys
 import threading
 import time
@@ -33,6 +31,7 @@ import weakref
 import numpy as np
 
 from .. import _core, tensor
+from .._wheels import nvidia_lib_dir
 from .communicator import DEFAULT_TIMEOUT, CommError, Communicator, Work
 from .mpi import broadcast_bytes, import_mpi, launched_by_mpiexec
 
@@ -49,15 +48,7 @@ def compiled() -> bool:
 
 def wheel_library_dir() -> str | None:
     """The lib/ folder of an installed nvidia-nccl wheel (nvidia-nccl-cu12 / -cu13), or None."""
-    try:
-        spec = importlib.util.find_spec("nvidia.nccl")
-    except (ImportError, ValueError):
-        return None
-    for base in (spec.submodule_search_locations or []) if spec is not None else []:
-        lib = os.path.join(base, "lib")
-        if os.path.exists(os.path.join(lib, "libnccl.so.2")):
-            return lib
-    return None
+    return nvidia_lib_dir(("nccl/lib",), "libnccl.so.2")
 
 
 _configured = False

@@ -1,6 +1,7 @@
 // The shared-memory communicator as singa_lite._core.ShmComm, and shm_unlink. Every call that may block
 // releases the GIL, so other Python threads (and the rank's own abort()) keep running while it waits.
 #include <pybind11/stl.h>
+#include <unistd.h>  // pause
 
 #include "bindings/binders.h"
 #include "comm/shm_comm.h"
@@ -14,7 +15,8 @@ namespace {
 using comm::CommOp;
 using comm::ShmComm;
 using OptTensor = std::optional<Tensor>;
-const auto release = py::call_guard<py::gil_scoped_release>();
+const auto release = py::call_guard<ReleaseGilForDaemon>();
+unsigned long main_thread_ident = 0;  // threading.main_thread().ident, read when the module is imported
 
 CommOp parse_op(const std::string& s, const char* op) {
   for (CommOp c : {CommOp::kSum, CommOp::kAvg, CommOp::kMax, CommOp::kMin, CommOp::kProd})
@@ -24,16 +26,35 @@ CommOp parse_op(const std::string& s, const char* op) {
 
 Tensor or_undefined(const OptTensor& t) { return t ? *t : Tensor(); }
 
-// Called by a waiting ShmComm (without the GIL) every ~40 ms: runs Python's signal handlers, so Ctrl-C
-// during a stuck collective raises KeyboardInterrupt at once instead of after the timeout.
+}  // namespace
+
 void check_python_signals() {
+  if (!on_python_main_thread()) return;  // only the main thread runs signal handlers: nothing to check
   py::gil_scoped_acquire gil;
   if (PyErr_CheckSignals() != 0) throw py::error_already_set();
 }
 
-}  // namespace
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
+ReleaseGilForDaemon::ReleaseGilForDaemon() : state_(PyEval_SaveThread()) {}
+
+ReleaseGilForDaemon::~ReleaseGilForDaemon() {
+  if (!on_python_main_thread() && interpreter_finalizing()) {
+    for (;;) pause();  // parked: the process is exiting (see binders.h)
+  }
+  PyEval_RestoreThread(state_);
+}
+
+bool on_python_main_thread() { return PyThread_get_thread_ident() == main_thread_ident; }
 
 void bind_comm(py::module_& m) {
+  main_thread_ident = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   py::class_<ShmComm>(m, "ShmComm", R"doc(
 Collectives among the processes of one host through POSIX shared memory (the CPU 'shm' backend).
 
@@ -86,7 +107,7 @@ or abort() on any rank makes every rank raise CommError, now or at its next call
       .def("close", &ShmComm::close, release, "Detaches; later calls raise CommError.")
       .def("__enter__", [](ShmComm& c) -> ShmComm& { return c; }, py::return_value_policy::reference)
       .def("__exit__", [](ShmComm& c, const py::args&) {
-        py::gil_scoped_release unlocked;
+        ReleaseGilForDaemon unlocked;
         c.close();
       })
       .def("__repr__", [](const ShmComm& c) {

@@ -17,14 +17,7 @@ namespace {
 
 namespace nc = cuda::nccl;
 using OptTensor = std::optional<Tensor>;
-const auto release = py::call_guard<py::gil_scoped_release>();
-
-// Called (without the GIL) about every 40 ms while a call polls NCCL or an event: runs Python's signal
-// handlers, so Ctrl-C ends a long wait with KeyboardInterrupt instead of after the timeout.
-void check_python_signals() {
-  py::gil_scoped_acquire gil;
-  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-}
+const auto release = py::call_guard<ReleaseGilForDaemon>();  // see binders.h
 
 Tensor or_undefined(const OptTensor& t) { return t ? *t : Tensor(); }
 
@@ -40,7 +33,7 @@ void bind_nccl(py::module_& m) {
   m.def("nccl_get_unique_id", [] {
     std::string id;
     {
-      py::gil_scoped_release unlocked;
+      ReleaseGilForDaemon unlocked;
       id = nc::get_unique_id();
     }
     return py::bytes(id);
@@ -71,7 +64,7 @@ NcclWork at once; a watchdog aborts the communicator when an operation has not f
 seconds or NCCL reports an error, after which every call raises CommError.)doc")
       .def(py::init([](const py::bytes& unique_id, int rank, int world_size, int device, double timeout) {
              std::string id = unique_id;
-             py::gil_scoped_release unlocked;
+             ReleaseGilForDaemon unlocked;
              return std::make_unique<nc::Comm>(id, rank, world_size, device, timeout, check_python_signals);
            }),
            py::arg("unique_id"), py::arg("rank"), py::arg("world_size"), py::arg("device"),

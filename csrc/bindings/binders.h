@@ -3,6 +3,33 @@
 #include <pybind11/pybind11.h>
 
 namespace sl::bindings {
+
+// Releases the GIL for a blocking call, as py::gil_scoped_release, for calls that daemon threads make
+// (DistOpt's communication thread waits in collectives). When such a call returns while the interpreter
+// shuts down (its rank is exiting: an uncaught exception, sys.exit), taking the GIL back would end the
+// thread with a forced unwind through this destructor, which std::terminate()s the process (SIGABRT, a
+// "terminate called without an active exception" in place of the rank's real exit status). The thread is
+// parked instead, as CPython 3.14 itself does, until the process exits a moment later.
+class ReleaseGilForDaemon {
+ public:
+  ReleaseGilForDaemon();
+  ~ReleaseGilForDaemon();
+  ReleaseGilForDaemon(const ReleaseGilForDaemon&) = delete;
+  ReleaseGilForDaemon& operator=(const ReleaseGilForDaemon&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+
+// True on the thread Python runs signal handlers on (threading.main_thread()); callable without the GIL.
+bool on_python_main_thread();
+
+// Called (without the GIL) about every 40 ms by a waiting communicator call: runs Python's signal handlers,
+// so Ctrl-C ends a stuck collective with KeyboardInterrupt at once instead of after the timeout. Other
+// threads (DistOpt's communication thread) return at once: they run no handlers, and must not take the GIL
+// while the interpreter shuts down (see ReleaseGilForDaemon).
+void check_python_signals();
+
 void bind_errors(pybind11::module_& m);
 void bind_device(pybind11::module_& m);
 void bind_tensor(pybind11::module_& m);

@@ -59,7 +59,11 @@ class Work:
                 raise self._comm._expired(self.name)
             raise CommError(f"{self.name}: not finished after waiting {timeout} s")
         if self._error is not None:
-            raise self._error
+            if isinstance(self._error, CommError):
+                # About the job (a rank died, a timeout), not about the communication thread's frames: the
+                # waiter's own frames are what a user needs, and every surviving rank prints this traceback.
+                raise self._error.with_traceback(None)
+            raise self._error  # anything else may be a bug: keep where it happened
         return self._result
 
 

@@ -22,13 +22,18 @@ Four ways to synchronise, as SINGA:
 Differences from SINGA, on purpose: buffer bounds are checked; float16 sums divide first; top-K compares
 magnitudes as floats (SINGA's comparator truncated them); at the first step rank 0's parameters are
 broadcast and the ranks' models are compared (names, shapes, dtypes, order), raising ValueError on every
-rank with the difference; a non-finite averaged gradient skips the step on every rank (``on_nonfinite=
-"skip"``, counted in ``skipped_steps``) or raises FloatingPointError (``"raise"``).
+rank with the difference; a non-finite gradient skips the step on every rank (``on_nonfinite="skip"``,
+counted in ``skipped_steps``, a warning on rank 0) or raises FloatingPointError on every rank (``"raise"``),
+in both cases with no parameter, optimizer state or residual changed. The fused modes test the averaged
+gradients; the partial and sparse modes test each rank's own gradients before anything changes, at the
+cost of one all-reduce of ``world_size`` integers per step.
 """
 from __future__ import annotations
 
 import math
 import numbers
+import os
+import sys
 import warnings
 
 import numpy as np
@@ -52,6 +57,7 @@ def _raw(t, what: str) -> CTensor:
     return raw_tensor(t, f"DistOpt.{what}")
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _CPU = _core.Device("cpu")
 
 
@@ -70,6 +76,15 @@ def _zeros(shape, dtype, device) -> CTensor:
     t = CTensor(list(shape), dtype, device)  # the raw constructor leaves memory uninitialised
     _core.fill_(t, 0)
     return t
+
+
+def _user_stacklevel() -> int:
+    """The stacklevel that makes a warning point at the caller's nearest frame outside singa_lite (the user's
+    training step, however deep inside the package the warning was raised)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _all_finite(t: CTensor) -> bool:
@@ -157,6 +172,8 @@ class DistOpt:
         threshold = self._threshold(threshold)
         triples = self._local_gradients(loss)
         self._first_step(triples)
+        if not self._finite_everywhere([g.data for _, _, g in triples], local=True):
+            return
         self._apply(triples)
         parts = _partitions([p for _, p, _ in triples], threshold, size=lambda p: p.data.numel)
         if parts:
@@ -171,6 +188,10 @@ class DistOpt:
         spars = _check_spars(spars, topK)
         triples = self._local_gradients(loss)
         self._first_step(triples)
+        # Checked before anything changes: a NaN below the threshold would never be sent but would stay in
+        # the residual, and a step skipped on some ranks only would leave the replicas apart.
+        if not self._finite_everywhere([g.data for _, _, g in triples], local=True):
+            return
         for group in _partitions(triples, threshold, size=lambda tr: tr[2].data.numel):
             self._sparse_group([g.data for _, _, g in group], [n for n, _, _ in group], spars, bool(topK),
                                bool(corr), average=True)
@@ -327,21 +348,28 @@ class DistOpt:
             self.opt.apply(name, p, g)
         self.opt.step()
 
-    def _finite_everywhere(self, regions) -> bool:
-        """Whether every averaged gradient is finite, decided the same way on every rank (a one-element
-        all-reduce of the local verdicts), so ranks never diverge on skipping a step."""
+    def _finite_everywhere(self, regions, local: bool = False) -> bool:
+        """Whether every tensor of `regions` is finite on every rank, decided the same way on every rank (an
+        all-reduce of the ranks' verdicts), so ranks never diverge on skipping a step. regions: the averaged
+        gradients (the same on every rank), or with `local` each rank's own gradients (partial and sparse
+        updates, checked before anything changes; the verdicts then name the ranks)."""
         where = regions[0].device if regions else _CPU  # the communicator's kind of memory (NCCL: the GPU)
-        bad = _on(where, np.array([0 if all(_all_finite(r) for r in regions) else 1], np.int32))
+        verdicts = np.zeros(self.world_size if local else 1, np.int32)
+        verdicts[self.global_rank if local else 0] = 0 if all(_all_finite(r) for r in regions) else 1
+        bad = _on(where, verdicts)
         self.communicator.all_reduce(bad, "max")
-        if int(_host(bad)[0]) == 0:
+        bad = _host(bad)
+        if not bad.any():
             return True
+        what = (f"the gradients of rank {', '.join(map(str, np.flatnonzero(bad)))}" if local
+                else "the averaged gradients")
         if self.on_nonfinite == "raise":
-            raise FloatingPointError("DistOpt: the averaged gradients contain inf or nan; no parameter was "
-                                     "changed (on_nonfinite='skip' skips such steps instead)")
+            raise FloatingPointError(f"DistOpt: {what} contain inf or nan; no parameter was changed on any rank "
+                                     f"(on_nonfinite='skip' skips such steps instead)")
         self.skipped_steps += 1
         if self.global_rank == 0:
-            warnings.warn(f"DistOpt: inf or nan in the averaged gradients: step skipped on every rank "
-                          f"({self.skipped_steps} so far)", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"DistOpt: inf or nan in {what}: step skipped on every rank ({self.skipped_steps} so "
+                          f"far)", RuntimeWarning, stacklevel=_user_stacklevel())
         return False
 
     def _first_step(self, triples, force: bool = False) -> None:

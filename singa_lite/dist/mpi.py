@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from .. import _core, tensor
+from . import watch
 from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator
 
 ABORT_GRACE_S = 1.0
@@ -63,6 +64,49 @@ def broadcast_bytes(data: bytes | None, root: int = 0, comm=None) -> bytes:
     return buf.tobytes()
 
 
+def unlink_mpich_segments() -> list:
+    """Removes the names of the MPICH shared-memory segments this process has mapped (/dev/shm/mpich_shm_*),
+    returning them. MPICH removes them in MPI_Finalize, which a killed job never reaches: without this every
+    killed job leaves its segments in /dev/shm until reboot. Called once every local rank has mapped them (after
+    MPI_Init on every rank), it is harmless: mappings outlive names, nothing opens them by name again, and
+    MPI_Finalize ignores their absence."""
+    removed = []
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split(None, 5)[5].strip() for line in f if " /dev/shm/mpich_shm_" in line}
+    except OSError:  # not Linux: nothing to do
+        return removed
+    for path in sorted(paths):
+        if path.endswith("(deleted)"):
+            continue
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:  # another rank of this host removed it first, or it is not ours to remove
+            pass
+    return removed
+
+
+def _abort_on_uncaught_exception(comm) -> None:
+    """An uncaught exception on one rank ends that rank, while the others wait for it inside a collective and
+    MPI_Finalize (at its exit) would wait for them: the job would hang until the timeout. So, as mpi4py's
+    ``python -m mpi4py`` does, such an exception aborts the job once its traceback is printed (the others
+    print nothing: mpiexec ends them, and the traceback is shown once)."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        if comm.closed or comm.world_size == 1:
+            return
+        if comm._watch_name is not None:
+            watch.tell(comm._watch_name, "reported", comm.rank)
+        print(f"singa_lite: rank {comm.rank} of {comm.world_size} ended with an uncaught {kind.__name__} "
+              f"(above): aborting the MPI job", file=sys.stderr, flush=True)
+        comm._comm.Abort(1)
+
+    sys.excepthook = hook
+
+
 def _fp16_op(MPI, name: str):
     ufunc = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[name]
 
@@ -94,7 +138,7 @@ class MpiCommunicator(Communicator):
         self._comm = (comm or MPI.COMM_WORLD).Dup()  # our own context: user traffic cannot interleave
         local = self._comm.Split_type(MPI.COMM_TYPE_SHARED)
         super().__init__(self._comm.rank, self._comm.size, local.rank, local.size, timeout)
-        local.Free()
+        whole_job = comm is None or comm == MPI.COMM_WORLD
         self._types = {tensor.float32: MPI.FLOAT, tensor.float64: MPI.DOUBLE, tensor.int32: MPI.INT32_T,
                        tensor.int64: MPI.INT64_T, tensor.float16: MPI.INT16_T}
         self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD, "avg": MPI.SUM}
@@ -109,6 +153,13 @@ class MpiCommunicator(Communicator):
         self._entered[0] = 0
         self._board.Lock_all(MPI.MODE_NOCHECK)
         self._comm.Barrier()
+        self._watch_name = None
+        if whole_job:  # every rank of the job has passed MPI_Init, so every one has mapped MPICH's segments
+            if self.local_rank == 0:
+                unlink_mpich_segments()
+            self._watch_name = self._start_watcher(local)
+            _abort_on_uncaught_exception(self)
+        local.Free()
         atexit.register(self._at_exit)
 
     # ----- buffers
@@ -255,6 +306,20 @@ class MpiCommunicator(Communicator):
     def _recv(self, t, src, tag):
         self._complete(self._comm.Irecv(self._buf(t), source=src, tag=tag), "recv")
 
+    def _start_watcher(self, local):
+        """Starts this host's watcher (see watch.py: it names a rank that dies, which mpiexec does not do
+        reliably) on local rank 0; returns the name the ranks tell it their normal ends by."""
+        if self.world_size == 1 or not launched_by_mpiexec() or os.environ.get(watch.ENV_SWITCH) == "0":
+            return None
+        mine = np.array([self.rank, os.getpid()], np.int64)
+        table = np.zeros((local.size, 2), np.int64)
+        local.Allgather(mine, table)  # plain integers: no pickle
+        name = watch.socket_name(int(table[0, 1]))
+        if local.rank == 0:
+            watch.start(name, self._MPI.Get_processor_name(), {int(r): int(p) for r, p in table})
+        local.Barrier()  # it listens before any rank of this host can end
+        return name
+
     def _abort(self, reason):
         print(f"singa_lite: rank {self.rank} aborts the MPI job: {reason}", file=sys.stderr, flush=True)
         self._comm.Abort(1)
@@ -293,6 +358,8 @@ class MpiCommunicator(Communicator):
         return result if len(result) == self.world_size else None
 
     def _at_exit(self):
+        if self._watch_name is not None:  # this rank's end is not a death: the watcher must not blame it
+            watch.tell(self._watch_name, "done" if self._broken is None else "reported", self.rank)
         if self._broken is None:
             self.close()  # the window must go before MPI_Finalize (mpi4py's own exit hook, which runs after)
         elif not self.closed:

@@ -1,0 +1,114 @@
+"""Names the rank that died first in an mpiexec job.
+
+When one rank of an MPI job is killed (SIGKILL, the out-of-memory killer, a crash in C), mpiexec (MPICH's
+Hydra) kills every other rank at once, before any of them can notice, and reports a failed process by a
+PID that is not always the dead one (it names the first of its list that exited badly: all of them, by
+then). So on each host, local rank 0 starts this small watcher, in a session of its own so the clean-up
+leaves it alone:
+
+    python .../singa_lite/dist/watch.py <socket name> <host> <ready fd> <rank>=<pid> ...
+
+It waits on a pidfd per local rank (woken the moment a process ends, without polling) and on an abstract
+Unix datagram socket (no file to clean up) where ranks say ``done <rank>`` when they exit normally, or
+``reported <rank>`` when singa_lite already explained their end (an uncaught exception aborting the job).
+The first rank to end without having said either is the one that died: the watcher prints its name to
+the job's stderr and exits. It exits silently once every rank ended, when a ``reported`` rank ends, when a
+rank ends within a second of a ``done`` one (a rank that ended with ``sys.exit(code)`` says ``done`` too, and
+mpiexec, which reports that code itself, then ends the others), or when the PIDs cannot be watched (no
+pidfd: not Linux >= 5.3).
+"""
+from __future__ import annotations
+
+import os
+import select
+import socket
+import sys
+import time
+
+ENV_SWITCH = "SINGA_LITE_WATCH"  # "0": no watcher
+AFTER_DONE_S = 1.0  # an unexplained end this soon after a "done" one is mpiexec's clean-up, not a death
+MAX_S = 7 * 24 * 3600.0  # a week without any event: give up (a watcher must never outlive its job for long)
+
+
+def socket_name(spawner_pid: int) -> bytes:
+    return f"\0singa_lite_watch_{spawner_pid}".encode()
+
+
+def tell(name: bytes, word: str, rank: int) -> None:
+    """Sends ``<word> <rank>`` to the watcher named `name`; never fails (no watcher is fine)."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(f"{word} {rank}".encode(), name)
+    except OSError:
+        pass
+
+
+def start(name: bytes, host: str, ranks: dict) -> None:
+    """Starts the watcher of `ranks` ({rank: pid}) and returns once it listens, so no message is lost."""
+    import subprocess
+
+    read_end, write_end = os.pipe()
+    # Run as a file, not as singa_lite.dist.watch: it needs nothing of the package (importing it costs time).
+    args = [sys.executable, os.path.abspath(__file__), name[1:].decode(), host, str(write_end),
+            *(f"{r}={p}" for r, p in sorted(ranks.items()))]
+    subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(write_end,),
+                     start_new_session=True, close_fds=True)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as ready:
+        ready.read(1)  # one byte when listening; nothing (EOF) when it could not watch
+
+
+def watch(name: bytes, host: str, ready_fd: int, ranks: dict) -> str | None:
+    """The watcher's loop; returns the message it printed, if any."""
+    try:
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        server.bind(name)
+        fds = {os.pidfd_open(pid): rank for rank, pid in ranks.items()}
+    except (OSError, AttributeError):  # a rank already gone, no pidfd support, the name taken
+        os.close(ready_fd)
+        return None
+    os.write(ready_fd, b"1")
+    os.close(ready_fd)
+    said = {}  # rank -> "done" | "reported"
+    last_done = -1e9  # when the last "done" rank ended
+    poller = select.poll()
+    poller.register(server, select.POLLIN)
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    while fds:
+        events = poller.poll(MAX_S * 1000)
+        if not events:
+            return None
+        for fd, _ in sorted(events, key=lambda e: e[0] != server.fileno()):  # messages before deaths
+            if fd == server.fileno():
+                word, _, rank = server.recv(64).decode(errors="replace").partition(" ")
+                if rank.isdigit() and word in ("done", "reported"):
+                    said[int(rank)] = word
+                continue
+            rank = fds.pop(fd)
+            poller.unregister(fd)
+            os.close(fd)
+            if said.get(rank) == "reported":
+                return None
+            if said.get(rank) == "done":
+                last_done = time.monotonic()
+                continue
+            if time.monotonic() - last_done < AFTER_DONE_S:
+                return None
+            message = (f"singa_lite: rank {rank} (pid {ranks[rank]} on {host}) ended first, without finishing "
+                       f"(killed by a signal, the out-of-memory killer, or a crash); mpiexec then ended the "
+                       f"other ranks")
+            print(message, file=sys.stderr, flush=True)
+            return message
+    return None
+
+
+def main(argv) -> int:
+    name, host, ready_fd, *pairs = argv
+    ranks = {int(r): int(p) for r, p in (pair.split("=") for pair in pairs)}
+    watch(b"\0" + name.encode(), host, int(ready_fd), ranks)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

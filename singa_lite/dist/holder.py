@@ -6,7 +6,9 @@ the shared-memory segment the ``shm`` backend rendezvouses in (every build) and,
 available, a NCCL unique id for the ``nccl`` backend (``nccl_id``; otherwise None, and ``nccl_error`` says
 why, so the holder still serves the ``shm`` backend). Creating the id does not initialise CUDA: the parent
 can still fork workers that use the GPU. ``to_string()`` / ``from_string()`` carry it through an environment
-variable (how singa-run hands it to the ranks it starts).
+variable (how singa-run hands it to the ranks it starts). Everything stays on this host: the segment is
+owner-only (mode 0600) and unlinked once every rank joined, and NCCL's bootstrap listens on loopback only
+(``NCCL_SOCKET_IFNAME=lo`` unless set).
 """
 from __future__ import annotations
 
@@ -19,11 +21,18 @@ from .. import _core
 from . import nccl
 
 
+NCCL_IFNAME_VAR = "NCCL_SOCKET_IFNAME"
+
+
 class NcclIdHolder:
     def __init__(self):
         # Owner-only segment with an unguessable name: another user cannot pre-create or join it.
         self.shm_name = f"/singa_lite_{os.getpid()}_{secrets.token_hex(8)}"
         self.nccl_id, self.nccl_error = None, None
+        # The ranks of a holder share this host (it travels by multiprocessing or singa-run), so NCCL's
+        # bootstrap listener, opened by unique_id(), needs no interface but loopback: it stays off the network
+        # unless the user chose an interface (NCCL_SOCKET_IFNAME). Set here, so the ranks inherit it too.
+        os.environ.setdefault(NCCL_IFNAME_VAR, "lo")
         try:
             self.nccl_id = nccl.unique_id()
         except (_core.CommError, _core.CudaError) as e:  # no NCCL or no GPU here: fine for the shm backend

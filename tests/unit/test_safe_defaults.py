@@ -1,0 +1,64 @@
+"""Safe defaults (issue 8): nothing in the package loads a pickle from disk or network (except the CIFAR-10
+reader's restricted unpickler, which builds only plain data), the holder keeps NCCL's bootstrap on loopback,
+and the launcher opens no listening socket at all (its ranks find each other through an owner-only
+shared-memory segment, tested in tests/dist/test_shm_core.py)."""
+import ast
+import os
+import pathlib
+
+import pytest
+
+import singa_lite
+from singa_lite import dist
+from singa_lite.dist import holder as holder_module
+
+PACKAGE = pathlib.Path(singa_lite.__file__).parent
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+def calls(tree):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            owner = f.value.id if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) else ""
+            yield node, owner, name
+
+
+def test_the_sources_were_found():
+    assert len(SOURCES) > 20 and PACKAGE / "dist" / "launcher.py" in SOURCES
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_unrestricted_unpickling_and_no_listening_socket(path):
+    tree = ast.parse(path.read_text(), str(path))
+    for node, owner, name in calls(tree):
+        where = f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        assert not (owner in ("pickle", "cPickle", "marshal", "shelve", "dill", "joblib") and
+                    name in ("load", "loads", "open", "Unpickler")), f"{where}: {owner}.{name} runs pickled code"
+        if owner in ("np", "numpy") and name == "load":
+            keywords = {k.arg: k.value for k in node.keywords}
+            assert "allow_pickle" in keywords and isinstance(keywords["allow_pickle"], ast.Constant) and \
+                keywords["allow_pickle"].value is False, f"{where}: np.load without allow_pickle=False"
+        assert name not in ("listen", "bind") or path.name == "watch.py", f"{where}: a listening socket"
+    for node in ast.walk(tree):  # the one unpickler is the restricted one, whose every global is vetted
+        if isinstance(node, ast.ClassDef):
+            bases = [ast.unparse(b) for b in node.bases]
+            if any("Unpickler" in b for b in bases):
+                assert (path.name, node.name) == ("cifar10.py", "SafeUnpickler"), f"{path}: {node.name}({bases})"
+
+
+def test_the_watcher_socket_is_abstract():
+    # watch.py binds a datagram socket in Linux's abstract namespace: no file, nothing reachable off the host
+    from singa_lite.dist import watch
+    assert watch.socket_name(123).startswith(b"\0")
+
+
+def test_holder_keeps_nccl_bootstrap_on_loopback(monkeypatch):
+    monkeypatch.setenv(holder_module.NCCL_IFNAME_VAR, "x")  # so that the value before the test is restored
+    monkeypatch.delenv(holder_module.NCCL_IFNAME_VAR)
+    dist.NcclIdHolder()
+    assert os.environ[holder_module.NCCL_IFNAME_VAR] == "lo"
+    monkeypatch.setenv(holder_module.NCCL_IFNAME_VAR, "eth3")  # the user's choice stands
+    dist.NcclIdHolder()
+    assert os.environ[holder_module.NCCL_IFNAME_VAR] == "eth3"

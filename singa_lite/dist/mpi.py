@@ -87,22 +87,24 @@ def unlink_mpich_segments() -> list:
     return removed
 
 
-def _abort_on_uncaught_exception(comm) -> None:
+def abort_on_uncaught_exception(comm, abort) -> None:
     """An uncaught exception on one rank ends that rank, while the others wait for it inside a collective and
     MPI_Finalize (at its exit) would wait for them: the job would hang until the timeout. So, as mpi4py's
     ``python -m mpi4py`` does, such an exception aborts the job once its traceback is printed (the others
-    print nothing: mpiexec ends them, and the traceback is shown once)."""
+    print nothing: mpiexec ends them, and the traceback is shown once). comm: the rank's Communicator (mpi, or
+    nccl bootstrapped by MPI); abort: aborts the MPI job (``MPI.COMM_WORLD.Abort``)."""
     previous = sys.excepthook
 
     def hook(kind, value, tb):
         previous(kind, value, tb)
         if comm.closed or comm.world_size == 1:
             return
-        if comm._watch_name is not None:
-            watch.tell(comm._watch_name, "reported", comm.rank)
+        watch_name = getattr(comm, "_watch_name", None)
+        if watch_name is not None:
+            watch.tell(watch_name, "reported", comm.rank)
         print(f"singa_lite: rank {comm.rank} of {comm.world_size} ended with an uncaught {kind.__name__} "
               f"(above): aborting the MPI job", file=sys.stderr, flush=True)
-        comm._comm.Abort(1)
+        abort(1)
 
     sys.excepthook = hook
 
@@ -158,7 +160,7 @@ class MpiCommunicator(Communicator):
             if self.local_rank == 0:
                 unlink_mpich_segments()
             self._watch_name = self._start_watcher(local)
-            _abort_on_uncaught_exception(self)
+            abort_on_uncaught_exception(self, self._comm.Abort)
         local.Free()
         atexit.register(self._at_exit)
 

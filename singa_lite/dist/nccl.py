@@ -33,7 +33,7 @@ import numpy as np
 from .. import _core, tensor
 from .._wheels import nvidia_lib_dir
 from .communicator import DEFAULT_TIMEOUT, CommError, Communicator, Work
-from .mpi import broadcast_bytes, import_mpi, launched_by_mpiexec
+from .mpi import abort_on_uncaught_exception, broadcast_bytes, import_mpi, launched_by_mpiexec
 
 CudaError = _core.CudaError
 NOT_COMPILED = ("the nccl backend needs a CUDA build with NCCL, which this build does not have (python -m "
@@ -390,7 +390,10 @@ def _from_mpi(comm, rank, world_size, timeout, device) -> NcclCommunicator:
     payload = broadcast_bytes(payload, 0, comm)
     if payload[:1] != b"\x00":
         raise CommError(f"nccl init: rank 0 could not create the NCCL unique id: {payload[1:].decode()}")
-    return NcclCommunicator(payload[1:], comm.rank, comm.size, local_rank, local_size, device, timeout)
+    result = NcclCommunicator(payload[1:], comm.rank, comm.size, local_rank, local_size, device, timeout)
+    if comm == MPI.COMM_WORLD:  # the whole job: an uncaught exception on a rank must end it, not hang it
+        abort_on_uncaught_exception(result, MPI.COMM_WORLD.Abort)
+    return result
 
 
 # ---------------------------------------------------------------- teardown

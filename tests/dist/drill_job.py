@@ -10,7 +10,8 @@ non-zero exit code of its ranks). failure: ``sigkill`` (the rank SIGKILLs itself
 from user code), ``nan`` (the rank's gradient turns NaN: DistOpt must skip that step on every rank),
 ``nan-raise`` (the same with on_nonfinite="raise": every rank raises FloatingPointError, none hangs).
 mode: the DistOpt step, ``plain`` (default), ``half``, ``partial``, ``topk`` or ``threshold`` (sparse).
-Every rank prints ``pid <pid>`` first, so the test can check that no process is left behind."""
+Every rank prints ``pid <pid>`` and ``shm <path>`` (the segments it maps) first, so the test can check that no
+process and no segment is left behind."""
 import os
 import signal
 import sys
@@ -42,8 +43,16 @@ def snapshot(params, sgd):
     return flat
 
 
+def mapped_segments() -> set:
+    """The shared-memory segments this process maps (names already unlinked included): those of its job,
+    which must all be gone when the job ended, whatever else runs on the machine."""
+    with open("/proc/self/maps") as f:
+        return {line.split(None, 5)[5].split(" (deleted)")[0].strip() for line in f
+                if len(line.split(None, 5)) == 6 and line.split(None, 5)[5].startswith("/dev/shm/")}
+
+
 def train(rank_hint, world_size, launcher, failure, mode, holder=None):
-    from singa_lite import autograd, dist, opt, tensor
+    from singa_lite import autograd, dist, opt
 
     import distopt_cases as cases
 
@@ -54,6 +63,7 @@ def train(rank_hint, world_size, launcher, failure, mode, holder=None):
     else:
         comm = dist.init(timeout=TIMEOUT_S)
     r, n = comm.rank, comm.world_size
+    os.write(1, "".join(f"shm {name}\n" for name in mapped_segments()).encode())
     params = cases.make_params(0)
     sgd = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), communicator=comm,
                       on_nonfinite="raise" if failure == "nan-raise" else "skip", first_bucket=64)

@@ -3,6 +3,8 @@
 #include <pybind11/stl.h>
 #include <unistd.h>  // pause
 
+#include <exception>  // std::uncaught_exceptions
+
 #include "bindings/binders.h"
 #include "comm/shm_comm.h"
 #include "core/errors.h"
@@ -42,13 +44,14 @@ bool interpreter_finalizing() {
 #endif
 }
 
-ReleaseGilForDaemon::ReleaseGilForDaemon() : state_(PyEval_SaveThread()) {}
+ReleaseGilForDaemon::ReleaseGilForDaemon()
+    : state_(PyEval_SaveThread()), unwinding_at_start_(std::uncaught_exceptions()) {}
 
-ReleaseGilForDaemon::~ReleaseGilForDaemon() {
-  if (!on_python_main_thread() && interpreter_finalizing()) {
+ReleaseGilForDaemon::~ReleaseGilForDaemon() noexcept(false) {
+  if (std::uncaught_exceptions() > unwinding_at_start_ && !on_python_main_thread() && interpreter_finalizing()) {
     for (;;) pause();  // parked: the process is exiting (see binders.h)
   }
-  PyEval_RestoreThread(state_);
+  PyEval_RestoreThread(state_);  // may end this thread by a forced unwind (see binders.h)
 }
 
 bool on_python_main_thread() { return PyThread_get_thread_ident() == main_thread_ident; }

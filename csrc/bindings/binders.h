@@ -5,20 +5,24 @@
 namespace sl::bindings {
 
 // Releases the GIL for a blocking call, as py::gil_scoped_release, for calls that daemon threads make
-// (DistOpt's communication thread waits in collectives). When such a call returns while the interpreter
-// shuts down (its rank is exiting: an uncaught exception, sys.exit), taking the GIL back would end the
-// thread with a forced unwind through this destructor, which std::terminate()s the process (SIGABRT, a
-// "terminate called without an active exception" in place of the rank's real exit status). The thread is
-// parked instead, as CPython 3.14 itself does, until the process exits a moment later.
+// (DistOpt's communication thread waits in collectives). Such a call may return while the interpreter shuts
+// down (its rank is exiting: an uncaught exception, sys.exit); CPython then ends the thread, when it takes the
+// GIL back, by pthread_exit: a forced unwind. py::gil_scoped_release takes it back in a noexcept destructor,
+// so that unwind became std::terminate() (SIGABRT, "terminate called without an active exception", in place
+// of the rank's real exit status). This destructor lets the unwind through (pybind11 rethrows it and the
+// thread ends quietly). While an exception from the call is already unwinding, a second one cannot pass:
+// then, if the interpreter is finalizing, the thread is parked until the process exits, as CPython 3.14
+// does itself.
 class ReleaseGilForDaemon {
  public:
   ReleaseGilForDaemon();
-  ~ReleaseGilForDaemon();
+  ~ReleaseGilForDaemon() noexcept(false);
   ReleaseGilForDaemon(const ReleaseGilForDaemon&) = delete;
   ReleaseGilForDaemon& operator=(const ReleaseGilForDaemon&) = delete;
 
  private:
   PyThreadState* state_;
+  int unwinding_at_start_;
 };
 
 // True on the thread Python runs signal handlers on (threading.main_thread()); callable without the GIL.

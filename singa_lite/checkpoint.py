@@ -264,7 +264,11 @@ def _own(dist, sampler, rng, position) -> dict:
     if sampler is not None:
         s = sampler.state_dict()
         if position is not None:
-            s["position"] = int(position)
+            s["position"] = position
+            try:
+                sampler.check_state(s)
+            except (TypeError, ValueError) as e:
+                raise CheckpointError(f"checkpoint.save: position={position!r} does not fit the sampler: {e}") from None
         own["sampler"] = s
     if rng is not None:
         own["numpy_rng"] = rng.bit_generator.state

@@ -71,5 +71,6 @@ def build_info() -> dict:
 
 
 from . import device, tensor  # noqa: E402,F401
+from . import checkpoint  # noqa: E402,F401
 
-__all__ = ["build_info", "CudaError", "device", "tensor", "__version__"]
+__all__ = ["build_info", "checkpoint", "CudaError", "device", "tensor", "__version__"]

@@ -42,6 +42,23 @@ class Device:
 
     set_rand_seed = SetRandSeed
 
+    def get_rng_state(self) -> tuple[int, int]:
+        """This device's generator state, ``(seed, counter)``: a Philox generator whose next draw starts at
+        ``counter``. Two ints, so a checkpoint stores it as plain data (``singa_lite.checkpoint`` does)."""
+        seed, counter = _core.generator_state(self.core)
+        return int(seed), int(counter)
+
+    def set_rng_state(self, state) -> None:
+        """Restores what :meth:`get_rng_state` returned: later draws repeat those made after that call."""
+        try:
+            seed, counter = (int(v) for v in state)
+        except (TypeError, ValueError):
+            raise TypeError(f"set_rng_state: expected (seed, counter), two ints, got {state!r}") from None
+        for name, v in (("seed", seed), ("counter", counter)):
+            if not 0 <= v < 1 << 64:
+                raise ValueError(f"set_rng_state: {name} must be in [0, 2**64), got {v}")
+        _core.set_generator_state(self.core, seed, counter)
+
     def Sync(self) -> None:
         """Waits for queued work: a GPU's kernels run asynchronously on its compute stream (reading a value
         on the host waits by itself; timing needs Sync). CPU kernels are synchronous: returns at once."""

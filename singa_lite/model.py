@@ -27,8 +27,9 @@ Usage, as in SINGA::
 
 Checkpoints (``save_states`` / ``load_states``) are a zip holding ``tensor_dict.npz`` (the arrays, no
 pickle) and ``states_attr.json`` (shapes, dtypes, which entries are auxiliary), SINGA's layout. They are
-written to a temporary file in the same directory and renamed into place, so a crash never leaves a
-half-written checkpoint.
+written with ``checkpoint.atomic_write`` (temporary file, fsync, rename, owner-only permissions), so a
+crash never leaves a half-written checkpoint. For the whole training state (optimizer, DistOpt, sampler,
+random generators) across ranks, see :mod:`singa_lite.checkpoint`.
 
 SINGA's ``use_graph`` buffers the operations of a step and replays them on CUDA. singa_lite runs every
 step eagerly; ``compile(use_graph=...)`` and ``graph()`` are accepted so SINGA scripts run, and the
@@ -36,14 +37,15 @@ flag is kept in ``graph_mode``, but it changes nothing.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
-import tempfile
 import zipfile
 
 import numpy as np
 
 from . import autograd, tensor
+from .checkpoint import atomic_write
 from .layer import Layer
 from .tensor import Tensor
 
@@ -135,18 +137,12 @@ class Model(Layer):
                     raise TypeError(f"save_states: {k!r} is not numeric data ({type(v).__name__})")
                 arrays[k] = arr
                 attrs[k] = {"state_type": kind, "shape": list(arr.shape), "dtype": str(arr.dtype)}
-        directory = os.path.dirname(os.path.abspath(fpath))
-        fd, tmp = tempfile.mkstemp(prefix=".singa_lite_states_", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as zf:
-                with zf.open(TENSOR_DICT_FILENAME, "w") as f:
-                    np.savez(f, **arrays)
-                zf.writestr(STATES_ATTR_FILENAME, json.dumps(attrs))
-            os.replace(tmp, fpath)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+            with zf.open(TENSOR_DICT_FILENAME, "w") as f:
+                np.savez(f, **arrays)
+            zf.writestr(STATES_ATTR_FILENAME, json.dumps(attrs))
+        atomic_write(fpath, buf.getvalue())
 
     def load_states(self, fpath: str) -> dict:
         """Restores the model's states from `fpath` (all names and shapes are checked before anything is

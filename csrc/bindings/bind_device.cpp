@@ -80,6 +80,10 @@ void bind_device(py::module_& m) {
   m.def("manual_seed", &manual_seed, py::arg("device"), py::arg("seed"),
         "Seeds the device's random generator and restarts its stream.");
   m.def("current_seed", &current_seed, py::arg("device"));
+  m.def("generator_state", &generator_state, py::arg("device"),
+        "(seed, counter) of the device's random generator: the next draw starts at `counter`.");
+  m.def("set_generator_state", &set_generator_state, py::arg("device"), py::arg("seed"), py::arg("counter"),
+        "Restores what generator_state returned (both unsigned 64-bit integers).");
   // One pool: GEMMs are split over our OpenMP threads (cpu/matmul.cpp), each calling OpenBLAS on one thread.
   scipy_openblas_set_num_threads(1);
   m.def("set_num_threads", [](int n) {

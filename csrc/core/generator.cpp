@@ -1,5 +1,7 @@
 #include "core/generator.h"
 
+#include "core/errors.h"
+
 #include <map>
 #include <mutex>
 
@@ -39,6 +41,25 @@ void manual_seed(Device device, uint64_t seed) {
 uint64_t current_seed(Device device) {
   std::lock_guard<std::mutex> lock(g_mutex);
   return state_of(device).seed;
+}
+
+std::pair<uint64_t, uint64_t> generator_state(Device device) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  const GeneratorState& s = state_of(device);
+  return {s.seed, s.offset};
+}
+
+void set_generator_state(Device device, uint64_t seed, uint64_t counter) {
+  // A state restored onto a GPU this machine lacks would never be used: say so rather than keep it.
+  if (device.is_cuda()) {
+    int n = cuda_device_count();
+    SL_CHECK(device.index >= 0 && device.index < n, ValueError, "set_generator_state: ", device.str(),
+             " does not exist here (", n, " GPU(s) visible); restore each generator on its own device");
+  }
+  std::lock_guard<std::mutex> lock(g_mutex);
+  GeneratorState& s = state_of(device);
+  s.seed = seed;
+  s.offset = counter;
 }
 
 }  // namespace sl

@@ -16,6 +16,10 @@ constexpr uint64_t kDefaultSeed = 0x5EEDu;  // fixed, so an unseeded run is stil
 std::pair<uint64_t, uint64_t> reserve_counters(Device device, uint64_t counters);
 void manual_seed(Device device, uint64_t seed);
 uint64_t current_seed(Device device);
+// The whole state, (seed, next counter): what a checkpoint saves so that a resumed run draws the same numbers
+// as an uninterrupted one. set_generator_state checks that the device exists (a CUDA index on this machine).
+std::pair<uint64_t, uint64_t> generator_state(Device device);
+void set_generator_state(Device device, uint64_t seed, uint64_t counter);
 
 // SL_HOST_DEVICE: also compiled for the GPU when a .cu file includes this header (cuda/random.cu draws the
 // same streams element for element); a plain C++ compiler sees an ordinary inline function.

@@ -82,7 +82,14 @@ class DistributedSampler:
 
     Call :meth:`set_epoch` at the start of every epoch, with the same value on every rank; without it
     every epoch repeats epoch 0's order. Iterating yields Python ints; :meth:`indices` gives the numpy
-    array. The permutation is an argsort of raw PCG64 output seeded by ``SeedSequence([seed, epoch])``:
+    array.
+
+    Resuming mid-epoch: ``position`` counts the indices of this epoch's share handed out so far (by
+    iteration or :func:`batches`, a batch counted as it is yielded). :meth:`state_dict` saves ``(epoch,
+    position)``; :meth:`load_state_dict` (or ``set_epoch(epoch, position=k)``) makes the next pass start
+    at the k-th index of the share, once: the pass after it is whole again. ``set_epoch`` with the epoch
+    already set keeps a pending start, so the usual loop ``for epoch in range(sampler.epoch, epochs):
+    sampler.set_epoch(epoch)`` resumes where the checkpoint was taken. The permutation is an argsort of raw PCG64 output seeded by ``SeedSequence([seed, epoch])``:
     numpy guarantees PCG64's stream for a fixed seed across versions (``Generator.permutation`` carries
     no such promise), so ranks on hosts with different numpy versions still agree.
     """
@@ -107,10 +114,41 @@ class DistributedSampler:
             math.ceil(self.num_samples / self.world_size)
         self._per_rank = per_rank
         self.epoch = 0
+        self.position = 0  # indices of this epoch's share handed out so far
+        self._start = 0  # where the next pass starts (set when resuming; consumed by that pass)
 
-    def set_epoch(self, epoch) -> None:
-        """Selects the permutation of epoch `epoch` (an integer >= 0, the same on every rank)."""
-        self.epoch = _integer("epoch", epoch, lo=0)
+    def set_epoch(self, epoch, position=None) -> None:
+        """Selects the permutation of epoch `epoch` (an integer >= 0, the same on every rank). `position`:
+        the next pass starts at this index of the share (0 <= position <= len); None keeps a pending start
+        when `epoch` is the current epoch (after load_state_dict) and means 0 otherwise."""
+        epoch = _integer("epoch", epoch, lo=0)
+        if position is None:
+            position = self._start if epoch == self.epoch else 0
+        position = _integer("position", position, lo=0, hi=self._per_rank)
+        self.epoch, self.position, self._start = epoch, position, position
+
+    def state_dict(self) -> dict:
+        """Where this sampler stands (epoch, position) and what it was made with, as plain JSON data."""
+        return {"epoch": self.epoch, "position": self.position, "num_samples": self.num_samples,
+                "world_size": self.world_size, "seed": self.seed, "shuffle": self.shuffle,
+                "drop_last": self.drop_last}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resumes at what :meth:`state_dict` returned; the sampler must be made with the same arguments
+        (the rank may differ: every rank's position is the same)."""
+        self.check_state(state)
+        self.set_epoch(state["epoch"], position=state["position"])
+
+    def check_state(self, state: dict) -> None:
+        """Raises ValueError, changing nothing, when `state` does not fit this sampler."""
+        if not isinstance(state, dict):
+            raise ValueError(f"DistributedSampler.load_state_dict: expected a dict, got {type(state).__name__}")
+        for key in ("num_samples", "world_size", "seed", "shuffle", "drop_last"):
+            if state.get(key) != getattr(self, key):
+                raise ValueError(f"DistributedSampler.load_state_dict: the state has {key}={state.get(key)!r}, "
+                                 f"this sampler {getattr(self, key)!r}; make the sampler as in the saved run")
+        _integer("epoch", state.get("epoch"), lo=0)
+        _integer("position", state.get("position"), lo=0, hi=self._per_rank)
 
     def order(self) -> np.ndarray:
         """The epoch's order of all samples, before padding or dropping (the same on every rank)."""
@@ -120,16 +158,30 @@ class DistributedSampler:
         return np.argsort(bits.random_raw(self.num_samples), kind="stable").astype(np.int64)
 
     def indices(self) -> np.ndarray:
-        """This rank's indices for the current epoch, an int64 array of length ``len(self)``."""
+        """This rank's indices for the current epoch that the next pass hands out, an int64 array of
+        length ``len(self)`` (the whole share unless a resumed start is pending)."""
         total = self._per_rank * self.world_size
         order = np.resize(self.order(), total)  # drops the tail, or pads by wrapping around to the start
-        return order[self.rank * self._per_rank:(self.rank + 1) * self._per_rank]
+        return order[self.rank * self._per_rank + self._start:(self.rank + 1) * self._per_rank]
+
+    def _begin_pass(self) -> tuple[np.ndarray, int]:
+        """(indices of this pass, its first position); the pending start is used up."""
+        idx, start = self.indices(), self._start
+        self._start, self.position = 0, start
+        return idx, start
 
     def __iter__(self):
-        return iter(self.indices().tolist())
+        idx, start = self._begin_pass()
+
+        def generate():
+            for k, i in enumerate(idx.tolist()):
+                self.position = start + k + 1
+                yield i
+
+        return generate()
 
     def __len__(self) -> int:
-        return self._per_rank
+        return self._per_rank - self._start
 
     def __repr__(self) -> str:
         return (f"DistributedSampler(num_samples={self.num_samples}, rank={self.rank}, "
@@ -150,8 +202,9 @@ def batches(x, y, sampler, batch_size, drop_last=False):
     if isinstance(sampler, DistributedSampler):
         if sampler.num_samples != n:
             raise ValueError(f"batches: the sampler was made for {sampler.num_samples} samples but x has {n}")
-        idx = sampler.indices()
+        idx, first = sampler._begin_pass()
     else:
+        first = None
         idx = np.asarray(list(sampler) if not hasattr(sampler, "__array__") else sampler)
         if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
             raise TypeError(f"batches: sampler must give integer indices, got {idx.dtype} of shape {idx.shape}")
@@ -163,6 +216,8 @@ def batches(x, y, sampler, batch_size, drop_last=False):
     def generate():
         for start in range(0, stop, batch_size):
             chunk = idx[start:start + batch_size]
+            if first is not None:  # counted before the yield: a checkpoint taken in the loop body includes it
+                sampler.position = first + start + len(chunk)
             yield x[chunk], y[chunk]
 
     return generate()

@@ -1,0 +1,564 @@
+"""Checkpoint and resume: the whole training state, saved so that a resumed run continues exactly as an
+uninterrupted one would have (on CPU, bit for bit: same seed, same number of ranks).
+
+    sampler = DistributedSampler(len(x), rank, world, seed=0)
+    sgd = opt.DistOpt(opt.SGD(lr=opt.StepDecay(0.1, 100), momentum=0.9))
+    model.set_optimizer(sgd); model.compile([tx], is_train=True)
+    if os.path.exists("ckpt"):
+        extra = checkpoint.load("ckpt", model, sgd, sampler)        # after compile: see below
+    for epoch in range(sampler.epoch, epochs):
+        sampler.set_epoch(epoch)                                    # keeps a resumed position
+        for xb, yb in batches(x, y, sampler, 64):
+            ...
+            if step % 100 == 0:
+                checkpoint.save("ckpt", model, sgd, sampler, extra={"step": step})
+
+What is saved: the model's states (parameters and auxiliary states such as batch-norm running
+statistics); the optimizer's states (per-parameter slots and the step counter, from which learning-rate
+schedules are evaluated, so their position comes back with it); DistOpt's own state (partial-update
+counter, skipped steps, the error-feedback residuals of sparse updates); the sampler's epoch and position
+in the epoch; the random generator of every device (``Device.get_rng_state``) and, if given, a numpy
+``Generator``; and ``extra``, the caller's JSON data and numpy arrays (rank 0's).
+
+Layout. `path` is a directory::
+
+    path/manifest.json                   the commit point: format, world size, and every file below
+                                         with its size and SHA-256
+    path/shared.<token>.slckpt           rank 0: the state every rank shares, and `extra`
+    path/rank-00001.<token>.slckpt       one per rank: what differs by rank
+
+A save writes new files under a fresh random token, waits for every rank, and only then replaces
+``manifest.json`` (atomically); files of older tokens are removed after that. Until the new manifest is
+in place the old one names the old files, which are untouched, so a process killed at any moment of a
+save leaves the previous checkpoint loadable; files no manifest names (an interrupted save's) are never
+read. One directory rather than one file per rank so that a checkpoint can be moved, listed and deleted
+as one thing, and rather than one file so that no rank sends its state to rank 0. With several hosts,
+`path` must be on a file system every rank sees.
+
+What differs by rank: the generators and the sampler (a rank's own, always in its file), the residuals,
+and whatever else happens to: each rank hashes its model states and its optimizer states, and a rank
+whose hash differs from rank 0's (batch-norm statistics of its own batches; parameters and momenta
+between partial updates) keeps that part in its own file too. So loading on N ranks restores each rank.
+
+Format: every file is written atomically (:func:`atomic_write`: a temporary file, fsync, rename, fsync of
+the directory; owner-only permissions). A ``.slckpt`` is a zip of ``header.json`` (magic, format
+version, rank, token), ``state.json`` (the state as JSON, arrays referenced by number) and
+``arrays/<k>.npy``. No pickle anywhere: arrays are read with ``allow_pickle=False``, so loading never
+runs code, and object arrays are refused on save and on load. :func:`load` checks everything -- the
+manifest, sizes and SHA-256 of the files this rank reads, headers, the world size, names, shapes and
+dtypes against the model -- on every rank before it changes anything, and raises :class:`CheckpointError`
+(a ValueError) naming the file and what is wrong; with a DistOpt, every rank raises when any rank fails.
+
+Load after ``Model.compile`` (compile gives every rank rank 0's parameters, which would undo the per-rank
+states just loaded). Resharding to another number of ranks is not supported: it is refused by name.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import secrets
+import tempfile
+import zipfile
+
+import numpy as np
+
+from . import _core, tensor
+from .tensor import Tensor
+
+__all__ = ["save", "load", "atomic_write", "CheckpointError", "FORMAT_VERSION"]
+
+MAGIC = "singa_lite-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+_OUR_FILE = re.compile(r"^(shared|rank-\d{5})\.[0-9a-f]+\.slckpt$")
+_OUR_TEMP = re.compile(r"^\.(manifest\.json|(shared|rank-\d{5})\.[0-9a-f]+\.slckpt)\..*\.tmp$")  # atomic_write's
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be written or loaded; the message names the file and what is wrong."""
+
+
+# ---------------------------------------------------------------- files
+def atomic_write(path: str, data: bytes) -> None:
+    """Writes `data` to `path` so that `path` holds either its old content or all of `data`, even if the
+    process or the machine dies: a temporary file in the same directory (mode 0o600), flushed and fsynced,
+    renamed over `path`, then the directory fsynced so that the rename itself is durable."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:  # mkstemp creates the file with mode 0o600, owner only
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- state <-> (JSON, arrays)
+def _encode(obj, arrays: list, where: str):
+    """obj as JSON data, each numpy array (or Tensor) replaced by {"$array": k}, the array appended to arrays."""
+    if isinstance(obj, Tensor):
+        obj = tensor.to_numpy(obj)
+    if isinstance(obj, np.generic):
+        obj = np.asarray(obj)
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject or obj.dtype.kind not in "biufc":
+            raise CheckpointError(f"checkpoint.save: {where} is an array of dtype {obj.dtype}; only numeric "
+                                  f"arrays are saved (no pickle)")
+        arrays.append(np.ascontiguousarray(obj))
+        return {"$array": len(arrays) - 1}
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            if not isinstance(k, str) or k.startswith("$"):
+                raise CheckpointError(f"checkpoint.save: {where} has the key {k!r}; keys must be strings not "
+                                      f"starting with '$'")
+            out[k] = _encode(v, arrays, f"{where}[{k!r}]" if where else k)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise CheckpointError(f"checkpoint.save: {where} is a {type(obj).__name__}; a checkpoint holds JSON data "
+                          f"(dict, list, str, int, float, bool, None) and numeric numpy arrays")
+
+
+def _decode(obj, arrays: dict, where: str):
+    if isinstance(obj, dict):
+        if set(obj) == {"$array"}:
+            k = obj["$array"]
+            if not isinstance(k, int) or k not in arrays:
+                raise CheckpointError(f"{where}: refers to array {k!r}, which the file does not hold")
+            return arrays[k]
+        return {k: _decode(v, arrays, where) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode(v, arrays, where) for v in obj]
+    return obj
+
+
+def _digest(tree, arrays: list) -> str:
+    """A hash of an encoded state (structure, dtypes, shapes, bytes): equal on two ranks iff the states are."""
+    h = hashlib.sha256(json.dumps(tree, sort_keys=True).encode())
+    for a in arrays:
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _pack(header: dict, state) -> bytes:
+    """One .slckpt file's bytes: header.json, state.json and arrays/<k>.npy in a zip (stored: CRC-checked,
+    no compression, so writing is at disk speed)."""
+    arrays = []
+    tree = _encode(state, arrays, "")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("header.json", json.dumps({"magic": MAGIC, "format_version": FORMAT_VERSION, **header}))
+        zf.writestr("state.json", json.dumps(tree))
+        for k, a in enumerate(arrays):
+            with zf.open(f"arrays/{k}.npy", "w") as f:
+                np.lib.format.write_array(f, a, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _unpack(fpath: str, data: bytes, expect: dict):
+    """The state in a .slckpt file's bytes; CheckpointError naming fpath for anything wrong."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            names = set(zf.namelist())
+            for required in ("header.json", "state.json"):
+                if required not in names:
+                    raise CheckpointError(f"{fpath}: no {required} in the file; not a singa_lite checkpoint file")
+            header = _json(zf.read("header.json"), f"{fpath} (header.json)")
+            _check_header(fpath, header, expect)
+            tree = _json(zf.read("state.json"), f"{fpath} (state.json)")
+            arrays = {}
+            for name in sorted(names - {"header.json", "state.json"}):
+                m = re.fullmatch(r"arrays/(\d+)\.npy", name)
+                if m is None:
+                    raise CheckpointError(f"{fpath}: unexpected entry {name!r}")
+                with zf.open(name) as f:
+                    try:
+                        arrays[int(m.group(1))] = np.lib.format.read_array(f, allow_pickle=False)
+                    except ValueError as e:  # object arrays need pickle: refused, nothing is unpickled
+                        raise CheckpointError(f"{fpath}: {name} cannot be read without pickle ({e}); "
+                                              f"a singa_lite checkpoint never holds one") from None
+    except (zipfile.BadZipFile, EOFError, OSError) as e:  # a bad CRC-32 or a truncated entry
+        raise CheckpointError(f"{fpath}: corrupt ({e})") from None
+    if not isinstance(tree, dict):
+        raise CheckpointError(f"{fpath}: state.json holds a {type(tree).__name__}, not a dict")
+    return _decode(tree, arrays, fpath)
+
+
+def _json(raw: bytes, what: str):
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{what}: not valid JSON ({e})") from None
+
+
+def _check_header(fpath: str, header, expect: dict) -> None:
+    if not isinstance(header, dict) or header.get("magic") != MAGIC:
+        raise CheckpointError(f"{fpath}: not a singa_lite checkpoint (wrong magic)")
+    version = header.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+        raise CheckpointError(f"{fpath}: format version {version!r}; this singa_lite reads versions 1 to "
+                              f"{FORMAT_VERSION} (was it written by a newer singa_lite?)")
+    for key, want in expect.items():
+        if header.get(key) != want:
+            raise CheckpointError(f"{fpath}: {key} is {header.get(key)!r} in the file but {want!r} in the manifest; "
+                                  f"the directory mixes files of different saves")
+
+
+# ---------------------------------------------------------------- what is saved
+def _parts(optimizer):
+    """(DistOpt or None, the plain Optimizer or None, the communicator or None)."""
+    from .dist.optimizer import DistOpt
+
+    inner = getattr(optimizer, "_dist", None)  # ddp.DistributedOptimizer wraps a DistOpt
+    if isinstance(inner, DistOpt):
+        optimizer = inner
+    if isinstance(optimizer, DistOpt):
+        return optimizer, optimizer.opt, optimizer.communicator
+    return None, optimizer, None
+
+
+def _devices() -> list:
+    from . import device
+
+    return [device.create_cpu_device()] + [device.as_device(f"cuda:{i}") for i in range(_core.cuda_device_count())]
+
+
+def _replicated(model, dist, plain) -> dict:
+    """The parts that are usually the same on every rank: {name: state}."""
+    parts = {}
+    if model is not None:
+        parts["model"] = {k: tensor.to_numpy(v) for k, v in model.get_states().items()}
+    if plain is not None:
+        parts["optimizer"] = plain.get_states()
+    if dist is not None:
+        parts["distopt"] = {"partial": int(dist.partial), "skipped_steps": int(dist.skipped_steps),
+                            "synced": bool(dist._synced)}
+    return parts
+
+
+def _own(dist, sampler, rng, position) -> dict:
+    """The parts that belong to one rank."""
+    own = {"generators": {str(d): list(d.get_rng_state()) for d in _devices()}}
+    if dist is not None:  # residuals are keyed by tuples of parameter names: stored as a list
+        own["residuals"] = [{"names": list(k), "values": np.array(_host(v))} for k, v in dist._residuals.items()]
+    if sampler is not None:
+        s = sampler.state_dict()
+        if position is not None:
+            s["position"] = position
+            try:
+                sampler.check_state(s)
+            except (TypeError, ValueError) as e:
+                raise CheckpointError(f"checkpoint.save: position={position!r} does not fit the sampler: {e}") from None
+        own["sampler"] = s
+    if rng is not None:
+        own["numpy_rng"] = rng.bit_generator.state
+    return own
+
+
+def _host(t):
+    return np.asarray(t if t.device.is_cpu() else t.to(_core.Device("cpu")))
+
+
+# ---------------------------------------------------------------- save
+def save(path: str, model=None, optimizer=None, sampler=None, rng=None, extra=None, position=None,
+         communicator=None) -> None:
+    """Saves a checkpoint into the directory `path` (created if needed), replacing the one there atomically.
+
+    model: a Layer/Model; optimizer: an Optimizer or a DistOpt (then the call is collective: every rank of
+    its communicator calls it, and it returns once the checkpoint is complete); sampler: a
+    DistributedSampler (its epoch and position; `position` overrides the latter); rng: a numpy Generator;
+    extra: JSON data and numpy arrays (rank 0's are saved); communicator: for a collective save without a
+    DistOpt."""
+    dist, plain, comm = _parts(optimizer)
+    comm = communicator if communicator is not None else comm
+    rank, world = (comm.rank, comm.world_size) if comm is not None else (0, 1)
+    # Two local phases, each followed by one collective that every rank enters whatever happened, so a
+    # rank that fails reports it instead of leaving the others waiting in a collective it never joins.
+    first, error = None, None
+    try:  # phase 1: the directory (rank 0), this rank's states and the hashes of its replicated parts
+        if rank == 0:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        replicated = {}
+        for name, state in _replicated(model, dist, plain).items():
+            arrays = []
+            replicated[name] = (state, _digest(_encode(state, arrays, name), arrays))
+        own = _own(dist, sampler, rng, position)
+        first = {"token": secrets.token_hex(8), "digests": {k: d for k, (_, d) in replicated.items()}}
+    except Exception as e:
+        error = _failure(comm, e, "save", path)
+    firsts = _gather(comm, first, error, "save", path)
+    token, digests0 = firsts[0]["token"], firsts[0]["digests"]
+    entry, mine = None, []
+    try:  # phase 2: write this rank's files (rank 0: the shared one too), each atomically
+        differs = sorted(k for k, (_, d) in replicated.items() if d != digests0.get(k))
+        own.update({f"own_{k}": replicated[k][0] for k in differs})
+        files = []
+        if rank == 0:
+            shared = {**{k: state for k, (state, _) in replicated.items()}, "extra": extra}
+            files.append(("shared", f"shared.{token}.slckpt",
+                          _pack({"kind": "shared", "token": token, "world_size": world}, shared)))
+        files.append(("rank", f"rank-{rank:05d}.{token}.slckpt",
+                      _pack({"kind": "rank", "rank": rank, "token": token, "world_size": world}, own)))
+        entry = {}
+        for kind, name, data in files:
+            atomic_write(os.path.join(path, name), data)
+            mine.append(name)
+            entry[kind] = {"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        entry["rank"]["own"] = differs
+    except Exception as e:
+        _remove(path, mine)
+        error = _failure(comm, e, "save", path)
+    try:
+        entries = _gather(comm, entry, error, "save", path)
+    except CheckpointError:
+        _remove(path, mine)
+        raise
+    error = None
+    if rank == 0:  # every rank's files are complete: commit them
+        try:
+            _commit(path, token, world, entries)
+        except Exception as e:
+            error = f"rank 0: {type(e).__name__}: {e}"
+    if comm is not None:  # nobody goes on before the manifest is in place (or the save failed everywhere)
+        error = comm.broadcast_object(error, 0)
+    if error:
+        _remove(path, mine)
+        raise CheckpointError(f"checkpoint.save({path!r}) failed; the previous checkpoint is unchanged: {error}")
+
+
+_FAILED = "$failed"
+
+
+def _failure(comm, e: Exception, what: str, path: str) -> str:
+    """Alone: raises at once. In a group: the error's text, which the next _gather gives every rank."""
+    text = str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
+    if comm is None:
+        if isinstance(e, CheckpointError):
+            raise e
+        raise CheckpointError(f"checkpoint.{what}({path!r}) failed: {text}") from e
+    return text
+
+
+def _gather(comm, value, error, what: str, path: str) -> list:
+    """Every rank's value; CheckpointError on every rank, naming the ranks, if one of them failed (error:
+    this rank's failure, or None)."""
+    if comm is None:
+        return [value]
+    got = comm.all_gather_object({_FAILED: error} if error is not None else {"value": value})
+    failed = {}  # message -> the ranks that report it (often all of them, for one bad file)
+    for r, g in enumerate(got):
+        if _FAILED in g:
+            failed.setdefault(g[_FAILED], []).append(str(r))
+    if failed:
+        raise CheckpointError(f"checkpoint.{what}({path!r}) failed" + (
+            "; the previous checkpoint is unchanged" if what == "save" else ", nothing was changed") + ": "
+            + "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(rs)}: {msg}" for msg, rs in failed.items()))
+    return [g["value"] for g in got]
+
+
+def _commit(path: str, token: str, world: int, entries: list) -> None:
+    """Writes the manifest (the commit point), then removes every file no longer named by it."""
+    from . import __version__
+
+    manifest = {"magic": MAGIC, "format_version": FORMAT_VERSION, "singa_lite_version": __version__,
+                "world_size": world, "token": token, "shared": entries[0]["shared"],
+                "ranks": [e["rank"] for e in entries]}
+    atomic_write(os.path.join(path, MANIFEST), json.dumps(manifest, indent=1).encode())
+    keep = {manifest["shared"]["name"], *(e["name"] for e in manifest["ranks"])}
+    for name in os.listdir(path):  # older saves' files, and what interrupted saves left
+        if (_OUR_FILE.match(name) and name not in keep) or _OUR_TEMP.match(name):
+            _remove(path, [name])
+
+
+def _remove(path: str, names) -> None:
+    for name in names:
+        try:
+            os.remove(os.path.join(path, name))
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------- load
+def load(path: str, model=None, optimizer=None, sampler=None, rng=None, communicator=None):
+    """Restores what :func:`save` wrote into the given objects and returns `extra`. Collective with a
+    DistOpt (or a communicator). Everything is checked first, on every rank; a CheckpointError leaves the
+    objects as they were."""
+    dist, plain, comm = _parts(optimizer)
+    comm = communicator if communicator is not None else comm
+    rank, world = (comm.rank, comm.world_size) if comm is not None else (0, 1)
+    staged, error = None, None
+    try:
+        staged = _read(path, rank, world, model, dist, plain, sampler, rng)
+    except (CheckpointError, OSError) as e:
+        error = _failure(comm, e, "load", path)
+    _gather(comm, None, error, "load", path)
+    _apply(staged, model, dist, plain, sampler, rng, comm, path)
+    return staged["extra"]
+
+
+def _read(path: str, rank: int, world: int, model, dist, plain, sampler, rng) -> dict:
+    mpath = os.path.join(path, MANIFEST)
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: no such checkpoint directory" if not os.path.exists(path) else
+                              f"{path}: not a checkpoint directory (checkpoint.save writes a directory; "
+                              f"Model.save_states files are read with Model.load_states)")
+    if not os.path.isfile(mpath):
+        raise CheckpointError(f"{mpath}: missing; {path} holds no complete checkpoint")
+    with open(mpath, "rb") as f:
+        manifest = _json(f.read(), mpath)
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{mpath}: not a singa_lite checkpoint manifest")
+    _check_header(mpath, manifest, {})
+    if manifest.get("world_size") != world:
+        raise CheckpointError(f"{mpath}: saved by {manifest.get('world_size')} rank(s), loaded by {world}; "
+                              f"resume with the same number of ranks (resharding is not supported)")
+    ranks = manifest.get("ranks")
+    if not isinstance(ranks, list) or len(ranks) != world or not isinstance(manifest.get("shared"), dict):
+        raise CheckpointError(f"{mpath}: does not list one shared file and {world} rank file(s)")
+    for r, e in enumerate(ranks):  # every rank checks that every shard is there: all fail alike
+        _stat(path, e, f"rank {r}'s file")
+    token = manifest.get("token")
+    shared = _unpack(*_verified(path, manifest["shared"], "the shared file"),
+                     {"kind": "shared", "token": token, "world_size": world})
+    own = _unpack(*_verified(path, ranks[rank], f"rank {rank}'s file"),
+                  {"kind": "rank", "rank": rank, "token": token, "world_size": world})
+    where = os.path.join(path, ranks[rank]["name"])
+    state = {name: own.get(f"own_{name}", shared.get(name)) for name in ("model", "optimizer", "distopt")}
+    staged = {"extra": shared.get("extra"), "state": state, "own": own}
+    _check_against(path, where, staged, model, dist, plain, sampler, rng)
+    return staged
+
+
+def _stat(path: str, entry, what: str) -> str:
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not _OUR_FILE.match(entry["name"]):
+        raise CheckpointError(f"{os.path.join(path, MANIFEST)}: bad entry for {what}: {entry!r}")
+    fpath = os.path.join(path, entry["name"])
+    if not os.path.isfile(fpath):
+        raise CheckpointError(f"{fpath}: missing ({what}, listed in the manifest)")
+    size = os.path.getsize(fpath)
+    if size != entry.get("size"):
+        raise CheckpointError(f"{fpath}: {size} bytes, the manifest says {entry.get('size')}: truncated or "
+                              f"replaced ({what})")
+    return fpath
+
+
+def _verified(path: str, entry, what: str) -> tuple:
+    fpath = _stat(path, entry, what)
+    with open(fpath, "rb") as f:
+        data = f.read()
+    if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+        raise CheckpointError(f"{fpath}: SHA-256 differs from the manifest's: the file is corrupt ({what})")
+    return fpath, data
+
+
+def _check_against(path, where, staged, model, dist, plain, sampler, rng) -> None:
+    """Raises CheckpointError when the checkpoint does not fit the objects (nothing is changed here)."""
+    state, own = staged["state"], staged["own"]
+    for name, obj in (("model", model), ("optimizer", plain), ("distopt", dist)):
+        if obj is not None and not isinstance(state[name], dict):
+            raise CheckpointError(f"{path}: holds no {name} state, but a {name} was given to load")
+    if model is not None:
+        saved, want = state["model"], model.get_states()
+        if sorted(saved) != sorted(want):
+            missing, unknown = sorted(set(want) - set(saved)), sorted(set(saved) - set(want))
+            raise CheckpointError(f"{path}: the model's states do not match: missing {missing}, unknown "
+                                  f"{unknown}; was it saved from another model?")
+        for k, t in want.items():
+            a = saved[k]
+            if not isinstance(a, np.ndarray) or tuple(a.shape) != tuple(t.shape) or a.dtype != np.dtype(t.dtype.name):
+                got = f"{a.dtype} {tuple(a.shape)}" if isinstance(a, np.ndarray) else repr(a)
+                raise CheckpointError(f"{path}: model state {k!r} is {got} in the checkpoint, "
+                                      f"{t.dtype.name} {tuple(t.shape)} in the model")
+    if plain is not None and model is not None:  # optimizer slots are keyed by parameter names
+        params = {p.name: p for p in model.get_params().values()}
+        for slot, entries in state["optimizer"].items():
+            for k, a in (entries.items() if isinstance(entries, dict) else ()):
+                if isinstance(a, np.ndarray) and k in params and tuple(a.shape) != tuple(params[k].shape):
+                    raise CheckpointError(f"{path}: optimizer state {slot}[{k!r}] has shape {tuple(a.shape)}, "
+                                          f"the parameter {tuple(params[k].shape)}")
+    if dist is not None:
+        for r in own.get("residuals", []):
+            if not isinstance(r, dict) or not isinstance(r.get("values"), np.ndarray):
+                raise CheckpointError(f"{where}: malformed residuals entry")
+    if sampler is not None:
+        if not isinstance(own.get("sampler"), dict):
+            raise CheckpointError(f"{where}: holds no sampler state, but a sampler was given to load")
+        try:
+            sampler.check_state(own["sampler"])
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{where}: {e}") from None
+    if rng is not None:
+        saved = own.get("numpy_rng")
+        kind = type(rng.bit_generator).__name__
+        if not isinstance(saved, dict) or saved.get("bit_generator") != kind:
+            raise CheckpointError(f"{where}: holds no {kind} state for rng (it has "
+                                  f"{saved.get('bit_generator') if isinstance(saved, dict) else None!r})")
+    gens = own.get("generators")
+    if not isinstance(gens, dict):
+        raise CheckpointError(f"{where}: holds no generator states")
+    here = {str(d) for d in _devices()}
+    for name, st in gens.items():
+        if name not in here:
+            raise CheckpointError(f"{where}: has the random state of {name}, which this process does not see")
+        if not (isinstance(st, list) and len(st) == 2 and all(isinstance(v, int) and 0 <= v < 1 << 64 for v in st)):
+            raise CheckpointError(f"{where}: bad generator state for {name}: {st!r}")
+
+
+def _apply(staged, model, dist, plain, sampler, rng, comm, path) -> None:
+    """Writes the checked state into the objects. The optimizer goes first: its set_states is the one
+    step that checks more than _check_against did, and changes nothing when it raises; if it raises on
+    any rank, every rank puts its previous optimizer state back and raises."""
+    from . import device
+
+    state, own = staged["state"], staged["own"]
+    if plain is not None or dist is not None:
+        before = dist.get_states() if dist is not None else plain.get_states()
+        error = None
+        try:
+            if dist is not None:
+                residuals = {tuple(r["names"]): r["values"] for r in own.get("residuals", [])}
+                dist.set_states({"opt": state["optimizer"], "partial": state["distopt"]["partial"],
+                                 "skipped_steps": state["distopt"]["skipped_steps"], "residuals": residuals})
+            else:
+                plain.set_states(state["optimizer"])
+        except (TypeError, ValueError, KeyError) as e:
+            error = _failure(comm, CheckpointError(f"{path}: the optimizer refused the saved states: {e}"),
+                             "load", path)
+        try:
+            _gather(comm, None, error, "load", path)
+        except CheckpointError:
+            if error is None:  # another rank's optimizer refused: put this one's back as it was
+                (dist or plain).set_states(before)
+            raise
+        if dist is not None:
+            # Resumed replicas start as they were saved: broadcasting rank 0's parameters at the first step
+            # would undo per-rank states (partial updates) the uninterrupted run keeps.
+            dist._synced = bool(state["distopt"].get("synced", False))
+    if model is not None:
+        model.set_states(state["model"])
+    if sampler is not None:
+        sampler.load_state_dict(own["sampler"])
+    if rng is not None:
+        rng.bit_generator.state = own["numpy_rng"]
+    for name, st in own["generators"].items():
+        device.as_device(name).set_rng_state(st)

@@ -71,6 +71,9 @@ def build_info() -> dict:
 
 
 from . import device, tensor  # noqa: E402,F401
+# autograd before anything that imports layer: autograd re-exports the layer classes and layer uses autograd,
+# so SINGA's usual first line, `from singa import layer, model`, must find autograd already importing.
+from . import autograd  # noqa: E402,F401
 from . import checkpoint  # noqa: E402,F401
 
 __all__ = ["build_info", "checkpoint", "CudaError", "device", "tensor", "__version__"]

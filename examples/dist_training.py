@@ -9,6 +9,8 @@ Launchers (``--launcher``):
 Devices (``--device``): cpu, cuda (one GPU per rank: cuda:<local rank>, NCCL between them) or auto (cuda
 when this build sees a GPU). Every rank trains on its contiguous share of the data (SINGA's
 data_partition); rank 0 prints progress, and each epoch's loss and accuracy are reduced over all ranks.
+``--checkpoint DIR`` saves the whole training state there after every epoch (singa_lite.checkpoint) and,
+when DIR already holds one, resumes from it: the resumed run prints what the uninterrupted one would have.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import time
 
 import numpy as np
 
-from singa_lite import _core, autograd, device, opt, singa_wrap, tensor
+from singa_lite import _core, autograd, checkpoint, device, opt, singa_wrap, tensor
 from singa_lite.data import data_partition
 
 DIST_OPTIONS = ("plain", "half", "partialUpdate", "sparseTopK", "sparseThreshold")
@@ -46,6 +48,8 @@ def argument_parser(doc: str, *, epochs: int, batch_size: int, lr: float) -> arg
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="threads per rank (default: cores / ranks)")
     p.add_argument("--plot", metavar="PNG", help="write loss and accuracy curves to this file (matplotlib)")
+    p.add_argument("--checkpoint", metavar="DIR",
+                   help="save the training state to DIR after every epoch; resume from DIR when it holds one")
     return p
 
 
@@ -107,13 +111,22 @@ def dist_step(args, sgd, loss) -> None:
 def model_params(model) -> dict:
     """A model's parameters by name: its own get_params() (a layer.Layer / model.Model), else those of its
     layer attributes (the plain classes of the SINGA examples)."""
-    if hasattr(model, "get_params"):
-        return model.get_params()
-    params = {}
+    return _by_name(model, "get_params")
+
+
+def model_states(model) -> dict:
+    """Parameters and auxiliary states (batch-norm statistics) by name, the same way: what a checkpoint holds."""
+    return _by_name(model, "get_states")
+
+
+def _by_name(model, method: str) -> dict:
+    if hasattr(model, method):
+        return getattr(model, method)()
+    found = {}
     for name, layer in vars(model).items():
-        if hasattr(layer, "get_params"):
-            params.update({f"{name}.{k}": v for k, v in layer.get_params().items()})
-    return params
+        if hasattr(layer, method):
+            found.update({f"{name}.{k}": v for k, v in getattr(layer, method)().items()})
+    return found
 
 
 def reduce_sum(sgd, values, dev) -> np.ndarray:
@@ -136,12 +149,17 @@ def train_and_evaluate(args, sgd, dev, model, train_set, test_set, what: str) ->
 
     steps = len(train_y) // args.batch_size
     rng = np.random.default_rng(args.seed + rank)
-    history = []
+    history, first_epoch = [], 1
+    if args.checkpoint and os.path.exists(os.path.join(args.checkpoint, checkpoint.MANIFEST)):
+        extra = checkpoint.load(args.checkpoint, model_states(model), sgd, rng=rng)  # every rank, after the broadcast above
+        history, first_epoch = [tuple(h) for h in extra["history"]], int(extra["epoch"]) + 1
+        if rank == 0:
+            print(f"resumed from {args.checkpoint} after epoch {first_epoch - 1}", flush=True)
     if rank == 0:
         print(f"{world} ranks ({sgd.communicator.backend} backend, {dev}, {device.get_num_threads()} threads "
               f"each), {what}, dist option {args.dist_option}, {len(train_y)} training samples per rank, "
               f"{steps} steps per epoch", flush=True)
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(first_epoch, args.epochs + 1):
         autograd.training = True
         order = rng.permutation(len(train_y))
         start, loss_sum, correct = time.perf_counter(), 0.0, 0
@@ -169,6 +187,9 @@ def train_and_evaluate(args, sgd, dev, model, train_set, test_set, what: str) ->
         if rank == 0:
             print(f"epoch {epoch:3d}  train loss {train_loss:.4f}  train acc {train_acc:.4f}  test acc {test_acc:.4f}"
                   f"  ({elapsed:.2f} s, {1e3 * elapsed / max(steps, 1):.1f} ms/step)", flush=True)
+        if args.checkpoint:  # collective: returns on every rank once the checkpoint is complete
+            checkpoint.save(args.checkpoint, model_states(model), sgd, rng=rng,
+                            extra={"epoch": epoch, "history": history})
     if rank == 0:
         print(f"final test accuracy {history[-1][2]:.4f}", flush=True)
         if args.plot:

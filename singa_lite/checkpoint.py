@@ -280,15 +280,41 @@ def _host(t):
 
 
 # ---------------------------------------------------------------- save
+class _NamedTensors:
+    """A dict of named tensors seen as a model (get_states / set_states / get_params, in place)."""
+
+    def __init__(self, tensors: dict):
+        bad = [k for k, v in tensors.items() if not isinstance(k, str) or not isinstance(v, Tensor)]
+        if bad:
+            raise TypeError(f"checkpoint: model as a dict must map names (str) to tensor.Tensor; not so for {bad}")
+        self.tensors = dict(tensors)
+
+    def get_states(self) -> dict:
+        return dict(self.tensors)
+
+    def get_params(self) -> dict:
+        return {k: v for k, v in self.tensors.items() if v.stores_grad}
+
+    def set_states(self, states: dict) -> None:  # names, shapes and dtypes were checked by load
+        for k, v in states.items():
+            self.tensors[k].copy_data(v if isinstance(v, Tensor) else tensor.from_numpy(np.asarray(v)))
+
+
+def _as_model(model):
+    return _NamedTensors(model) if isinstance(model, dict) else model
+
+
 def save(path: str, model=None, optimizer=None, sampler=None, rng=None, extra=None, position=None,
          communicator=None) -> None:
     """Saves a checkpoint into the directory `path` (created if needed), replacing the one there atomically.
 
-    model: a Layer/Model; optimizer: an Optimizer or a DistOpt (then the call is collective: every rank of
+    model: a Layer/Model, or a dict of named tensors (the parameters of a model written in SINGA's plain
+    autograd style, restored in place); optimizer: an Optimizer or a DistOpt (then the call is collective: every rank of
     its communicator calls it, and it returns once the checkpoint is complete); sampler: a
     DistributedSampler (its epoch and position; `position` overrides the latter); rng: a numpy Generator;
     extra: JSON data and numpy arrays (rank 0's are saved); communicator: for a collective save without a
     DistOpt."""
+    model = _as_model(model)
     dist, plain, comm = _parts(optimizer)
     comm = communicator if communicator is not None else comm
     rank, world = (comm.rank, comm.world_size) if comm is not None else (0, 1)
@@ -403,6 +429,7 @@ def load(path: str, model=None, optimizer=None, sampler=None, rng=None, communic
     """Restores what :func:`save` wrote into the given objects and returns `extra`. Collective with a
     DistOpt (or a communicator). Everything is checked first, on every rank; a CheckpointError leaves the
     objects as they were."""
+    model = _as_model(model)
     dist, plain, comm = _parts(optimizer)
     comm = communicator if communicator is not None else comm
     rank, world = (comm.rank, comm.world_size) if comm is not None else (0, 1)

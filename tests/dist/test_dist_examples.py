@@ -14,8 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SCRIPT = os.path.join(ROOT, "examples", "mnist_dist.py")
 
 
-def run(args, launcher=None, python=True):
-    cmd = (launcher or []) + ([sys.executable] if python else []) + [SCRIPT, *args]
+def run(args, launcher=None, python=True, script=SCRIPT):
+    cmd = (launcher or []) + ([sys.executable] if python else []) + [script, *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
@@ -54,6 +54,25 @@ def test_singa_run_launcher():
     acc, out = run(["--launcher", "singa-run", "--epochs", "3"],
                    launcher=[sys.executable, "-m", "singa_lite.run", "-np", "2", "--no-prefix"], python=False)
     assert acc >= 0.9 and "2 ranks (shm backend" in out, out
+
+
+def epoch_lines(out: str) -> list:
+    """The epoch metrics rank 0 printed, without the timings."""
+    return [line.split("  (")[0] for line in out.splitlines() if line.startswith("epoch ")]
+
+
+@pytest.mark.parametrize("script,option", [("mnist", "plain"), ("mnist", "sparseThreshold"),
+                                           ("resnet", "plain")])  # resnet: batch-norm statistics too
+def test_checkpoint_resumes_the_example_exactly(tmp_path, script, option):
+    extra = ["--world-size", "2", "--dist-option", option, "--spars", "0.002"]
+    path = SCRIPT if script == "mnist" else os.path.join(ROOT, "examples", "resnet_cifar10.py")
+    _, whole = run([*extra, "--epochs", "3"], script=path)
+    ckpt = str(tmp_path / "ckpt")
+    _, first = run([*extra, "--epochs", "1", "--checkpoint", ckpt], script=path)
+    _, rest = run([*extra, "--epochs", "3", "--checkpoint", ckpt], script=path)
+    assert "resumed from" in rest and "after epoch 1" in rest, rest
+    assert epoch_lines(first) + epoch_lines(rest) == epoch_lines(whole), (first, rest, whole)
+    assert re.search(r"final test accuracy .*", rest).group() == re.search(r"final test accuracy .*", whole).group()
 
 
 RESNET = os.path.join(ROOT, "examples", "resnet_cifar10.py")

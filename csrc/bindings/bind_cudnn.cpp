@@ -27,8 +27,8 @@ cuda::PoolMode pool_mode(const std::string& mode) {
 #endif
 
 void bind_cudnn(py::module_& m) {
-  const auto release = py::call_guard<py::gil_scoped_release>();
 #ifdef SINGA_LITE_WITH_CUDA
+  const auto release = py::call_guard<py::gil_scoped_release>();
   m.def("cudnn_available", &cuda::cudnn_available, release,
         "True when the ops of CUDA tensors run through cuDNN now (loaded, a GPU visible, not switched off).");
   m.def("cudnn_unavailable_reason", &cuda::cudnn_unavailable_reason, release,

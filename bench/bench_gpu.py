@@ -4,11 +4,14 @@
       ResNet-18-style CIFAR-10 model (batch 128) against PyTorch eager on the same GPU (goal <= 1.3x);
   (b) the float32 -> float16 cast against a device-to-device copy of the same float32 tensor, as bandwidth
       (bytes read + written per second; goal >= 80 % of the copy's);
-  (c) a DistOpt step at world size 1 (NCCL) against the bare step (its overhead).
+  (c) a DistOpt step at world size 1 (NCCL) against the bare step (its overhead);
+  (d) host -> device and device -> host bandwidth of 4 / 64 / 256 MiB copies with the pinned staging buffer
+      against the plain pageable cudaMemcpy (the ratio staged / plain; _core.cuda_set_copy_staging switches);
+  (e) the training steps of (a) with cuDNN against the fallback (im2col + cuBLAS, own pooling / batch norm).
 
-    python bench/bench_gpu.py                 # all three; --only a|b|c; --repeat, --steps
+    python bench/bench_gpu.py                 # all five; --only a|b|c|d|e; --repeat, --steps
 Blocks of steps are interleaved between the two sides and medians reported; every timed region ends with
-a device synchronisation on both sides. Needs a CUDA build of singa_lite, a GPU and PyTorch with CUDA.
+a device synchronisation on both sides. Needs a CUDA build of singa_lite and a GPU; (a) needs PyTorch with CUDA.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from bench_models import SingaCNN, torch_cnn, torch_sgd_step  # noqa: E402
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--only", choices=("a", "b", "c"), action="append", help="run only these parts")
+    p.add_argument("--only", choices=("a", "b", "c", "d", "e"), action="append", help="run only these parts")
     p.add_argument("--repeat", type=int, default=7, help="timed blocks per side")
     p.add_argument("--steps", type=int, default=20, help="steps per block")
     return p.parse_args()
@@ -183,20 +186,84 @@ def part_c(torch, gpu, args):
     comm.close()
 
 
+def part_d(torch, gpu, args):
+    from singa_lite import _core
+
+    cpu = _core.Device("cpu")
+    saved = _core.cuda_copy_staging()
+    try:
+        for mib in (4, 64, 256):
+            n = mib << 18  # float32 elements
+            host = _core.Tensor.from_buffer(np.random.default_rng(0).standard_normal(n).astype(np.float32))
+            dev = host.to(gpu.core)
+            back = _core.Tensor([n], _core.DType.float32, cpu)
+            sides = {}
+            for staged in (True, False):
+                def h2d(staged=staged):
+                    _core.cuda_set_copy_staging(staged)
+                    _core.copy_(dev, host)
+
+                def d2h(staged=staged):
+                    _core.cuda_set_copy_staging(staged)
+                    _core.copy_(back, dev)
+                name = "staged" if staged else "plain"
+                sides[f"h2d {name}"], sides[f"d2h {name}"] = h2d, d2h
+            steps = max(1, min(args.steps, 2048 // mib))
+            med = interleaved(sides, args.repeat, steps, {k: gpu.Sync for k in sides})
+            for way in ("h2d", "d2h"):
+                st, pl = (4 * n / med[f"{way} {k}"] / 1e9 for k in ("staged", "plain"))
+                print(f"(d) {mib:4d} MiB {way}: staged {st:6.1f} GB/s, plain {pl:6.1f} GB/s, ratio staged/plain "
+                      f"{st / pl:.2f}")
+    finally:
+        _core.cuda_set_copy_staging(saved)
+
+
+def part_e(torch, gpu, args):
+    from singa_lite import _core
+
+    if not _core.cudnn_available():
+        print(f"(e) skipped: cuDNN not used ({_core.cudnn_unavailable_reason()})")
+        return
+    rng = np.random.default_rng(0)
+    for what, singa_model, shape in (("seed 001 CNN, batch 64", SingaCNN, (64, 1, 28, 28)),
+                                     ("ResNet-18 CIFAR, batch 128", SingaResNet18, (128, 3, 32, 32))):
+        x = rng.standard_normal(shape).astype(np.float32)
+        y = rng.integers(0, 10, shape[0]).astype(np.int32)
+        steps = {}
+        for use in (True, False):
+            inner = singa_step(singa_model(), gpu, x, y)
+
+            def step(inner=inner, use=use):
+                _core.set_cudnn_enabled(use)
+                inner()
+            steps["cudnn" if use else "fallback"] = step
+        try:
+            med = interleaved(steps, args.repeat, args.steps, {k: gpu.Sync for k in steps})
+        finally:
+            _core.set_cudnn_enabled(True)
+        print(f"(e) {what:28s} cuDNN {1e3 * med['cudnn']:8.3f} ms  fallback {1e3 * med['fallback']:8.3f} ms  "
+              f"ratio cudnn/fallback {med['cudnn'] / med['fallback']:.2f}")
+
+
 def main():
     args = parse_args()
-    try:
-        import torch
-    except ImportError:
-        sys.exit("this benchmark compares against PyTorch: install a CUDA build of torch")
-    if not device.cuda_is_available() or not torch.cuda.is_available():
-        sys.exit(f"needs a GPU for both singa_lite (cuda available: {device.cuda_is_available()}) and torch "
-                 f"(cuda available: {torch.cuda.is_available()})")
+    parts = args.only or ("a", "b", "c", "d", "e")
+    if not device.cuda_is_available():
+        sys.exit("needs a GPU and a CUDA build of singa_lite (cuda available: False)")
+    torch = None
+    if "a" in parts:
+        try:
+            import torch
+        except ImportError:
+            sys.exit("part (a) compares against PyTorch: install a CUDA build of torch, or run --only b/c/d/e")
+        if not torch.cuda.is_available():
+            sys.exit("part (a) needs torch with CUDA (torch.cuda.is_available() is False)")
     gpu = device.create_cuda_gpu_on(0)
-    print(f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; singa_lite build "
-          f"{__import__('singa_lite').build_info()['cuda']}")
-    for part in args.only or ("a", "b", "c"):
-        {"a": part_a, "b": part_b, "c": part_c}[part](torch, gpu, args)
+    info = __import__("singa_lite").build_info()
+    print(f"GPU: {torch.cuda.get_device_name(0) if torch else 'cuda:0'}; torch {torch.__version__ if torch else '-'}; "
+          f"singa_lite build {info['cuda']}; cuDNN {info['cudnn']}")
+    for part in parts:
+        {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e}[part](torch, gpu, args)
 
 
 if __name__ == "__main__":

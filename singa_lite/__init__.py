@@ -42,7 +42,7 @@ from ._core import CudaError  # noqa: E402
 
 
 def _cuda_wheel_dirs() -> None:
-    # A CUDA build opens cuBLAS (and NCCL) at run time, so that it imports without them. NVIDIA's wheels
+    # A CUDA build opens cuBLAS, cuDNN (and NCCL) at run time, so that it imports without them. NVIDIA's wheels
     # put the libraries under site-packages/nvidia/: cu13/lib (CUDA 13 wheels) or cublas/lib (-cu12).
     # Tell the loader where they are; without the wheels it falls back to the system's library path.
     if not _core.cuda_compiled():
@@ -52,6 +52,11 @@ def _cuda_wheel_dirs() -> None:
     folder = nvidia_lib_dir(("cu13/lib", "cublas/lib"), "libcublas.so")
     if folder is not None:
         _core.set_cublas_dir(folder)
+    # cuDNN (nvidia-cudnn-cu13 / -cu12) keeps its libraries in nvidia/cudnn/lib; cu13/lib is where NVIDIA's newer
+    # CUDA 13 wheels put theirs, so it is looked at too.
+    folder = nvidia_lib_dir(("cudnn/lib", "cu13/lib"), "libcudnn.so")
+    if folder is not None:
+        _core.set_cudnn_dir(folder)
 
 
 _cuda_wheel_dirs()

@@ -18,7 +18,13 @@ def main() -> None:
         print(f"  cuBLAS: {'version ' + str(blas['version']) + ', ' if blas['version'] else ''}{blas['status']}")
     else:
         print("  CUDA : not compiled in (CPU-only build)")
-    print("  cuDNN: not used yet (convolution runs as im2col + GEMM)")
+    dnn = info["cudnn"]
+    if dnn["used"]:
+        print(f"  cuDNN: version {dnn['version']}, used for convolution, pooling and batch norm ({dnn['status']})")
+    else:
+        version = f"version {dnn['version']}, " if dnn["version"] else ""
+        print(f"  cuDNN: {version}not used: {dnn['reason']}; convolution runs as im2col + GEMM, pooling and batch "
+              f"norm on the own kernels")
     nccl = info["nccl"]
     print(f"  NCCL : {'version ' + str(nccl['version']) if nccl['version'] else nccl['status'].splitlines()[0]}")
     print(f"  threads: {singa_lite.device.get_num_threads()}")

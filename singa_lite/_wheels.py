@@ -1,4 +1,4 @@
-"""Where NVIDIA's pip wheels put their shared libraries. A CUDA build of singa_lite opens cuBLAS and NCCL at
+"""Where NVIDIA's pip wheels put their shared libraries. A CUDA build of singa_lite opens cuBLAS, cuDNN and NCCL at
 run time (so that it imports without them); the loaders look first in the folder found here, then on the
 system's library path."""
 from __future__ import annotations

@@ -26,6 +26,11 @@ passes ``momentum`` as cuDNN's exponentialAverageFactor, which means the same th
 so SINGA's ``momentum`` is the weight of the *new* batch, exactly like PyTorch's ``momentum`` (SINGA's
 layers default to 0.9, PyTorch to 0.1). The batch is normalised with the biased variance; the running
 variance takes the unbiased one (times M / (M - 1), M = N*H*W), as SINGA, cuDNN and PyTorch do.
+
+On a GPU, when cuDNN can be used (``_core.cudnn_available()``: loaded, a GPU visible, not switched off with
+``SINGA_LITE_CUDNN=0``), convolution, max / average pooling and batch normalisation run through cuDNN
+(csrc/cuda/cudnn_ops.h says how each maps onto it); otherwise, and always on the CPU, they run as described above.
+Which path an operator took is decided in its forward and kept for its backward.
 """
 from __future__ import annotations
 
@@ -66,6 +71,16 @@ def _out_size(op, size, k, s, p, d, axis, x_shape):
 def _check_nchw(op: str, x: CTensor, name="x"):
     if x.ndim != 4:
         raise ValueError(f"{op}: expected {name} of shape (N, C, H, W), got shape {tuple(x.shape)}")
+
+
+_CUDNN_DTYPES = ("float16", "float32", "float64")
+
+
+def _use_cudnn(x: CTensor, *numels: int) -> bool:
+    """Run this op through cuDNN? x on a GPU, a float dtype, every tensor involved (numels) non-empty and within
+    the 32-bit sizes of cuDNN's descriptors, and cuDNN usable (asked last: it is a call into C++)."""
+    return (x.device.is_cuda() and x.dtype.name in _CUDNN_DTYPES and all(0 < n < 2 ** 31 for n in numels)
+            and _core.cudnn_available())
 
 
 # ---------------------------------------------------------------- convolution
@@ -110,6 +125,13 @@ class _Conv2d(Operator):
         oh, ow = self._check(x, W, b)
         N = x.shape[0]
         OC, Cg, kh, kw = W.shape
+        self.cudnn = _use_cudnn(x, x.numel, W.numel, N * OC * oh * ow)
+        if self.cudnn:
+            y = _core.cudnn_conv2d_forward(x, W, self.stride, self.padding, self.dilation, self.groups)
+            if b is not None:
+                _core.add(y, b.reshape([1, OC, 1, 1]), out=y)
+            self.x, self.W, self.has_bias = x, W, b is not None
+            return y
         g, NL = self.groups, N * oh * ow
         OCg, Kg = OC // g, Cg * kh * kw
         self.kernel = [kh, kw]
@@ -130,6 +152,8 @@ class _Conv2d(Operator):
         return y2.reshape([OC, N, oh * ow]).transpose([1, 0, 2]).contiguous().reshape([N, OC, oh, ow])
 
     def backward(self, dy):
+        if self.cudnn:
+            return self._backward_cudnn(dy)
         N, OC, oh, ow = dy.shape
         Kg = self.W2.shape[1]  # C/groups * kh * kw; cols have K = groups * Kg rows
         g = self.groups
@@ -163,6 +187,16 @@ class _Conv2d(Operator):
         self.cols = None  # the columns are the largest cached tensor: release them with the graph
         return (dx, dW, db) if self.has_bias else (dx, dW)
 
+    def _backward_cudnn(self, dy):
+        need = tuple(self.needs_grad) + (False,) * 3
+        args = (self.stride, self.padding, self.dilation, self.groups)
+        x, W = self.x, self.W
+        dx = _core.cudnn_conv2d_backward_data(W, dy, list(x.shape), *args) if need[0] else None
+        dW = _core.cudnn_conv2d_backward_filter(x, dy, list(W.shape), *args) if need[1] else None
+        db = _core.sum(dy, [0, 2, 3], False) if self.has_bias and need[2] else None
+        self.x = self.W = None
+        return (dx, dW, db) if self.has_bias else (dx, dW)
+
 
 def conv2d(x, W, b=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):
     """2-D convolution (cross-correlation, as every framework): x (N, C, H, W), W (OC, C/groups, kh, kw),
@@ -182,9 +216,10 @@ def _pool_args(op, kernel, stride, padding):
 
 
 def _check_pool_input(op, x, k, s, p):
+    """Checks x against the pooling geometry; returns the output's (height, width)."""
     _check_nchw(op, x)
-    _out_size(op, x.shape[2], k[0], s[0], p[0], 1, "height", x.shape)
-    _out_size(op, x.shape[3], k[1], s[1], p[1], 1, "width", x.shape)
+    return (_out_size(op, x.shape[2], k[0], s[0], p[0], 1, "height", x.shape),
+            _out_size(op, x.shape[3], k[1], s[1], p[1], 1, "width", x.shape))
 
 
 class _MaxPool2d(Operator):
@@ -196,12 +231,21 @@ class _MaxPool2d(Operator):
         self.kernel, self.stride, self.padding = _pool_args("max_pool2d", kernel, stride, padding)
 
     def forward(self, x):
-        _check_pool_input("max_pool2d", x, self.kernel, self.stride, self.padding)
+        oh, ow = _check_pool_input("max_pool2d", x, self.kernel, self.stride, self.padding)
+        self.cudnn = _use_cudnn(x, x.numel, x.shape[0] * x.shape[1] * oh * ow)
+        if self.cudnn:  # cuDNN's backward finds each window's maximum again from x and y
+            self.y = _core.cudnn_pool2d_forward(x, "max", self.kernel, self.stride, self.padding)
+            self.x = x
+            return self.y
         y, self.argmax = _core.max_pool2d(x, self.kernel, self.stride, self.padding)
         self.x_shape = list(x.shape)
         return y
 
     def backward(self, dy):
+        if self.cudnn:
+            dx = _core.cudnn_pool2d_backward(self.x, self.y, dy, "max", self.kernel, self.stride, self.padding)
+            self.x = self.y = None
+            return dx
         return _core.max_pool2d_backward(dy, self.argmax, self.x_shape)
 
 
@@ -220,11 +264,21 @@ class _AvgPool2d(Operator):
         self.count_include_pad = bool(count_include_pad)
 
     def forward(self, x):
-        _check_pool_input("avg_pool2d", x, self.kernel, self.stride, self.padding)
+        oh, ow = _check_pool_input("avg_pool2d", x, self.kernel, self.stride, self.padding)
         self.x_shape = list(x.shape)
+        self.cudnn = _use_cudnn(x, x.numel, x.shape[0] * x.shape[1] * oh * ow)
+        if self.cudnn:  # cuDNN's backward takes the forward's x and y as well
+            self.mode = "avg_include_pad" if self.count_include_pad else "avg_exclude_pad"
+            self.y = _core.cudnn_pool2d_forward(x, self.mode, self.kernel, self.stride, self.padding)
+            self.x = x
+            return self.y
         return _core.avg_pool2d(x, self.kernel, self.stride, self.padding, self.count_include_pad)
 
     def backward(self, dy):
+        if self.cudnn:
+            dx = _core.cudnn_pool2d_backward(self.x, self.y, dy, self.mode, self.kernel, self.stride, self.padding)
+            self.x = self.y = None
+            return dx
         return _core.avg_pool2d_backward(dy, self.x_shape, self.kernel, self.stride, self.padding,
                                          self.count_include_pad)
 
@@ -291,11 +345,19 @@ class _BatchNorm2d(Operator):
         self.axes, self.pshape = axes, pshape
         scale_b = scale.reshape(pshape)
         self.training = _ag.training
+        # cuDNN takes 4-D tensors: (N, C) is (N, C, 1, 1), the same statistics per channel.
+        self.cudnn = _use_cudnn(x, x.numel)
+        x4 = x if x.ndim == 4 or not self.cudnn else x.reshape([x.shape[0], C, 1, 1])
         if self.training:
             M = x.numel // C
             if M < 2:
                 raise ValueError(f"batchnorm_2d: training needs more than one value per channel, x has shape "
                                  f"{tuple(x.shape)}")
+            if self.cudnn:  # running statistics updated in place with momentum as exponentialAverageFactor
+                y, saved_mean, saved_inv_std = _core.cudnn_batch_norm_forward_training(
+                    x4, scale, bias, self.running_mean, self.running_var, self.momentum, self.eps)
+                self.saved = (x4, scale, saved_mean, saved_inv_std)
+                return y.reshape(list(x.shape))
             mean = _core.mean(x, axes, True)
             xhat = _core.sub(x, mean)
             var = _core.mean(_core.square(xhat), axes, True)  # biased, for normalising
@@ -317,6 +379,10 @@ class _BatchNorm2d(Operator):
             _core.sqrt(inv_std, out=inv_std)
             _core.reciprocal(inv_std, out=inv_std)
             self.x, self.inv_std = x, inv_std
+            if self.cudnn:
+                self.scale_b = scale_b
+                return _core.cudnn_batch_norm_forward_inference(x4, scale, bias, self.running_mean, self.running_var,
+                                                                self.eps).reshape(list(x.shape))
             a = _core.mul(inv_std, scale_b)
             shift = _core.mul(self.running_mean.reshape(pshape), a)
             _core.sub(bias.reshape(pshape), shift, out=shift)
@@ -328,6 +394,13 @@ class _BatchNorm2d(Operator):
     def backward(self, dy):
         axes, C = self.axes, self.pshape[1]
         need = tuple(self.needs_grad) + (False,) * 3
+        if self.cudnn and self.training:
+            x4, scale, saved_mean, saved_inv_std = self.saved
+            self.saved = None
+            dx, dscale, dbias = _core.cudnn_batch_norm_backward(x4, dy.reshape(list(x4.shape)), scale, saved_mean,
+                                                                saved_inv_std, self.eps)
+            return (dx.reshape(list(dy.shape)) if need[0] else None, dscale if need[1] else None,
+                    dbias if need[2] else None)
         dbias = _core.sum(dy, axes, True)
         if self.training:
             xhat = self.xhat

@@ -6,6 +6,7 @@
 #include "core/device.h"
 #ifdef SINGA_LITE_WITH_CUDA
 #include "cuda/cublas.h"
+#include "cuda/cudnn.h"
 #include "cuda/runtime.h"
 #endif
 
@@ -41,8 +42,20 @@ void bind_build_info(py::module_& m) {
 #endif
     cuda["device_count"] = cuda_device_count();
     info["cuda"] = cuda;
-    // cuDNN is not used yet (convolutions run as im2col + cuBLAS); NCCL is reported by singa_lite.build_info.
-    info["cudnn"] = py::dict(py::arg("compiled") = false, py::arg("version") = py::none());
+    // cuDNN: loaded at run time in CUDA builds; "used" says whether the ops take it now. NCCL is reported by
+    // singa_lite.build_info.
+#ifdef SINGA_LITE_WITH_CUDA
+    const int cudnn_v = cuda::cudnn_version();
+    const py::object cudnn_version = cudnn_v ? py::object(py::int_(cudnn_v)) : py::object(py::none());
+    info["cudnn"] = py::dict(py::arg("compiled") = true, py::arg("version") = cudnn_version,
+                             py::arg("status") = cuda::cudnn_status(),
+                             py::arg("used") = cuda::cudnn_available(),
+                             py::arg("reason") = cuda::cudnn_unavailable_reason());
+#else
+    info["cudnn"] = py::dict(py::arg("compiled") = false, py::arg("version") = py::none(),
+                             py::arg("status") = "not built (CPU-only build)", py::arg("used") = false,
+                             py::arg("reason") = "not built (CPU-only build)");
+#endif
     return info;
   });
 }

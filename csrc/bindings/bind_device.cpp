@@ -121,7 +121,13 @@ void bind_cuda_device(py::module_& m) {
   m.def("set_cublas_dir", &cuda::set_library_dir, py::arg("dir"),
         "Folder to load cuBLAS from first (the nvidia-cublas wheel's lib folder; singa_lite sets it on import).");
   m.def("cublas_status", &cuda::cublas_status, release, "Where cuBLAS was loaded from, or why it cannot be.");
+  m.def("cuda_set_copy_staging", &cuda::set_copy_staging, py::arg("enabled"),
+        "Host<->device copies of 1 MiB or more go through a pinned double buffer (default) or, when False, straight "
+        "through cudaMemcpy. For benchmarks; results are the same either way.");
+  m.def("cuda_copy_staging", &cuda::copy_staging);
 #else
+  m.def("cuda_set_copy_staging", [](bool) {}, py::arg("enabled"), "No effect in a CPU-only build.");
+  m.def("cuda_copy_staging", [] { return false; });
   auto unavailable = [](int index) -> void {
     throw ValueError(str("cuda:", index, " is not available: ", cuda_unavailable_reason()));
   };

@@ -39,6 +39,7 @@ void bind_device(pybind11::module_& m);
 void bind_tensor(pybind11::module_& m);
 void bind_ops(pybind11::module_& m);
 void bind_nn(pybind11::module_& m);
+void bind_cudnn(pybind11::module_& m);  // cuDNN ops (CUDA builds) and availability (every build)
 void bind_build_info(pybind11::module_& m);
 void bind_comm(pybind11::module_& m);
 #ifdef SINGA_LITE_WITH_CUDA

@@ -19,7 +19,11 @@ void* malloc_on(int device, size_t nbytes);
 void free_on(int device, void* p) noexcept;
 
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
+// Queued on the device's compute stream; host<->device copies return when the host side is done. Those of 1 MiB
+// or more go through a pinned, double-buffered staging buffer (see runtime.cpp) unless set_copy_staging(false).
 void copy_bytes(void* dst, const void* src, size_t nbytes, CopyKind kind, int device);
+void set_copy_staging(bool enabled);  // for benchmarks: the plain path for every size
+bool copy_staging();
 
 // Fills a contiguous CUDA tensor with value (converted on the host to the tensor's dtype).
 void fill(const Tensor& t, double value);

@@ -18,6 +18,8 @@ import pytest
 
 from singa_lite import _core
 
+from procs import survivors
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "drill_job.py")
 LIMIT_S = 10.0  # the issue's bound for the surviving ranks; the whole job, start-up included, must fit in it
@@ -58,14 +60,6 @@ def watchers() -> list:
     return found
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def drill(launcher, failure, mode="plain"):
     """Runs one drill; returns (exit code, combined output, seconds). Checks that nothing is left behind."""
     start = time.monotonic()
@@ -80,11 +74,7 @@ def drill(launcher, failure, mode="plain"):
     out = stdout + stderr
     pids = [int(p) for p in re.findall(r"^pid (\d+)$", out, re.M)]
     assert len(pids) == 3, out
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (any(alive(p) for p in pids) or watchers()):
-        time.sleep(0.05)
-    assert not [p for p in pids if alive(p)], f"rank processes left behind\n{out}"
-    assert not watchers(), f"a watcher process was left behind\n{out}"
+    assert not survivors(pids, also=watchers), f"rank or watcher processes left behind\n{out}"
     # The segments the ranks mapped (MPICH's, the shm backend's) and the holder's, named after its creator
     # (the multiprocessing parent, singa-run): not what other jobs on this machine may have at the moment.
     segments = set(re.findall(r"^shm (/dev/shm/\S+)$", out, re.M))

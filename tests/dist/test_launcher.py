@@ -14,6 +14,8 @@ import pytest
 
 from singa_lite import _core, dist
 
+from procs import survivors
+
 pytestmark = pytest.mark.skipif(not hasattr(_core, "ShmComm"), reason="this build has no shm backend")
 
 RUN = [sys.executable, "-m", "singa_lite.run"]
@@ -149,19 +151,8 @@ def launch(args, cwd, timeout=60, interrupt_after=None):
     return result
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def assert_nothing_left(result):
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(alive(p) for p in result.rank_pids):
-        time.sleep(0.1)
-    assert not [p for p in result.rank_pids if alive(p)], f"rank processes left behind\n{result.err}"
+    assert not survivors(result.rank_pids), f"rank processes left behind\n{result.err}"
     # NcclIdHolder names its segment /singa_lite_<pid of its creator>_<random>: the launcher's pid here
     assert glob.glob(f"/dev/shm/singa_lite_{result.pid}_*") == [], "shared-memory segment left behind"
 

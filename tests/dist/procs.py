@@ -1,0 +1,20 @@
+"""Process checks shared by the launcher and failure-drill tests: is a rank still alive, and waiting (bounded)
+for the processes of a finished job to be gone."""
+import time
+
+
+def alive(pid: int) -> bool:
+    """True while the process runs; a zombie (ended, not yet reaped) counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def survivors(pids, seconds: float = 5.0, also=lambda: []) -> list:
+    """The processes of `pids` (and whatever `also()` lists) still alive after waiting up to `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and ([p for p in pids if alive(p)] or also()):
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)] + list(also())

@@ -136,3 +136,23 @@ def test_on_nonfinite_raise_raises_on_every_rank(launcher, mode):
     n = out.count(message)
     assert n == 3 if launcher == "multiprocessing" else 1 <= n <= 3, out
     assert "finished" not in out and "CommError" not in out, out
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_the_finiteness_test_is_exact(dtype):
+    # The step's check: nan or inf anywhere is found; finite values whose sum would overflow are not flagged.
+    import numpy as np
+
+    from singa_lite import tensor
+    from singa_lite.dist.optimizer import _all_finite
+
+    for n in (1, 7, 1000, 100003):
+        x = np.random.default_rng(n).standard_normal(n).astype(dtype)
+        assert _all_finite(tensor.from_numpy(x).data)
+        for bad in (np.nan, np.inf, -np.inf):
+            for pos in {0, n // 2, n - 1}:
+                y = x.copy()
+                y[pos] = bad
+                assert not _all_finite(tensor.from_numpy(y).data), (n, bad, pos)
+    assert _all_finite(tensor.from_numpy(np.full(1000, np.finfo(dtype).max, dtype)).data)
+    assert _all_finite(tensor.from_numpy(np.zeros(0, dtype)).data)

@@ -44,26 +44,28 @@ acc_t<T> sum_run(const T* p, int64_t n) {
   return total;
 }
 
-// max (IsMax) or min of a run; nan propagates (tracked separately so the main loop stays vectorisable).
+// max (IsMax) or min of a run; nan propagates. The nan test is a separate reduction, so the loop stays a
+// plain max / min reduction that OpenMP's simd vectorises: GCC does not vectorise the select form by itself
+// (400k float32 on one core: 320 us before, 115 us after; numpy, with its AVX dispatch, 30-50 us).
 template <bool IsMax, typename T>
 compute_t<T> extreme_run(const T* p, int64_t n) {
   using C = compute_t<T>;
-  C lanes[kLanes];
-  for (int j = 0; j < kLanes; ++j) lanes[j] = C(p[0]);
-  bool nan = false;
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) {
-      C v = C(p[i + j]);
+  C best = C(p[0]);
+  int nan = 0;
+  if constexpr (IsMax) {
+#pragma omp simd reduction(max : best) reduction(| : nan)
+    for (int64_t i = 0; i < n; ++i) {
+      const C v = C(p[i]);
       nan |= v != v;
-      lanes[j] = IsMax ? (v > lanes[j] ? v : lanes[j]) : (v < lanes[j] ? v : lanes[j]);
+      best = v > best ? v : best;
     }
-  C best = lanes[0];
-  for (int j = 1; j < kLanes; ++j) best = IsMax ? (lanes[j] > best ? lanes[j] : best) : (lanes[j] < best ? lanes[j] : best);
-  for (; i < n; ++i) {
-    C v = C(p[i]);
-    nan |= v != v;
-    best = IsMax ? (v > best ? v : best) : (v < best ? v : best);
+  } else {
+#pragma omp simd reduction(min : best) reduction(| : nan)
+    for (int64_t i = 0; i < n; ++i) {
+      const C v = C(p[i]);
+      nan |= v != v;
+      best = v < best ? v : best;
+    }
   }
   if constexpr (!std::is_integral_v<C>)
     if (nan) return std::numeric_limits<C>::quiet_NaN();

@@ -38,7 +38,7 @@
 namespace sl::cuda::nccl {
 
 // ----- the library
-void set_library_dir(const std::string& dir);  // looked in first; a later load attempt uses it
+void set_library_dir(const std::string& dir);  // looked in first; a failed load is tried again after it
 bool available();                              // loads NCCL when not loaded yet; false when it cannot
 std::string unavailable_reason();              // why available() is false ("" when it is true)
 int version();                                 // e.g. 23203 for 2.32.3; throws CommError when unavailable

@@ -1,19 +1,18 @@
 // Loading NCCL and the library functions of nccl.h (set_library_dir, available, unavailable_reason, version,
-// get_unique_id). libnccl is opened at run time with dlopen, never linked (see nccl.h for why and where it is
-// looked for); its functions are resolved with dlsym into the Api table of nccl_api.h, which the
-// communicator (nccl.cpp) reaches through api().
+// get_unique_id). libnccl is opened at run time with dlopen (cuda/runtime_library.h), never linked (see nccl.h for
+// why and where it is looked for); its functions are resolved with dlsym into the Api table of nccl_api.h, which
+// the communicator (nccl.cpp) reaches through api().
 #include "comm/nccl_api.h"
 
-#include <dlfcn.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "core/errors.h"
 #include "comm/nccl.h"
+#include "cuda/runtime_library.h"
 
 namespace sl::cuda::nccl {
 namespace detail {
@@ -30,87 +29,63 @@ const char* install_hint() {
 #endif
 }
 
-struct Library {
-  std::mutex mutex;
-  std::string dir;     // from set_library_dir
-  void* handle = nullptr;
-  Api api{};
-  int version = 0;
-  std::string reason;  // why the last load attempt failed
-};
-
-Library& library() {
-  static Library* lib = new Library();  // never destroyed: communicators may be closed during exit
-  return *lib;
-}
-
-template <typename F>
-bool resolve(void* handle, const char* name, F& fn, bool required, std::string& missing) {
-  fn = reinterpret_cast<F>(dlsym(handle, name));
-  if (fn == nullptr && required) missing += std::string(missing.empty() ? "" : ", ") + name;
-  return fn != nullptr;
-}
-
-// Fills lib.api from an opened library; "" when everything needed is there, else what is missing.
-std::string bind_symbols(Library& lib, void* h) {
-  Api& a = lib.api;
-  std::string missing;
-  resolve(h, "ncclGetVersion", a.GetVersion, true, missing);
-  resolve(h, "ncclGetUniqueId", a.GetUniqueId, true, missing);
-  resolve(h, "ncclCommInitRankConfig", a.CommInitRankConfig, true, missing);
-  resolve(h, "ncclCommFinalize", a.CommFinalize, true, missing);
-  resolve(h, "ncclCommDestroy", a.CommDestroy, true, missing);
-  resolve(h, "ncclCommAbort", a.CommAbort, true, missing);
-  resolve(h, "ncclCommGetAsyncError", a.CommGetAsyncError, true, missing);
-  resolve(h, "ncclGetErrorString", a.GetErrorString, true, missing);
-  resolve(h, "ncclGetLastError", a.GetLastError, false, missing);
-  resolve(h, "ncclAllReduce", a.AllReduce, true, missing);
-  resolve(h, "ncclBroadcast", a.Broadcast, true, missing);
-  resolve(h, "ncclReduce", a.Reduce, true, missing);
-  resolve(h, "ncclAllGather", a.AllGather, true, missing);
-  resolve(h, "ncclReduceScatter", a.ReduceScatter, true, missing);
-  resolve(h, "ncclSend", a.Send, true, missing);
-  resolve(h, "ncclRecv", a.Recv, true, missing);
-  resolve(h, "ncclGroupStart", a.GroupStart, true, missing);
-  resolve(h, "ncclGroupEnd", a.GroupEnd, true, missing);
-  return missing;
-}
-
 std::string version_str(int v) { return str(v / 10000, ".", v / 100 % 100, ".", v % 100); }
 
-// Opens NCCL once (lib.mutex held); later attempts retry only while it is not loaded (a directory may
-// have been set since).
-bool load(Library& lib) {
-  if (lib.handle != nullptr) return true;
-  std::vector<std::string> candidates;
-  if (!lib.dir.empty()) candidates.push_back(lib.dir + "/libnccl.so.2");
-  candidates.push_back("libnccl.so.2");
-  std::string tried;
-  for (const std::string& path : candidates) {
-    // RTLD_LOCAL: NCCL's symbols stay out of the global namespace (another copy, e.g. PyTorch's, may be loaded).
-    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) {
-      const char* err = dlerror();  // names the path itself
-      tried += str("\n  ", err ? std::string(err) : path + ": not found");
-      continue;
-    }
-    std::string missing = bind_symbols(lib, h);
+// The library and the entry points bound from it. bind() runs once, under the loader's lock; once loaded(),
+// api and version never change.
+class Nccl final : public RuntimeLibrary {
+ public:
+  Nccl() : RuntimeLibrary("libnccl.so.2", nullptr) {}  // nullptr: messages name the file as given to dlopen
+  Api api{};
+  int version = 0;
+
+ private:
+  bool bind(void* h, const std::string& path, std::string* why) override {
+    Api a{};
+    std::string missing;
+    auto need = [&](const char* name, auto& fn) {
+      if (!resolve(h, name, fn)) missing += std::string(missing.empty() ? "" : ", ") + name;
+    };
+    need("ncclGetVersion", a.GetVersion);
+    need("ncclGetUniqueId", a.GetUniqueId);
+    need("ncclCommInitRankConfig", a.CommInitRankConfig);
+    need("ncclCommFinalize", a.CommFinalize);
+    need("ncclCommDestroy", a.CommDestroy);
+    need("ncclCommAbort", a.CommAbort);
+    need("ncclCommGetAsyncError", a.CommGetAsyncError);
+    need("ncclGetErrorString", a.GetErrorString);
+    resolve(h, "ncclGetLastError", a.GetLastError);  // optional
+    need("ncclAllReduce", a.AllReduce);
+    need("ncclBroadcast", a.Broadcast);
+    need("ncclReduce", a.Reduce);
+    need("ncclAllGather", a.AllGather);
+    need("ncclReduceScatter", a.ReduceScatter);
+    need("ncclSend", a.Send);
+    need("ncclRecv", a.Recv);
+    need("ncclGroupStart", a.GroupStart);
+    need("ncclGroupEnd", a.GroupEnd);
     int v = 0;
-    if (missing.empty() && lib.api.GetVersion(&v) != ncclSuccess) missing = "a working ncclGetVersion";
+    if (missing.empty() && a.GetVersion(&v) != ncclSuccess) missing = "a working ncclGetVersion";
     if (!missing.empty() || v < kMinVersion) {
-      tried += str("\n  ", path, ": ", !missing.empty() ? "lacks " + missing : "NCCL " + version_str(v),
-                   " (singa_lite needs NCCL ", version_str(kMinVersion), " or newer)");
-      lib.api = Api{};
-      dlclose(h);
-      continue;
+      *why = str(path, ": ", !missing.empty() ? "lacks " + missing : "NCCL " + version_str(v),
+                 " (singa_lite needs NCCL ", version_str(kMinVersion), " or newer)");
+      return false;
     }
-    lib.handle = h;
-    lib.version = v;
-    lib.reason.clear();
+    api = a;
+    version = v;
     return true;
   }
-  lib.reason = str("NCCL could not be loaded; ", install_hint(), ". Tried:", tried);
-  return false;
+
+  std::string describe_failure(bool, const std::vector<std::string>& tried) const override {
+    std::string lines;
+    for (const auto& t : tried) lines += str("\n  ", t);
+    return str("NCCL could not be loaded; ", install_hint(), ". Tried:", lines);
+  }
+};
+
+Nccl& nccl() {
+  static Nccl* lib = new Nccl();  // never destroyed: communicators may be closed during exit
+  return *lib;
 }
 
 // Why there is certainly no usable GPU, or "" when there may be one; decided WITHOUT initialising CUDA.
@@ -135,10 +110,9 @@ std::string no_gpu_reason() {
 
 // The loaded API; throws CommError saying how to install NCCL when it cannot be loaded.
 const Api& api() {
-  Library& lib = library();
-  std::lock_guard<std::mutex> lock(lib.mutex);
-  if (!load(lib)) throw CommError(str("the nccl backend needs the NCCL library: ", lib.reason));
-  return lib.api;
+  const std::string failure = nccl().ensure_loaded();
+  if (!failure.empty()) throw CommError(str("the nccl backend needs the NCCL library: ", failure));
+  return nccl().api;  // immutable once loaded
 }
 
 const char* error_string(ncclResult_t r) {
@@ -151,29 +125,15 @@ const char* error_string(ncclResult_t r) {
 using namespace detail;
 
 // ---------------------------------------------------------------- the library, public
-void set_library_dir(const std::string& dir) {
-  Library& lib = library();
-  std::lock_guard<std::mutex> lock(lib.mutex);
-  lib.dir = dir;
-}
+void set_library_dir(const std::string& dir) { nccl().set_dir(dir); }
 
-bool available() {
-  Library& lib = library();
-  std::lock_guard<std::mutex> lock(lib.mutex);
-  return load(lib);
-}
+bool available() { return nccl().ensure_loaded().empty(); }
 
-std::string unavailable_reason() {
-  Library& lib = library();
-  std::lock_guard<std::mutex> lock(lib.mutex);
-  return load(lib) ? std::string() : lib.reason;
-}
+std::string unavailable_reason() { return nccl().ensure_loaded(); }
 
 int version() {
-  api();
-  Library& lib = library();
-  std::lock_guard<std::mutex> lock(lib.mutex);
-  return lib.version;
+  api();  // throws when NCCL cannot be loaded
+  return nccl().version;
 }
 
 std::string get_unique_id() {

@@ -1,8 +1,6 @@
-// The cuDNN loader (see cudnn.h): dlopen/dlsym on first use, the on/off switch, per-device handles, checked statuses.
+// The cuDNN loader (see cudnn.h): its entry points (cuda/runtime_library.h opens it on first use), the on/off
+// switch, per-device handles, checked statuses.
 #include "cuda/cudnn.h"
-
-#include <dlfcn.h>
-#include <sys/stat.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -13,6 +11,7 @@
 #include "core/errors.h"
 #include "cuda/context.h"
 #include "cuda/runtime.h"
+#include "cuda/runtime_library.h"
 
 namespace sl::cuda {
 namespace {
@@ -25,32 +24,6 @@ std::string install_hint() {
          "or put the lib folder of a cuDNN 9 install on LD_LIBRARY_PATH";
 }
 
-bool is_file(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-std::string last_dlerror() {
-  const char* e = dlerror();
-  return e ? e : "unknown dlopen error";
-}
-
-struct Loader {
-  std::mutex mutex;
-  std::string dir;
-  bool tried = false;
-  std::atomic<bool> loaded{false};  // set once, under mutex; then api/path/version never change
-  std::string path;
-  std::string failure;
-  CudnnApi api{};
-  int version = 0;
-};
-
-Loader& loader() {
-  static Loader* l = new Loader();  // never destroyed: handles may be used while tensors are freed at exit
-  return *l;
-}
-
 // SINGA_LITE_CUDNN is read once, at the first question; set_cudnn_enabled overrides it (tests, benchmarks).
 std::atomic<int>& enabled_flag() {
   static std::atomic<int> flag{[] {
@@ -60,120 +33,84 @@ std::atomic<int>& enabled_flag() {
   return flag;
 }
 
-template <typename Fn>
-bool resolve(void* lib, const char* name, Fn& fn) {
-  dlerror();
-  fn = reinterpret_cast<Fn>(dlsym(lib, name));
-  return fn != nullptr;
-}
-
-#define SL_CUDNN_RESOLVE(name) \
-  if (!missing && !resolve(lib, #name, api.name)) missing = #name
-
-bool bind(Loader& l, void* lib, const std::string& path, std::string* why) {
+// The library and the entry points bound from it. bind() runs once, under the loader's lock; once loaded(),
+// api and version never change.
+class Cudnn final : public RuntimeLibrary {
+ public:
+  Cudnn() : RuntimeLibrary(kSoname, "cudnnCreate") {}
   CudnnApi api{};
-  const char* missing = nullptr;
-  SL_CUDNN_RESOLVE(cudnnGetVersion);
-  SL_CUDNN_RESOLVE(cudnnGetErrorString);
-  SL_CUDNN_RESOLVE(cudnnGetLastErrorString);
-  SL_CUDNN_RESOLVE(cudnnCreate);
-  SL_CUDNN_RESOLVE(cudnnDestroy);
-  SL_CUDNN_RESOLVE(cudnnSetStream);
-  SL_CUDNN_RESOLVE(cudnnCreateTensorDescriptor);
-  SL_CUDNN_RESOLVE(cudnnSetTensor4dDescriptorEx);
-  SL_CUDNN_RESOLVE(cudnnDestroyTensorDescriptor);
-  SL_CUDNN_RESOLVE(cudnnCreateFilterDescriptor);
-  SL_CUDNN_RESOLVE(cudnnSetFilter4dDescriptor);
-  SL_CUDNN_RESOLVE(cudnnDestroyFilterDescriptor);
-  SL_CUDNN_RESOLVE(cudnnCreateConvolutionDescriptor);
-  SL_CUDNN_RESOLVE(cudnnSetConvolution2dDescriptor);
-  SL_CUDNN_RESOLVE(cudnnSetConvolutionGroupCount);
-  SL_CUDNN_RESOLVE(cudnnSetConvolutionMathType);
-  SL_CUDNN_RESOLVE(cudnnDestroyConvolutionDescriptor);
-  SL_CUDNN_RESOLVE(cudnnCreatePoolingDescriptor);
-  SL_CUDNN_RESOLVE(cudnnSetPooling2dDescriptor);
-  SL_CUDNN_RESOLVE(cudnnDestroyPoolingDescriptor);
-  SL_CUDNN_RESOLVE(cudnnGetConvolutionForwardAlgorithm_v7);
-  SL_CUDNN_RESOLVE(cudnnGetConvolutionForwardWorkspaceSize);
-  SL_CUDNN_RESOLVE(cudnnConvolutionForward);
-  SL_CUDNN_RESOLVE(cudnnGetConvolutionBackwardDataAlgorithm_v7);
-  SL_CUDNN_RESOLVE(cudnnGetConvolutionBackwardDataWorkspaceSize);
-  SL_CUDNN_RESOLVE(cudnnConvolutionBackwardData);
-  SL_CUDNN_RESOLVE(cudnnGetConvolutionBackwardFilterAlgorithm_v7);
-  SL_CUDNN_RESOLVE(cudnnGetConvolutionBackwardFilterWorkspaceSize);
-  SL_CUDNN_RESOLVE(cudnnConvolutionBackwardFilter);
-  SL_CUDNN_RESOLVE(cudnnPoolingForward);
-  SL_CUDNN_RESOLVE(cudnnPoolingBackward);
-  SL_CUDNN_RESOLVE(cudnnBatchNormalizationForwardTraining);
-  SL_CUDNN_RESOLVE(cudnnBatchNormalizationForwardInference);
-  SL_CUDNN_RESOLVE(cudnnBatchNormalizationBackward);
-  if (missing) {
-    *why = str(path, " has no ", missing, " (", last_dlerror(), ")");
-    return false;
+  int version = 0;
+  using RuntimeLibrary::loaded;
+
+ private:
+#define SL_CUDNN_RESOLVE(name) \
+  if (!missing && !resolve(lib, #name, a.name)) missing = #name
+
+  bool bind(void* lib, const std::string& path, std::string* why) override {
+    CudnnApi a{};
+    const char* missing = nullptr;
+    SL_CUDNN_RESOLVE(cudnnGetVersion);
+    SL_CUDNN_RESOLVE(cudnnGetErrorString);
+    SL_CUDNN_RESOLVE(cudnnGetLastErrorString);
+    SL_CUDNN_RESOLVE(cudnnCreate);
+    SL_CUDNN_RESOLVE(cudnnDestroy);
+    SL_CUDNN_RESOLVE(cudnnSetStream);
+    SL_CUDNN_RESOLVE(cudnnCreateTensorDescriptor);
+    SL_CUDNN_RESOLVE(cudnnSetTensor4dDescriptorEx);
+    SL_CUDNN_RESOLVE(cudnnDestroyTensorDescriptor);
+    SL_CUDNN_RESOLVE(cudnnCreateFilterDescriptor);
+    SL_CUDNN_RESOLVE(cudnnSetFilter4dDescriptor);
+    SL_CUDNN_RESOLVE(cudnnDestroyFilterDescriptor);
+    SL_CUDNN_RESOLVE(cudnnCreateConvolutionDescriptor);
+    SL_CUDNN_RESOLVE(cudnnSetConvolution2dDescriptor);
+    SL_CUDNN_RESOLVE(cudnnSetConvolutionGroupCount);
+    SL_CUDNN_RESOLVE(cudnnSetConvolutionMathType);
+    SL_CUDNN_RESOLVE(cudnnDestroyConvolutionDescriptor);
+    SL_CUDNN_RESOLVE(cudnnCreatePoolingDescriptor);
+    SL_CUDNN_RESOLVE(cudnnSetPooling2dDescriptor);
+    SL_CUDNN_RESOLVE(cudnnDestroyPoolingDescriptor);
+    SL_CUDNN_RESOLVE(cudnnGetConvolutionForwardAlgorithm_v7);
+    SL_CUDNN_RESOLVE(cudnnGetConvolutionForwardWorkspaceSize);
+    SL_CUDNN_RESOLVE(cudnnConvolutionForward);
+    SL_CUDNN_RESOLVE(cudnnGetConvolutionBackwardDataAlgorithm_v7);
+    SL_CUDNN_RESOLVE(cudnnGetConvolutionBackwardDataWorkspaceSize);
+    SL_CUDNN_RESOLVE(cudnnConvolutionBackwardData);
+    SL_CUDNN_RESOLVE(cudnnGetConvolutionBackwardFilterAlgorithm_v7);
+    SL_CUDNN_RESOLVE(cudnnGetConvolutionBackwardFilterWorkspaceSize);
+    SL_CUDNN_RESOLVE(cudnnConvolutionBackwardFilter);
+    SL_CUDNN_RESOLVE(cudnnPoolingForward);
+    SL_CUDNN_RESOLVE(cudnnPoolingBackward);
+    SL_CUDNN_RESOLVE(cudnnBatchNormalizationForwardTraining);
+    SL_CUDNN_RESOLVE(cudnnBatchNormalizationForwardInference);
+    SL_CUDNN_RESOLVE(cudnnBatchNormalizationBackward);
+    if (missing) {
+      *why = str(path, " has no ", missing, " (", dl_error(), ")");
+      return false;
+    }
+    // cudnnGetVersion needs neither a GPU nor a handle.
+    const int v = int(a.cudnnGetVersion());
+    if (v / 10000 != kCudnnMajor) {
+      *why = str(path, " is cuDNN ", v / 10000, ".", v / 100 % 100, "; singa_lite uses cuDNN ", kCudnnMajor, ".x");
+      return false;
+    }
+    api = a;
+    version = v;
+    return true;
   }
-  // cudnnGetVersion needs neither a GPU nor a handle.
-  const int v = int(api.cudnnGetVersion());
-  if (v / 10000 != kCudnnMajor) {
-    *why = str(path, " is cuDNN ", v / 10000, ".", v / 100 % 100, "; singa_lite uses cuDNN ", kCudnnMajor, ".x");
-    return false;
-  }
-  l.api = api;
-  l.version = v;
-  return true;
-}
 
 #undef SL_CUDNN_RESOLVE
 
-std::string path_of(const void* symbol, const std::string& fallback) {
-  Dl_info info{};
-  if (symbol && dladdr(symbol, &info) != 0 && info.dli_fname && info.dli_fname[0]) return info.dli_fname;
-  return fallback;
-}
-
-// One load attempt; the caller holds l.mutex. The set folder first, then the plain soname.
-void attempt(Loader& l) {
-  l.tried = true;
-  l.failure.clear();
-  std::vector<std::string> tried;
-  bool opened_any = false;
-  std::vector<std::string> candidates;
-  if (!l.dir.empty()) {
-    const std::string in_dir = l.dir + "/" + kSoname;
-    if (is_file(in_dir)) candidates.push_back(in_dir);
-    else tried.push_back(str(in_dir, ": no such file"));
-  }
-  candidates.push_back(kSoname);
-  for (const std::string& name : candidates) {
-    // RTLD_LOCAL: our dlsym'd pointers are all we need; cuDNN finds its sub-libraries from its own folder.
-    void* lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-      tried.push_back(last_dlerror());
-      continue;
-    }
-    opened_any = true;
-    const std::string path = path_of(dlsym(lib, "cudnnCreate"), name);
+  std::string describe_failure(bool opened_any, const std::vector<std::string>& tried) const override {
     std::string why;
-    if (!bind(l, lib, path, &why)) {
-      tried.push_back(why);
-      dlclose(lib);
-      continue;
-    }
-    l.path = path;
-    l.loaded.store(true, std::memory_order_release);
-    return;
+    for (const auto& t : tried) why += (why.empty() ? "" : "; ") + t;
+    return str(opened_any ? "unusable: " : "not found: ", "convolution, pooling and batch norm through cuDNN need ",
+               kSoname, "; ", install_hint(), ". Tried: ", why);
   }
-  std::string why;
-  for (const auto& t : tried) why += (why.empty() ? "" : "; ") + t;
-  l.failure = str(opened_any ? "unusable: " : "not found: ", "convolution, pooling and batch norm through cuDNN need ",
-                  kSoname, "; ", install_hint(), ". Tried: ", why);
-}
+};
 
-std::string ensure_loaded() {
-  Loader& l = loader();
-  if (l.loaded.load(std::memory_order_acquire)) return "";
-  std::lock_guard<std::mutex> lock(l.mutex);
-  if (!l.loaded && !l.tried) attempt(l);
-  return l.loaded ? "" : l.failure;
+Cudnn& cudnn() {
+  static Cudnn* l = new Cudnn();  // never destroyed: handles may be used while tensors are freed at exit
+  return *l;
 }
 
 struct Handles {
@@ -188,20 +125,12 @@ Handles& handles() {
 
 }  // namespace
 
-void set_cudnn_library_dir(const std::string& dir) {
-  Loader& l = loader();
-  std::lock_guard<std::mutex> lock(l.mutex);
-  std::string d = dir;
-  while (d.size() > 1 && d.back() == '/') d.pop_back();
-  if (l.loaded) return;
-  l.dir = d;
-  l.tried = false;
-}
+void set_cudnn_library_dir(const std::string& dir) { cudnn().set_dir(dir); }
 
 const CudnnApi& cudnn_api() {
-  const std::string failure = ensure_loaded();
+  const std::string failure = cudnn().ensure_loaded();
   if (!failure.empty()) throw CudaError(str("cuDNN ", failure));
-  return loader().api;
+  return cudnn().api;
 }
 
 void set_cudnn_enabled(bool enabled) { enabled_flag().store(enabled ? 1 : 0); }
@@ -215,15 +144,15 @@ std::string cudnn_unavailable_reason() {
   // once loaded, ensure_loaded() is one atomic load.
   static const bool has_gpu = device_count() > 0;
   if (!has_gpu) return str("no GPU: ", unavailable_reason());
-  const std::string failure = ensure_loaded();
+  const std::string failure = cudnn().ensure_loaded();
   return failure.empty() ? "" : str("cuDNN ", failure);
 }
 
-int cudnn_version() { return ensure_loaded().empty() ? loader().version : 0; }
+int cudnn_version() { return cudnn().ensure_loaded().empty() ? cudnn().version : 0; }
 
 std::string cudnn_status() {
-  const std::string failure = ensure_loaded();
-  return failure.empty() ? str("loaded ", loader().path) : failure;
+  const std::string failure = cudnn().ensure_loaded();
+  return failure.empty() ? str("loaded ", cudnn().path()) : failure;
 }
 
 const char* cudnn_status_name(cudnnStatus_t status) {
@@ -250,8 +179,8 @@ const char* cudnn_status_name(cudnnStatus_t status) {
 void cudnn_check(cudnnStatus_t status, const char* call, const char* file, int line) {
   if (status == CUDNN_STATUS_SUCCESS) return;
   std::string detail;
-  const Loader& l = loader();
-  if (l.loaded.load(std::memory_order_acquire)) {  // api immutable once loaded
+  const Cudnn& l = cudnn();
+  if (l.loaded()) {  // api immutable once loaded
     const char* s = l.api.cudnnGetErrorString(status);
     if (s && s[0]) detail = str(": ", s);
     // The last error's text says which argument was wrong (cuDNN 9 keeps it per thread).

@@ -180,16 +180,16 @@ struct Blend {
 // first, no timing runs) that succeeded, are deterministic where asked, and for float32 / float64 are not tensor-core
 // variants; the first whose workspace query succeeds with our descriptors (math type included) wins. Otherwise the
 // given algorithm, which supports every geometry of the legacy API; its workspace query is checked, so a
-// configuration cuDNN cannot do raises CudaError naming the call.
+// configuration cuDNN cannot do raises CudaError naming the call (workspace_call).
 template <typename Algo>
 struct Choice {
   Algo algo;
   size_t bytes = 0;
 };
 
-template <typename Algo, typename Query, typename WorkspaceQuery, typename Check>
-Choice<Algo> pick_algo(Query query, WorkspaceQuery workspace, Check check_fallback, DType dtype, bool deterministic,
-                       Algo fallback) {
+template <typename Algo, typename Query, typename WorkspaceQuery>
+Choice<Algo> pick_algo(Query query, WorkspaceQuery workspace, const char* workspace_call, DType dtype,
+                       bool deterministic, Algo fallback) {
   CudnnAlgoPerf<Algo> perf[8];
   int n = 0;
   query(8, &n, perf);
@@ -203,8 +203,42 @@ Choice<Algo> pick_algo(Query query, WorkspaceQuery workspace, Check check_fallba
     if (workspace(p.algo, &c.bytes) == CUDNN_STATUS_SUCCESS) return c;
   }
   Choice<Algo> c{fallback};
-  check_fallback(fallback, &c.bytes);
+  cudnn_check(workspace(fallback, &c.bytes), workspace_call, __FILE__, __LINE__);
   return c;
+}
+
+// What the three directions of a convolution y = conv(x, w) share, set up after the arguments were checked: the
+// device made current, its cuDNN handle and the descriptors of x, w, y (in backward_data x and y stand for dx and dy,
+// in backward_filter w stands for dw) and of the convolution.
+struct Conv {
+  const int device;
+  const DType dtype;
+  DeviceGuard guard;
+  const cudnnHandle_t h;
+  const TensorDesc x, y;
+  const FilterDesc w;
+  const ConvDesc conv;
+  const CudnnApi& api;
+  const Blend blend;  // alpha = 1, beta = 0
+  Conv(int dev, DType t, const Shape& xs, const Shape& ws, const Shape& ys, Pair stride, Pair padding, Pair dilation,
+       int64_t groups)
+      : device(dev),
+        dtype(t),
+        guard(dev),
+        h(cudnn_handle(dev)),
+        x(t, xs),
+        y(t, ys),
+        w(t, ws),
+        conv(t, stride, padding, dilation, groups),
+        api(cudnn_api()) {}
+  const void* one() const { return blend.one(dtype); }
+  const void* zero() const { return blend.zero(dtype); }
+};
+
+// Both backward directions: dy must have the shape the forward convolution gives.
+void check_dy(const char* op, const Tensor& dy, const Shape& ys, const Shape& x_shape, const Shape& w_shape) {
+  SL_CHECK(ys == dy.shape(), ValueError, op, ": dy has shape ", shape_str(dy.shape()), ", expected ", shape_str(ys),
+           " for x ", shape_str(x_shape), " and w ", shape_str(w_shape));
 }
 
 void check_bn(const char* op, const Tensor& x, std::initializer_list<std::pair<const char*, const Tensor*>> params) {
@@ -228,31 +262,20 @@ Tensor cudnn_conv2d_forward(const Tensor& x, const Tensor& w, Pair stride, Pair 
   check_4d(op, "w", w);
   check_like(op, "w", w, x);
   const Shape ys = conv_out_shape(op, x.shape(), w.shape(), stride, padding, dilation, groups);
-  const int dev = x.device().index;
   const Tensor xc = x.contiguous(), wc = w.contiguous();
   Tensor y = Tensor::empty(ys, x.dtype(), x.device());
-  DeviceGuard guard(dev);
-  cudnnHandle_t h = cudnn_handle(dev);
-  const DType t = x.dtype();
-  TensorDesc xd(t, x.shape()), yd(t, ys);
-  FilterDesc wd(t, w.shape());
-  ConvDesc cd(t, stride, padding, dilation, groups);
-  const CudnnApi& api = cudnn_api();
-  const auto c = pick_algo(
+  const Conv c(x.device().index, x.dtype(), x.shape(), w.shape(), ys, stride, padding, dilation, groups);
+  const auto a = pick_algo(
       [&](int req, int* n, cudnnConvolutionFwdAlgoPerf_t* p) {
-        SL_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7, h, xd.d, wd.d, cd.d, yd.d, req, n, p);
+        SL_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7, c.h, c.x.d, c.w.d, c.conv.d, c.y.d, req, n, p);
       },
-      [&](cudnnConvolutionFwdAlgo_t a, size_t* bytes) {
-        return api.cudnnGetConvolutionForwardWorkspaceSize(h, xd.d, wd.d, cd.d, yd.d, a, bytes);
+      [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
+        return c.api.cudnnGetConvolutionForwardWorkspaceSize(c.h, c.x.d, c.w.d, c.conv.d, c.y.d, algo, bytes);
       },
-      [&](cudnnConvolutionFwdAlgo_t a, size_t* bytes) {
-        SL_CUDNN(cudnnGetConvolutionForwardWorkspaceSize, h, xd.d, wd.d, cd.d, yd.d, a, bytes);
-      },
-      t, false, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
-  Workspace ws(dev, c.bytes);
-  const Blend b;
-  SL_CUDNN(cudnnConvolutionForward, h, b.one(t), xd.d, xc.data_ptr(), wd.d, wc.data_ptr(), cd.d, c.algo, ws.ptr,
-           c.bytes, b.zero(t), yd.d, y.data_ptr());
+      "cudnnGetConvolutionForwardWorkspaceSize", c.dtype, false, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
+  Workspace ws(c.device, a.bytes);
+  SL_CUDNN(cudnnConvolutionForward, c.h, c.one(), c.x.d, xc.data_ptr(), c.w.d, wc.data_ptr(), c.conv.d, a.algo,
+           ws.ptr, a.bytes, c.zero(), c.y.d, y.data_ptr());
   return y;
 }
 
@@ -263,33 +286,21 @@ Tensor cudnn_conv2d_backward_data(const Tensor& w, const Tensor& dy, const Shape
   check_4d(op, "w", w);
   check_like(op, "w", w, dy);
   const Shape ys = conv_out_shape(op, x_shape, w.shape(), stride, padding, dilation, groups);
-  SL_CHECK(ys == dy.shape(), ValueError, op, ": dy has shape ", shape_str(dy.shape()), ", expected ", shape_str(ys),
-           " for x ", shape_str(x_shape), " and w ", shape_str(w.shape()));
-  const int dev = dy.device().index;
+  check_dy(op, dy, ys, x_shape, w.shape());
   const Tensor dyc = dy.contiguous(), wc = w.contiguous();
   Tensor dx = Tensor::empty(x_shape, dy.dtype(), dy.device());
-  DeviceGuard guard(dev);
-  cudnnHandle_t h = cudnn_handle(dev);
-  const DType t = dy.dtype();
-  TensorDesc dxd(t, x_shape), dyd(t, ys);
-  FilterDesc wd(t, w.shape());
-  ConvDesc cd(t, stride, padding, dilation, groups);
-  const CudnnApi& api = cudnn_api();
-  const auto c = pick_algo(
+  const Conv c(dy.device().index, dy.dtype(), x_shape, w.shape(), ys, stride, padding, dilation, groups);
+  const auto a = pick_algo(
       [&](int req, int* n, cudnnConvolutionBwdDataAlgoPerf_t* p) {
-        SL_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7, h, wd.d, dyd.d, cd.d, dxd.d, req, n, p);
+        SL_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7, c.h, c.w.d, c.y.d, c.conv.d, c.x.d, req, n, p);
       },
-      [&](cudnnConvolutionBwdDataAlgo_t a, size_t* bytes) {
-        return api.cudnnGetConvolutionBackwardDataWorkspaceSize(h, wd.d, dyd.d, cd.d, dxd.d, a, bytes);
+      [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
+        return c.api.cudnnGetConvolutionBackwardDataWorkspaceSize(c.h, c.w.d, c.y.d, c.conv.d, c.x.d, algo, bytes);
       },
-      [&](cudnnConvolutionBwdDataAlgo_t a, size_t* bytes) {
-        SL_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize, h, wd.d, dyd.d, cd.d, dxd.d, a, bytes);
-      },
-      t, true, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1);
-  Workspace ws(dev, c.bytes);
-  const Blend b;
-  SL_CUDNN(cudnnConvolutionBackwardData, h, b.one(t), wd.d, wc.data_ptr(), dyd.d, dyc.data_ptr(), cd.d, c.algo,
-           ws.ptr, c.bytes, b.zero(t), dxd.d, dx.data_ptr());
+      "cudnnGetConvolutionBackwardDataWorkspaceSize", c.dtype, true, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1);
+  Workspace ws(c.device, a.bytes);
+  SL_CUDNN(cudnnConvolutionBackwardData, c.h, c.one(), c.w.d, wc.data_ptr(), c.y.d, dyc.data_ptr(), c.conv.d, a.algo,
+           ws.ptr, a.bytes, c.zero(), c.x.d, dx.data_ptr());
   return dx;
 }
 
@@ -300,33 +311,21 @@ Tensor cudnn_conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Sha
   check_4d(op, "dy", dy);
   check_like(op, "dy", dy, x);
   const Shape ys = conv_out_shape(op, x.shape(), w_shape, stride, padding, dilation, groups);
-  SL_CHECK(ys == dy.shape(), ValueError, op, ": dy has shape ", shape_str(dy.shape()), ", expected ", shape_str(ys),
-           " for x ", shape_str(x.shape()), " and w ", shape_str(w_shape));
-  const int dev = x.device().index;
+  check_dy(op, dy, ys, x.shape(), w_shape);
   const Tensor xc = x.contiguous(), dyc = dy.contiguous();
   Tensor dw = Tensor::empty(w_shape, x.dtype(), x.device());
-  DeviceGuard guard(dev);
-  cudnnHandle_t h = cudnn_handle(dev);
-  const DType t = x.dtype();
-  TensorDesc xd(t, x.shape()), dyd(t, ys);
-  FilterDesc wd(t, w_shape);
-  ConvDesc cd(t, stride, padding, dilation, groups);
-  const CudnnApi& api = cudnn_api();
-  const auto c = pick_algo(
+  const Conv c(x.device().index, x.dtype(), x.shape(), w_shape, ys, stride, padding, dilation, groups);
+  const auto a = pick_algo(
       [&](int req, int* n, cudnnConvolutionBwdFilterAlgoPerf_t* p) {
-        SL_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7, h, xd.d, dyd.d, cd.d, wd.d, req, n, p);
+        SL_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7, c.h, c.x.d, c.y.d, c.conv.d, c.w.d, req, n, p);
       },
-      [&](cudnnConvolutionBwdFilterAlgo_t a, size_t* bytes) {
-        return api.cudnnGetConvolutionBackwardFilterWorkspaceSize(h, xd.d, dyd.d, cd.d, wd.d, a, bytes);
+      [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
+        return c.api.cudnnGetConvolutionBackwardFilterWorkspaceSize(c.h, c.x.d, c.y.d, c.conv.d, c.w.d, algo, bytes);
       },
-      [&](cudnnConvolutionBwdFilterAlgo_t a, size_t* bytes) {
-        SL_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize, h, xd.d, dyd.d, cd.d, wd.d, a, bytes);
-      },
-      t, true, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1);
-  Workspace ws(dev, c.bytes);
-  const Blend b;
-  SL_CUDNN(cudnnConvolutionBackwardFilter, h, b.one(t), xd.d, xc.data_ptr(), dyd.d, dyc.data_ptr(), cd.d, c.algo,
-           ws.ptr, c.bytes, b.zero(t), wd.d, dw.data_ptr());
+      "cudnnGetConvolutionBackwardFilterWorkspaceSize", c.dtype, true, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1);
+  Workspace ws(c.device, a.bytes);
+  SL_CUDNN(cudnnConvolutionBackwardFilter, c.h, c.one(), c.x.d, xc.data_ptr(), c.y.d, dyc.data_ptr(), c.conv.d,
+           a.algo, ws.ptr, a.bytes, c.zero(), c.w.d, dw.data_ptr());
   return dw;
 }
 

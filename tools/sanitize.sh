@@ -9,7 +9,8 @@
 #   tools/sanitize.sh                    # build (if needed) and run the whole suite
 #   tools/sanitize.sh tests/unit -x      # arguments go to pytest (default: tests)
 #   REBUILD=1 tools/sanitize.sh          # rebuild after changing csrc/
-#   LEAKS=1 tools/sanitize.sh tests/unit/test_core_views.py   # also LeakSanitizer (tools/lsan.supp)
+#   LEAKS=1 tools/sanitize.sh tests/unit/test_core_views.py   # also LeakSanitizer (tools/lsan.supp); short
+#                                        # subsets only: full stacks for the suppressions make every malloc slow
 #
 # Environment: VENV (.venv-asan), SANITIZE (address,undefined), JOBS (2 parallel compiles), LOGDIR.
 set -euo pipefail
@@ -42,7 +43,7 @@ leaks=0 && [[ -n ${LEAKS:-} ]] && leaks=1
 # MemoryError instead of ending the process; under ASan they replace the fuzz tests' address-space cap.
 export ASAN_OPTIONS="detect_leaks=$leaks:halt_on_error=1:abort_on_error=0:allocator_may_return_null=1:max_allocation_size_mb=8192"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tools/ubsan.supp"
-export LSAN_OPTIONS="suppressions=$PWD/tools/lsan.supp:print_suppressions=0"
+export LSAN_OPTIONS="suppressions=$PWD/tools/lsan.supp:print_suppressions=0:fast_unwind_on_malloc=0:malloc_context_size=40"
 export PYTHONMALLOC=malloc  # pymalloc's arenas hide Python objects from ASan (and look like leaks to LSan)
 
 set +e

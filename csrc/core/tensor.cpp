@@ -21,11 +21,14 @@ int64_t numel_of(const Shape& shape) {
 }
 
 Shape contiguous_strides(const Shape& shape) {
+  // A size-0 axis counts as 1, as in numpy. Only a tensor with no elements can have sizes whose product
+  // overflows int64 (numel_of refuses any other shape), e.g. (0, 2**62, 4); its strides address nothing, so
+  // from the overflow outwards they are 0 rather than the result of a signed overflow (found by UBSan).
   Shape s(shape.size());
   int64_t acc = 1;
   for (int i = int(shape.size()) - 1; i >= 0; --i) {
     s[i] = acc;
-    acc *= std::max<int64_t>(shape[i], 1);
+    if (__builtin_mul_overflow(acc, std::max<int64_t>(shape[i], 1), &acc)) acc = 0;
   }
   return s;
 }
@@ -88,10 +91,10 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 Device Tensor::device() const { return storage_ ? storage_->device() : Device::cpu(); }
 
 bool Tensor::is_contiguous() const {
+  if (numel_ == 0) return true;  // and below, the product of the sizes fits in int64
   int64_t expected = 1;
   for (int i = ndim() - 1; i >= 0; --i) {
     if (shape_[i] == 1) continue;
-    if (shape_[i] == 0) return true;
     if (strides_[i] != expected) return false;
     expected *= shape_[i];
   }
@@ -102,17 +105,18 @@ static Shape infer_shape(const Shape& requested, int64_t numel, const Shape& fro
   Shape out = requested;
   int infer = -1;
   int64_t known = 1;
+  bool known_overflows = false;  // then no -1 can make the count match (e.g. (2**62, 4, -1), found by UBSan)
   for (size_t i = 0; i < out.size(); ++i) {
     if (out[i] == -1) {
       SL_CHECK(infer < 0, ValueError, "reshape: only one dimension can be -1, got ", shape_str(requested));
       infer = int(i);
     } else {
       SL_CHECK(out[i] >= 0, ValueError, "reshape: invalid dimension ", out[i], " in ", shape_str(requested));
-      known *= out[i];
+      known_overflows = known_overflows || __builtin_mul_overflow(known, out[i], &known);
     }
   }
   if (infer >= 0) {
-    SL_CHECK(known != 0 && numel % known == 0, ValueError, "reshape: cannot reshape ", shape_str(from), " (",
+    SL_CHECK(!known_overflows && known != 0 && numel % known == 0, ValueError, "reshape: cannot reshape ", shape_str(from), " (",
              numel, " elements) into ", shape_str(requested));
     out[infer] = numel / known;
   }

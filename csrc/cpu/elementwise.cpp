@@ -13,10 +13,21 @@ namespace sl::cpu {
 namespace {
 
 // ---------------------------------------------------------------- binary op functors (on compute types)
+// Integer +, - and * wrap around on overflow, as numpy's do. They are computed in the unsigned type, which
+// gives the same bits: in the signed type an overflow is undefined behaviour (found by UBSan: INT_MIN // -1).
+template <typename C>
+constexpr bool kWrapping = std::is_integral_v<C> && !std::is_same_v<C, bool>;
+template <typename C>
+inline C wrap_add(C a, C b) { using U = std::make_unsigned_t<C>; return C(U(a) + U(b)); }
+template <typename C>
+inline C wrap_sub(C a, C b) { using U = std::make_unsigned_t<C>; return C(U(a) - U(b)); }
+template <typename C>
+inline C wrap_mul(C a, C b) { using U = std::make_unsigned_t<C>; return C(U(a) * U(b)); }
+
 template <typename C>
 C int_floor_div(C a, C b) {
   if (b == 0) return 0;                                       // numpy also gives 0 (with a warning)
-  if (b == -1) return C(0) - a;                               // avoids the INT_MIN / -1 trap
+  if (b == -1) return wrap_sub(C(0), a);                      // INT_MIN // -1 wraps to INT_MIN, as numpy
   C q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;              // floor, as numpy's //
   return q;
@@ -39,9 +50,9 @@ C int_pow(C base, C exp) {
 
 template <BinaryOp Op, typename C>
 inline auto apply_binary(C a, C b) {
-  if constexpr (Op == BinaryOp::kAdd) return C(a + b);
-  else if constexpr (Op == BinaryOp::kSub) return C(a - b);
-  else if constexpr (Op == BinaryOp::kMul) return C(a * b);
+  if constexpr (Op == BinaryOp::kAdd) { if constexpr (kWrapping<C>) return wrap_add(a, b); else return C(a + b); }
+  else if constexpr (Op == BinaryOp::kSub) { if constexpr (kWrapping<C>) return wrap_sub(a, b); else return C(a - b); }
+  else if constexpr (Op == BinaryOp::kMul) { if constexpr (kWrapping<C>) return wrap_mul(a, b); else return C(a * b); }
   else if constexpr (Op == BinaryOp::kDiv) {
     if constexpr (std::is_integral_v<C>) return int_floor_div(a, b);
     else return C(a / b);
@@ -141,7 +152,7 @@ inline __attribute__((always_inline)) C apply_unary(C v) {
     else return std::fabs(v);
   }
   else if constexpr (Op == UnaryOp::kSign) return C((C(0) < v) - (v < C(0))) + (v != v ? v : C(0));
-  else if constexpr (Op == UnaryOp::kSquare) return v * v;
+  else if constexpr (Op == UnaryOp::kSquare) { if constexpr (kWrapping<C>) return wrap_mul(v, v); else return v * v; }
   else if constexpr (Op == UnaryOp::kRelu) return v > C(0) ? v : (v != v ? v : C(0));
   else if constexpr (std::is_integral_v<C>) return v;  // unreachable: the front-end rejects the rest for ints
   // float32 (and float16, computed in float32): the SIMD-friendly forms of cpu/vecmath.h.
@@ -298,10 +309,14 @@ void axpy(double alpha, const Tensor& x, const Tensor& y) {
       scalar_t* ys = reinterpret_cast<scalar_t*>(p[0]);
       const scalar_t* xs = reinterpret_cast<const scalar_t*>(p[1]);
       const int64_t sy = s[0] / int64_t(sizeof(scalar_t)), sx = s[1] / int64_t(sizeof(scalar_t));
+      auto f = [al](C y, C x) {
+        if constexpr (kWrapping<C>) return wrap_add(y, wrap_mul(al, x));
+        else return C(y + al * x);
+      };
       if (sy == 1 && sx == 1) {
-        for (int64_t i = 0; i < n; ++i) ys[i] = convert<scalar_t>(C(ys[i]) + al * C(xs[i]));
+        for (int64_t i = 0; i < n; ++i) ys[i] = convert<scalar_t>(f(C(ys[i]), C(xs[i])));
       } else {
-        for (int64_t i = 0; i < n; ++i) ys[i * sy] = convert<scalar_t>(C(ys[i * sy]) + al * C(xs[i * sx]));
+        for (int64_t i = 0; i < n; ++i) ys[i * sy] = convert<scalar_t>(f(C(ys[i * sy]), C(xs[i * sx])));
       }
     });
   });

@@ -52,4 +52,18 @@ bool partial_overlap(const Tensor& out, const Tensor& in) {
   return a.first <= b.second && b.first <= a.second;
 }
 
+int64_t checked_mul(const char* op, int64_t a, int64_t b) {
+  int64_t r = 0;
+  SL_CHECK(!__builtin_mul_overflow(a, b, &r), ValueError, op, ": sizes too large: ", a, " * ", b,
+           " exceeds 2**63 - 1");
+  return r;
+}
+
+int64_t checked_add(const char* op, int64_t a, int64_t b) {
+  int64_t r = 0;
+  SL_CHECK(!__builtin_add_overflow(a, b, &r), ValueError, op, ": sizes too large: ", a, " + ", b,
+           " exceeds 2**63 - 1");
+  return r;
+}
+
 }  // namespace sl

@@ -13,6 +13,10 @@ void check_floating(const char* op, const Tensor& t);
 void check_kernel_device(const char* op, const Tensor& t);
 // `out` must have exactly this shape, dtype and device.
 void check_out(const char* op, const Tensor& out, const Shape& shape, DType dtype, Device device);
+// a * b and a + b of sizes taken from the user (shapes, kernel geometry): a ValueError naming the op when the
+// result does not fit in int64, instead of a signed overflow that wraps to a small, wrong size.
+int64_t checked_mul(const char* op, int64_t a, int64_t b);
+int64_t checked_add(const char* op, int64_t a, int64_t b);
 // True when out overlaps `in` in any way other than being the very same view (then a temporary is used).
 bool partial_overlap(const Tensor& out, const Tensor& in);
 

@@ -19,11 +19,21 @@ void check_positive(const char* op, const char* what, Pair v, int64_t min) {
            v[1], ")");
 }
 
+// Checked arithmetic (found by UBSan): huge kernels, paddings or dilations used to wrap around, and a wrapped
+// output size would size a buffer that the kernel then overruns. With these sums and products in range, the
+// kernels' index arithmetic (oh * stride - pad + kh * dilation, ...) stays in range too.
 int64_t out_size(const char* op, int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, const char* axis) {
-  const int64_t span = d * (k - 1) + 1;
-  SL_CHECK(in + 2 * p >= span, ValueError, op, ": the ", axis, " of the padded input (", in, " + 2*", p,
+  const int64_t span = checked_add(op, checked_mul(op, d, k - 1), 1);
+  const int64_t padded = checked_add(op, in, checked_mul(op, 2, p));
+  SL_CHECK(padded >= span, ValueError, op, ": the ", axis, " of the padded input (", in, " + 2*", p,
            ") is smaller than the kernel's extent ", span);
-  return (in + 2 * p - span) / s + 1;
+  return (padded - span) / s + 1;
+}
+
+// (C * kh * kw, N * out_h * out_w): the shape of im2col's columns.
+Shape cols_shape(const char* op, const Shape& x, const Conv2dGeometry& g) {
+  return {checked_mul(op, checked_mul(op, x[1], g.kernel_h), g.kernel_w),
+          checked_mul(op, checked_mul(op, x[0], g.out_h), g.out_w)};
 }
 
 Conv2dGeometry conv_geometry(const char* op, const Shape& x, Pair k, Pair s, Pair p, Pair d) {
@@ -39,7 +49,7 @@ Pool2dGeometry pool_geometry(const char* op, const Shape& x, Pair k, Pair s, Pai
   check_positive(op, "kernel", k, 1);
   check_positive(op, "stride", s, 1);
   check_positive(op, "padding", p, 0);
-  SL_CHECK(2 * p[0] <= k[0] && 2 * p[1] <= k[1], ValueError, op, ": padding (", p[0], ", ", p[1],
+  SL_CHECK(p[0] <= k[0] / 2 && p[1] <= k[1] / 2, ValueError, op, ": padding (", p[0], ", ", p[1],
            ") must be at most half the kernel (", k[0], ", ", k[1], ")");
   return {k[0], k[1], s[0], s[1], p[0], p[1], out_size(op, x[2], k[0], s[0], p[0], 1, "height"),
           out_size(op, x[3], k[1], s[1], p[1], 1, "width")};
@@ -50,8 +60,7 @@ Pool2dGeometry pool_geometry(const char* op, const Shape& x, Pair k, Pair s, Pai
 Tensor im2col(const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dilation) {
   check_nchw("im2col", x);
   Conv2dGeometry g = conv_geometry("im2col", x.shape(), kernel, stride, padding, dilation);
-  Tensor cols = Tensor::empty({x.shape()[1] * g.kernel_h * g.kernel_w, x.shape()[0] * g.out_h * g.out_w}, x.dtype(),
-                              x.device());
+  Tensor cols = Tensor::empty(cols_shape("im2col", x.shape(), g), x.dtype(), x.device());
   SL_KERNEL(cols.device(), im2col, cols, x.contiguous(), g);
   return cols;
 }
@@ -62,7 +71,7 @@ Tensor col2im(const Tensor& cols, const Shape& x_shape, Pair kernel, Pair stride
   check_floating("col2im", cols);
   SL_CHECK(x_shape.size() == 4, ValueError, "col2im: expected a 4-D NCHW image shape, got ", shape_str(x_shape));
   Conv2dGeometry g = conv_geometry("col2im", x_shape, kernel, stride, padding, dilation);
-  Shape want = {x_shape[1] * g.kernel_h * g.kernel_w, x_shape[0] * g.out_h * g.out_w};
+  Shape want = cols_shape("col2im", x_shape, g);
   SL_CHECK(cols.shape() == want, ValueError, "col2im: cols has shape ", shape_str(cols.shape()), ", expected ",
            shape_str(want), " for images of shape ", shape_str(x_shape));
   Tensor x = Tensor::empty(x_shape, cols.dtype(), cols.device());
@@ -89,6 +98,18 @@ Tensor max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& 
   SL_CHECK(x_shape.size() == 4 && x_shape[0] == dy.shape()[0] && x_shape[1] == dy.shape()[1], ValueError,
            "max_pool2d_backward: input shape ", shape_str(x_shape), " does not match dy ", shape_str(dy.shape()));
   Tensor dx = Tensor::empty(x_shape, dy.dtype(), dy.device());
+  // The kernel adds dy at dx[argmax] within each image: an index beyond the image would write past it.
+  // max_pool2d gives -1 for a window that lies wholly in the padding.
+  if (dx.numel() == 0) return dx;  // (its H * W alone may not fit in int64)
+  const int64_t hw = x_shape[2] * x_shape[3];  // dx holds N * C * H * W > 0 elements, so this fits
+  if (argmax.numel() > 0) {
+    Tensor lo = reduce(ReduceOp::kMin, argmax, std::nullopt, false).to(Device::cpu());
+    Tensor hi = reduce(ReduceOp::kMax, argmax, std::nullopt, false).to(Device::cpu());
+    SL_CHECK(*lo.data<int64_t>() >= -1 && *hi.data<int64_t>() < hw, IndexError,
+             "max_pool2d_backward: argmax must hold positions in [-1, ", hw, ") of an input image of shape ",
+             shape_str(x_shape), ", got values in [", *lo.data<int64_t>(), ", ", *hi.data<int64_t>(),
+             "]; pass the argmax that max_pool2d returned for this input");
+  }
   SL_KERNEL(dx.device(), max_pool2d_backward, dx, dy.contiguous(), argmax.contiguous());
   return dx;
 }

@@ -25,7 +25,9 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t axis) {
       SL_CHECK(d == a || t.shape()[d] == first.shape()[d], ValueError, "concat: input ", i, " has shape ",
                shape_str(t.shape()), ", which differs from input 0's ", shape_str(first.shape()),
                " outside the concatenation axis ", a);
-    shape[a] += t.shape()[a];
+    // Empty inputs can have huge sizes ((2**62, 0) twice): their sum may overflow (found by UBSan).
+    SL_CHECK(!__builtin_add_overflow(shape[a], t.shape()[a], &shape[a]), ValueError, "concat: the sizes along axis ",
+             a, " add up to more than 2**63 - 1");
   }
   Tensor out = Tensor::empty(shape, first.dtype(), first.device());
   int64_t offset = 0;
@@ -55,7 +57,9 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
   int64_t total = 0;
   for (int64_t s : sizes) {
     SL_CHECK(s >= 0, ValueError, "split: sizes must be >= 0, got ", shape_str(sizes));
-    total += s;
+    // A sum that wrapped around could match the axis (found by UBSan): refuse it.
+    SL_CHECK(!__builtin_add_overflow(total, s, &total), ValueError, "split: sizes ", shape_str(sizes),
+             " add up to more than 2**63 - 1, but axis ", a, " has size ", x.shape()[a]);
   }
   SL_CHECK(total == x.shape()[a], ValueError, "split: sizes ", shape_str(sizes), " add up to ", total,
            " but axis ", a, " has size ", x.shape()[a]);

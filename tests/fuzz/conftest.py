@@ -13,8 +13,24 @@ from hypothesis import HealthCheck, settings
 # the address space while the fuzz tests run makes every huge request fail the same way everywhere:
 # MemoryError, which is what the tests expect of them. The cap is 8 GiB above what the process already
 # maps (a CUDA context maps a lot), and the previous limit is restored afterwards.
+# Under AddressSanitizer the cap is left off: the sanitizer's own mappings (shadow memory, allocator regions)
+# would hit it, and a failed internal mapping ends the process. There the sanitizer bounds each request
+# instead (ASAN_OPTIONS max_allocation_size_mb + allocator_may_return_null, set by tools/sanitize.sh).
+def _under_asan() -> bool:
+    with open("/proc/self/maps") as f:
+        return "libasan" in f.read()
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _bounded_address_space():
+    if _under_asan():
+        options = os.environ.get("ASAN_OPTIONS", "")
+        if "max_allocation_size_mb" not in options or "allocator_may_return_null=1" not in options:
+            pytest.fail("under AddressSanitizer the fuzz tests need ASAN_OPTIONS with max_allocation_size_mb=8192 "
+                        "and allocator_may_return_null=1 (huge requests must fail, not be granted): run "
+                        "tools/sanitize.sh", pytrace=False)
+        yield
+        return
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     with open("/proc/self/statm") as f:
         mapped = int(f.read().split()[0]) * resource.getpagesize()

@@ -197,6 +197,23 @@ def test_integer_neg_abs_of_min_wrap_like_numpy(dtype):
         assert_same(_core.abs(tensor(a)), np.abs(a))
 
 
+@pytest.mark.parametrize("dtype", INTS, ids=ids(INTS))
+def test_integer_add_sub_mul_square_axpy_wrap_like_numpy(dtype):
+    # Found by UBSan (tools/sanitize.sh): these overflowed in the signed type (undefined behaviour); they now
+    # wrap in the unsigned type, which gives numpy's bits.
+    info = np.iinfo(dtype)
+    a = np.array([info.max, info.min, info.max, info.min, 3], dtype)
+    b = np.array([1, -1, info.max, info.min, 4], dtype)
+    with np.errstate(over="ignore"):
+        assert_same(_core.add(tensor(a), tensor(b)), a + b)
+        assert_same(_core.sub(tensor(a), tensor(-b)), a - (-b))
+        assert_same(_core.mul(tensor(a), tensor(b)), a * b)
+        assert_same(_core.square(tensor(a)), a * a)
+        y = a.copy()
+        _core.axpy_(3.0, tensor(b), y_t := tensor(y))
+        assert_same(y_t, a + dtype(3) * b)
+
+
 def test_binary_large_parallel():
     # Big enough for the OpenMP split (chunks of whole 64-element blocks); odd sizes leave a ragged tail.
     rng = np.random.default_rng(7)

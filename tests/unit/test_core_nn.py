@@ -164,3 +164,32 @@ def test_against_torch_when_available():
 def test_bad_geometry_raises(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+# Found by UBSan (tools/sanitize.sh): huge kernels, paddings and dilations wrapped around in the geometry, and a
+# wrapped size would have sized a buffer the kernel then overran. Now each is a ValueError.
+@pytest.mark.parametrize("call", [
+    lambda: _core.im2col(T(np.zeros((1, 1, 4, 4), np.float32)), (2 ** 62, 2), (1, 1), (0, 0), (2 ** 31, 1)),
+    lambda: _core.im2col(T(np.zeros((1, 1, 4, 4), np.float32)), (2, 2), (1, 1), (2 ** 62, 0)),
+    lambda: _core.im2col(T(np.zeros((1, 2 ** 40, 0, 4), np.float32)), (2 ** 31, 2 ** 31), (1, 1), (2 ** 32, 2 ** 32)),
+    lambda: _core.col2im(T(np.zeros((4, 9), np.float32)), [1, 1, 4, 4], (2, 2), (1, 1), (2 ** 62, 0)),
+    lambda: _core.max_pool2d(T(np.zeros((1, 1, 4, 4), np.float32)), (2 ** 63 - 2, 2), (1, 1), (2 ** 62 - 1, 0)),
+])
+def test_huge_geometry_raises_instead_of_overflowing(call):
+    with pytest.raises(ValueError, match="sizes too large|smaller than the kernel"):
+        call()
+
+
+def test_max_pool_backward_refuses_an_argmax_outside_the_image():
+    # The kernel adds dy at dx[argmax]: an index beyond the image wrote past the end of dx's buffer.
+    x = np.random.default_rng(0).standard_normal((1, 2, 4, 4)).astype(np.float32)
+    y, argmax = _core.max_pool2d(T(x), (2, 2), (2, 2), (0, 0))
+    bad = np.asarray(argmax).copy()
+    bad[0, 1, 1, 1] = 16
+    with pytest.raises(IndexError, match=r"argmax must hold positions in \[-1, 16\)"):
+        _core.max_pool2d_backward(y, T(bad), [1, 2, 4, 4])
+    bad[0, 1, 1, 1] = -2
+    with pytest.raises(IndexError, match="argmax must hold positions"):
+        _core.max_pool2d_backward(y, T(bad), [1, 2, 4, 4])
+    dx = np.asarray(_core.max_pool2d_backward(y, argmax, [1, 2, 4, 4]))
+    assert dx.shape == (1, 2, 4, 4) and (dx != 0).sum() == 8

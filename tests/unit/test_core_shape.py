@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from singa_lite import _core
-from core_testutil import ALL, DT, LAYOUTS, NP_TO_DT, assert_same, ids, make, rand, tensor, to_np
+from core_testutil import ALL, CPU, DT, LAYOUTS, NP_TO_DT, assert_same, ids, make, rand, tensor, to_np
 
 
 # ---------------------------------------------------------------- concat / stack
@@ -134,6 +134,18 @@ def test_split_errors():
         _core.split_sections(t, 0, 0)
     with pytest.raises(IndexError, match="split: axis -3 is out of range"):
         _core.split_sections(t, 2, -3)
+
+
+def test_sizes_whose_sum_overflows_are_refused():
+    # Found by UBSan (tools/sanitize.sh): split's sum of sizes wrapped around, so sizes adding up to 2**64
+    # matched an empty axis and three "parts" came back; concat of empty tensors with huge sizes overflowed.
+    big = 2 ** 63 - 1
+    with pytest.raises(ValueError, match=r"split: sizes .* add up to more than 2\*\*63 - 1"):
+        _core.split(tensor(np.zeros(0, np.float32)), [big, big, 2], 0)
+    empty = _core.Tensor([2 ** 62, 0], DT.float32, CPU)
+    with pytest.raises(ValueError, match=r"concat: the sizes along axis 0 add up to more than 2\*\*63 - 1"):
+        _core.concat([empty, empty], 0)
+    assert _core.concat([empty, empty], 1).shape == (2 ** 62, 0)
 
 
 # ---------------------------------------------------------------- one_hot

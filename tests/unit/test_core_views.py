@@ -94,6 +94,21 @@ def test_view_errors():
         tensor(np.zeros((0, 3))).reshape([-1, 0])
 
 
+def test_huge_sizes_do_not_overflow_in_reshape():
+    # Found by UBSan (tools/sanitize.sh): the product of the given sizes wrapped around in reshape, and the
+    # contiguous strides of an empty tensor with huge sizes overflowed. Now the one is a clean error, the
+    # other an empty tensor whose strides address nothing.
+    _, t = arange_t((2, 4))
+    with pytest.raises(ValueError, match="reshape: cannot reshape"):
+        t.reshape([2 ** 62, 4, -1])
+    with pytest.raises(ValueError, match="reshape: cannot reshape"):
+        t.reshape([2 ** 62, 2 ** 62, -1])
+    e = tensor(np.zeros((0, 3), np.float32))
+    for shape in ([0, 2 ** 62, 4], [2 ** 62, 2 ** 62, 0], [3, 2 ** 40, 2 ** 40, 0]):
+        v = e.reshape(shape)
+        assert v.shape == tuple(shape) and v.numel == 0 and v.is_contiguous()
+
+
 # ---------------------------------------------------------------- transpose
 
 def test_transpose():

@@ -156,6 +156,7 @@ class MpiCommunicator(Communicator):
         self._board.Lock_all(MPI.MODE_NOCHECK)
         self._comm.Barrier()
         self._watch_name = None
+        self._progress = None  # (the watcher's progress board, this rank's slot): see watch.py
         if whole_job:  # every rank of the job has passed MPI_Init, so every one has mapped MPICH's segments
             if self.local_rank == 0:
                 unlink_mpich_segments()
@@ -184,6 +185,9 @@ class MpiCommunicator(Communicator):
         MPI (a hang or a truncated message), so they raise ValueError on every rank instead."""
         self._entered[0] += 1
         self._board.Sync()
+        if self._progress is not None:
+            board, slot = self._progress
+            board[slot] = int(self._entered[0])
         if self.verify is False or (self.verify == "auto" and (t is None or t.nbytes < VERIFY_AUTO_BYTES)):
             return
         mine = self._descriptor
@@ -317,9 +321,15 @@ class MpiCommunicator(Communicator):
         table = np.zeros((local.size, 2), np.int64)
         local.Allgather(mine, table)  # plain integers: no pickle
         name = watch.socket_name(int(table[0, 1]))
+        started = np.zeros(2, np.int64)  # the watcher's pid and its progress board's descriptor; 0: none
         if local.rank == 0:
-            watch.start(name, self._MPI.Get_processor_name(), {int(r): int(p) for r, p in table})
-        local.Barrier()  # it listens before any rank of this host can end
+            started[:] = watch.start(name, self._MPI.Get_processor_name(), {int(r): int(p) for r, p in table}) \
+                or (0, 0)
+        local.Bcast(started, root=0)  # once it listens: no rank of this host can end unseen
+        if started[0]:
+            board = watch.open_board(int(started[0]), int(started[1]), local.size)
+            if board is not None:  # slots in the order of the ranks (the watcher's order)
+                self._progress = (board, sorted(int(r) for r in table[:, 0]).index(self.rank))
         return name
 
     def _abort(self, reason):

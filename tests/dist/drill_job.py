@@ -7,7 +7,8 @@ ranks' buckets are already being exchanged):
 launcher: ``mpi`` (started by mpiexec), ``singa-run`` (started by singa-run) or ``multiprocessing`` (this
 script starts the ranks itself, sharing an NcclIdHolder, seed 001's pattern; it then exits with the first
 non-zero exit code of its ranks). failure: ``sigkill`` (the rank SIGKILLs itself), ``raise`` (a RuntimeError
-from user code), ``nan`` (the rank's gradient turns NaN: DistOpt must skip that step on every rank),
+from user code), ``sigkill-late`` (the same as sigkill, the mpiexec watcher stalled meanwhile as on a busy
+host), ``nan`` (the rank's gradient turns NaN: DistOpt must skip that step on every rank),
 ``nan-raise`` (the same with on_nonfinite="raise": every rank raises FloatingPointError, none hangs).
 mode: the DistOpt step, ``plain`` (default), ``half``, ``partial``, ``topk`` or ``threshold`` (sparse).
 Every rank prints ``pid <pid>`` and ``shm <path>`` (the segments it maps) first, so the test can check that no
@@ -15,6 +16,7 @@ process and no segment is left behind."""
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 
@@ -51,6 +53,22 @@ def mapped_segments() -> set:
                 if len(line.split(None, 5)) == 6 and line.split(None, 5)[5].startswith("/dev/shm/")}
 
 
+def stall_the_watcher(seconds: float) -> None:
+    """Stops this host's mpiexec watcher (singa_lite/dist/watch.py) and has a detached shell resume it later,
+    as a busy host would leave it unscheduled: it then finds every rank ended at once."""
+    import subprocess
+
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                found = b"singa_lite/dist/watch.py" in f.read()
+        except OSError:
+            continue
+        if found:
+            os.kill(int(pid), signal.SIGSTOP)
+            subprocess.Popen(["sh", "-c", f"sleep {seconds}; kill -CONT {pid}"], start_new_session=True)
+
+
 def train(rank_hint, world_size, launcher, failure, mode, holder=None):
     from singa_lite import autograd, dist, opt
 
@@ -72,7 +90,13 @@ def train(rank_hint, world_size, launcher, failure, mode, holder=None):
     def fail(grad):  # W1's gradient is final late in backward: W2's and b2's buckets are on their way
         if step[0] != FAIL_STEP or r != FAILING_RANK:
             return None
-        if failure == "sigkill":
+        if failure == "sigkill-late":  # the mpiexec watcher runs only after mpiexec ended every rank
+            stall_the_watcher(seconds=1.0)
+        if failure.startswith("sigkill"):
+            # Slow, then dead: the others are by now waiting for it in the step's last all-reduce, as they
+            # would be after any death in the middle of a step (without the pause they may still be computing
+            # when mpiexec ends them, and then no one, the watcher included, can tell who died first).
+            time.sleep(0.3)
             os.kill(os.getpid(), signal.SIGKILL)
         if failure == "raise":
             raise RuntimeError(f"bug in user code at step {FAIL_STEP}")

@@ -112,6 +112,26 @@ def test_a_rank_failing_mid_step_ends_the_job_fast_and_is_named(launcher, failur
         assert all(c != 0 for c in codes), out
 
 
+def test_mpiexec_watcher_names_the_dead_rank_when_it_wakes_late():
+    # On a busy host the watcher may run only after mpiexec ended every rank: the progress board tells.
+    code, out, elapsed = drill("mpi", "sigkill-late")
+    assert code != 0 and elapsed < LIMIT_S, (elapsed, out)
+    assert re.search(r"singa_lite: rank 1 \(pid \d+ on .+\) ended first, without finishing .*; the others had "
+                     r"entered collective #(\d+), it stopped after #(\d+)", out), out
+
+
+def test_watcher_first_of():
+    from singa_lite.dist.watch import _first_of
+
+    order = {0: 0, 1: 1, 2: 2}
+    assert _first_of([2], None, order) == (2, "")
+    assert _first_of([0, 1, 2], [5, 4, 5], order)[0] == 1
+    assert _first_of([0, 1, 2], [5, 5, 5], order) == (None, "their progress was the same")
+    assert _first_of([0, 1, 2], [5, 4, 4], order) == (None, "their progress was the same")
+    assert _first_of([0, 1], None, order) == (None, "no progress board")
+    assert _first_of([0, 1], [7, 7, 9], order) == (None, "their progress was the same")  # rank 2 ran on
+
+
 @pytest.mark.parametrize("launcher", ["multiprocessing", "singa-run", "mpi"])
 @pytest.mark.parametrize("mode", ["plain", "half", "partial", "topk", "threshold"])
 def test_a_nan_gradient_on_one_rank_skips_the_step_on_every_rank(launcher, mode):

@@ -52,7 +52,9 @@ struct StridedLoop {
     const Shape& sh = ts[0]->shape();
     numel = numel_of(sh);
     for (int k = 0; k < N; ++k) base[k] = static_cast<char*>(ts[k]->data_ptr());
-    for (size_t d = 0; d < sh.size(); ++d) {
+    // An empty tensor may have huge sizes whose byte strides overflow (UBSan: one_hot of 2**62 classes on
+    // no rows); nothing is visited, so no geometry is needed.
+    for (size_t d = 0; d < sh.size() && numel != 0; ++d) {
       if (sh[d] == 1) continue;
       bool merge = ndim > 0;
       for (int k = 0; k < N && merge; ++k)

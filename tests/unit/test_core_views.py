@@ -510,3 +510,14 @@ def test_large_cpu_blocks_are_reused_and_can_be_released():
     del u, small
     _core.empty_cache()
     assert _core.cpu_cache_bytes() == 0
+
+
+def test_kernels_on_empty_tensors_with_huge_sizes():
+    # UBSan found the byte strides of such a tensor overflowing in the CPU loop set-up (one_hot of 2**62
+    # classes on no rows): nothing is visited, so no geometry may be computed.
+    idx = _core.Tensor.from_buffer(np.zeros(0, np.int32))
+    assert tuple(_core.one_hot(idx, 2**62, _core.DType.float32).shape) == (0, 2**62)
+    for shape in ([0, 2**62], [2**61, 0, 3]):
+        e = _core.Tensor(shape, _core.DType.float32, _core.Device("cpu"))
+        _core.fill_(e, 1.0)
+        assert e.numel == 0 and _core.add(e, e).numel == 0

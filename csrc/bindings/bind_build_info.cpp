@@ -53,8 +53,7 @@ void bind_build_info(py::module_& m) {
                              py::arg("reason") = cuda::cudnn_unavailable_reason());
 #else
     info["cudnn"] = py::dict(py::arg("compiled") = false, py::arg("version") = py::none(),
-                             py::arg("status") = "not built (CPU-only build)", py::arg("used") = false,
-                             py::arg("reason") = "not built (CPU-only build)");
+                             py::arg("status") = kCpuOnly, py::arg("used") = false, py::arg("reason") = kCpuOnly);
 #endif
     return info;
   });

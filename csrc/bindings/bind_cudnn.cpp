@@ -73,8 +73,8 @@ void bind_cudnn(py::module_& m) {
         py::arg("saved_mean"), py::arg("saved_inv_std"), py::arg("eps"), release, "Returns (dx, dscale, dbias).");
 #else
   m.def("cudnn_available", [] { return false; });
-  m.def("cudnn_unavailable_reason", [] { return std::string("not built: this is a CPU-only build of singa_lite"); });
-  m.def("cudnn_status", [] { return std::string("not built: this is a CPU-only build of singa_lite"); });
+  m.def("cudnn_unavailable_reason", [] { return std::string(kCpuOnly); });
+  m.def("cudnn_status", [] { return std::string(kCpuOnly); });
   m.def("cudnn_version", [] { return 0; });
   m.def("set_cudnn_enabled", [](bool) {}, py::arg("enabled"));
   m.def("cudnn_enabled", [] { return false; });

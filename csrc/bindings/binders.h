@@ -4,6 +4,9 @@
 
 namespace sl::bindings {
 
+// What a CPU-only build says of its GPU libraries (cuDNN, NCCL): one wording everywhere, so reasons compare.
+inline constexpr const char* kCpuOnly = "not built (CPU-only build)";
+
 // Releases the GIL for a blocking call, as py::gil_scoped_release, for calls that daemon threads make
 // (DistOpt's communication thread waits in collectives). Such a call may return while the interpreter shuts
 // down (its rank is exiting: an uncaught exception, sys.exit); CPython then ends the thread, when it takes the

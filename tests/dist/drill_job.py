@@ -58,15 +58,11 @@ def stall_the_watcher(seconds: float) -> None:
     as a busy host would leave it unscheduled: it then finds every rank ended at once."""
     import subprocess
 
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                found = b"singa_lite/dist/watch.py" in f.read()
-        except OSError:
-            continue
-        if found:
-            os.kill(int(pid), signal.SIGSTOP)
-            subprocess.Popen(["sh", "-c", f"sleep {seconds}; kill -CONT {pid}"], start_new_session=True)
+    from procs import processes_running
+
+    for pid in processes_running(b"singa_lite/dist/watch.py"):
+        os.kill(pid, signal.SIGSTOP)
+        subprocess.Popen(["sh", "-c", f"sleep {seconds}; kill -CONT {pid}"], start_new_session=True)
 
 
 def train(rank_hint, world_size, launcher, failure, mode, holder=None):

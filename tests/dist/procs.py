@@ -1,5 +1,6 @@
 """Process checks shared by the launcher and failure-drill tests: is a rank still alive, and waiting (bounded)
 for the processes of a finished job to be gone."""
+import os
 import time
 
 
@@ -18,3 +19,16 @@ def survivors(pids, seconds: float = 5.0, also=lambda: []) -> list:
     while time.monotonic() < deadline and ([p for p in pids if alive(p)] or also()):
         time.sleep(0.05)
     return [p for p in pids if alive(p)] + list(also())
+
+
+def processes_running(marker: bytes) -> list:
+    """PIDs of the processes whose command line contains `marker` (e.g. the mpiexec watcher's file name)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found

@@ -18,7 +18,7 @@ import pytest
 
 from singa_lite import _core
 
-from procs import survivors
+from procs import processes_running, survivors
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "drill_job.py")
@@ -49,15 +49,7 @@ def command(launcher, failure, mode):
 
 
 def watchers() -> list:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"singa_lite/dist/watch.py" in f.read():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
+    return processes_running(b"singa_lite/dist/watch.py")
 
 
 def drill(launcher, failure, mode="plain"):

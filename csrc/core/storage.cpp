@@ -93,7 +93,14 @@ void empty_cpu_cache() {
   c.cached_bytes = 0;
 }
 
+void check_allocation_size(size_t nbytes, const Device& device) {
+  if (nbytes > kMaxAllocation)
+    throw OutOfMemory(str("cannot allocate ", nbytes, " bytes on ", device.str(), ": more than any machine has ",
+                          "(at most 2**62 bytes per tensor); check the shape"));
+}
+
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
+  check_allocation_size(nbytes, device);
   if (device.is_cpu()) {
     if (nbytes < kCacheFrom) {
       void* p = cpu_alloc_fresh(nbytes);

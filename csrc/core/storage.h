@@ -9,6 +9,12 @@
 
 namespace sl {
 
+// The largest block the allocators hand out (4 EiB, beyond any machine). Below it, rounding a size up to
+// its size class cannot wrap around; above it, a wrapped size class once gave a 16 EiB tensor a tiny block.
+constexpr size_t kMaxAllocation = size_t(1) << 62;
+// Throws OutOfMemory naming the size and the device when nbytes > kMaxAllocation.
+void check_allocation_size(size_t nbytes, const Device& device);
+
 class Storage {
  public:
   using Deleter = std::function<void(void*)>;

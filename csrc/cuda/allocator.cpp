@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/storage.h"
 #include "cuda/check.h"
 #include "cuda/context.h"
 #include "cuda/runtime.h"
@@ -45,7 +46,8 @@ size_t size_class(size_t n) {
 void free_cached(DevicePool& dp, int device) {
   DeviceGuard guard(device);
   for (auto& [cls, blocks] : dp.free_blocks)
-    for (void* b : blocks) cudaFree(b);
+    for (void* b : blocks)
+      if (cudaFree(b) != cudaSuccess) cudaGetLastError();  // a failed free must not be blamed on a later launch
   dp.free_blocks.clear();
   dp.stats.cached = 0;
 }
@@ -53,6 +55,7 @@ void free_cached(DevicePool& dp, int device) {
 }  // namespace
 
 void* allocate(int device, size_t nbytes) {
+  check_allocation_size(nbytes, Device::cuda(device));  // workspaces come here without Storage::allocate
   const size_t cls = size_class(nbytes);
   Pools& p = pools();
   {

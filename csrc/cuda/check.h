@@ -8,9 +8,11 @@
 #define SL_CUDA_CHECK(call)                                                                              \
   do {                                                                                                   \
     cudaError_t err_ = (call);                                                                           \
-    if (err_ != cudaSuccess)                                                                             \
+    if (err_ != cudaSuccess) {                                                                           \
+      cudaGetLastError(); /* clear it: the next launch check must not report this failure as its own */  \
       throw ::sl::CudaError(::sl::str(#call, " failed: ", cudaGetErrorString(err_), " (", __FILE__, ":",   \
                                       __LINE__, ")"));                                                   \
+    }                                                                                                    \
   } while (0)
 
 #define SL_CUDA_LAUNCHED(kernel_name)                                                                   \

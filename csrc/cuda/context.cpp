@@ -1,6 +1,7 @@
 #include "cuda/context.h"
 
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "cuda/check.h"
@@ -8,13 +9,56 @@
 
 namespace sl::cuda {
 
+namespace {
+
+// Whether `device`'s primary context exists. Since CUDA 12, cudaSetDevice creates it when it does not, and
+// a thread that never chose a device reports device 0: restoring "the caller's device" blindly made every
+// process that works on cuda:k (k > 0) hold a context, about 0.5 GiB, on GPU 0 too. The driver's
+// cuDevicePrimaryCtxGetState answers without creating one; it is reached through the runtime, so that
+// libcuda is not linked (a CUDA build must import on machines without a driver).
+bool has_primary_context(int device) {
+  using DeviceGet = int (*)(int*, int);                        // cuDeviceGet(CUdevice*, int ordinal)
+  using CtxState = int (*)(int, unsigned int*, int*);          // cuDevicePrimaryCtxGetState(CUdevice, ...)
+  static const auto fns = [] {
+    void* get = nullptr;
+    void* state = nullptr;
+    cudaDriverEntryPointQueryResult q1{}, q2{};
+#if CUDART_VERSION >= 12050
+    cudaGetDriverEntryPointByVersion("cuDeviceGet", &get, 12000, cudaEnableDefault, &q1);
+    cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &state, 12000, cudaEnableDefault, &q2);
+#else
+    cudaGetDriverEntryPoint("cuDeviceGet", &get, cudaEnableDefault, &q1);
+    cudaGetDriverEntryPoint("cuDevicePrimaryCtxGetState", &state, cudaEnableDefault, &q2);
+#endif
+    cudaGetLastError();
+    const bool ok = q1 == cudaDriverEntryPointSuccess && q2 == cudaDriverEntryPointSuccess;
+    return std::make_pair(ok ? reinterpret_cast<DeviceGet>(get) : nullptr,
+                          ok ? reinterpret_cast<CtxState>(state) : nullptr);
+  }();
+  if (!fns.first || !fns.second) return true;  // cannot tell: restore, as before
+  int dev = 0, active = 0;
+  unsigned int flags = 0;
+  if (fns.first(&dev, device) != 0 || fns.second(dev, &flags, &active) != 0) return true;
+  return active != 0;
+}
+
+}  // namespace
+
 DeviceGuard::DeviceGuard(int device) {
-  SL_CUDA_CHECK(cudaGetDevice(&previous_));
-  if (previous_ != device) SL_CUDA_CHECK(cudaSetDevice(device));
+  int current = 0;
+  SL_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device) {
+    SL_CUDA_CHECK(cudaSetDevice(device));
+    previous_ = current;
+  }
 }
 
 DeviceGuard::~DeviceGuard() {
-  if (previous_ >= 0) cudaSetDevice(previous_);  // cannot throw from a destructor; the next checked call sees errors
+  // Nothing to restore when the guard did not switch, or when the caller's device has no context (restoring
+  // would create one). A destructor cannot throw: a failure is cleared, so that it is not reported later as
+  // the failure of an unrelated kernel launch (SL_CUDA_LAUNCHED reads the thread's last error).
+  if (previous_ < 0 || !has_primary_context(previous_)) return;
+  if (cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
 }
 
 namespace {

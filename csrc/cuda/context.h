@@ -8,7 +8,8 @@
 
 namespace sl::cuda {
 
-// Makes `device` current for a scope and restores the caller's device after it.
+// Makes `device` current for a scope and restores the caller's device after it, unless that device has no
+// CUDA context yet (restoring would create one there; context.cpp says why). Never throws from its end.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);
@@ -17,7 +18,7 @@ class DeviceGuard {
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-  int previous_ = -1;
+  int previous_ = -1;  // the device to restore; -1: the guard did not switch
 };
 
 cudaStream_t stream(int device);  // the device's compute stream (non-blocking w.r.t. the legacy stream)

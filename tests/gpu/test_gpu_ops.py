@@ -305,6 +305,18 @@ def test_memory_is_reused_and_reported(gpu):
     assert _core.cuda_memory_stats(gpu.index)["cached"] == 0
 
 
+def test_out_of_memory_is_a_memory_error_and_the_device_stays_usable(gpu):
+    keep = _core.Tensor([1 << 20], _core.DType.float32, gpu)  # cached blocks are emptied, live ones kept
+    _core.fill_(keep, 2.0)
+    # 4 TiB: more than any GPU; the allocator empties its cache, retries, then raises
+    with pytest.raises(MemoryError, match=r"cannot allocate \d+ bytes on cuda:\d+ \(out of GPU memory"):
+        _core.Tensor([1 << 40], _core.DType.float32, gpu)
+    # beyond any machine: refused before cudaMalloc (a size class that wrapped once gave such a tensor 1 byte)
+    with pytest.raises(MemoryError, match="more than any machine has"):
+        _core.Tensor([2 ** 61 - 1], _core.DType.float64, gpu)
+    np.testing.assert_array_equal(host(_core.add(keep, keep)), np.full(1 << 20, 4.0, np.float32))
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_sparse_selection_take_and_index_add(gpu, dtype):
     x = np.random.default_rng(28).permutation(np.arange(1, 5001)).astype(np.float64) / 5000  # distinct

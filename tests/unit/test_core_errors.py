@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from singa_lite import _core
-from core_testutil import CPU, DT, tensor
+from core_testutil import CPU, DT, tensor, to_np
 
 ARITH = ["add", "sub", "mul", "div", "pow", "maximum", "minimum"]
 COMPARE = ["eq", "ne", "lt", "le", "gt", "ge"]
@@ -255,3 +255,15 @@ def test_bad_devices():
         _core.Device("cuda:-1")
     with pytest.raises(ValueError, match="^Device: "):
         _core.Device("")
+
+
+def test_sizes_beyond_any_machine_raise_memory_error():
+    # 2**61 - 1 float64 elements are 2**64 - 8 bytes: that fits in size_t, but rounding it up to the
+    # allocator's size class wrapped to 0, so the tensor got a tiny block and the first fill overran the heap
+    # (a segfault). Now any request above 2**62 bytes is refused before anything is allocated.
+    for shape, dt in (([2 ** 61 - 1], DT.float64), ([2 ** 62 + 1], DT.bool), ([2 ** 31, 2 ** 31], DT.float32)):
+        with pytest.raises(MemoryError, match=r"^cannot allocate .*(more than any machine has|overflows)"):
+            _core.Tensor(shape, dt, CPU)
+    big = _core.Tensor([2 ** 26], DT.int32, CPU)  # 256 MiB: still allowed, and a tensor that works
+    _core.fill_(big, 3)
+    assert int(to_np(big.slice(0, 2 ** 26 - 1, 2 ** 26))[0]) == 3

@@ -125,9 +125,12 @@ void bind_cuda_device(py::module_& m) {
         "Host<->device copies of 1 MiB or more go through a pinned double buffer (default) or, when False, straight "
         "through cudaMemcpy. For benchmarks; results are the same either way.");
   m.def("cuda_copy_staging", &cuda::copy_staging);
+  m.def("cuda_staged_copy_count", &cuda::staged_copy_count,
+        "How many host<->device copies took the pinned staging path so far (the rest went straight through).");
 #else
   m.def("cuda_set_copy_staging", [](bool) {}, py::arg("enabled"), "No effect in a CPU-only build.");
   m.def("cuda_copy_staging", [] { return false; });
+  m.def("cuda_staged_copy_count", [] { return uint64_t(0); });
   auto unavailable = [](int index) -> void {
     throw ValueError(str("cuda:", index, " is not available: ", cuda_unavailable_reason()));
   };

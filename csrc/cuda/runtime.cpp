@@ -74,11 +74,12 @@ void* malloc_on(int device, size_t nbytes) {
 }
 
 void free_on(int device, void* p) noexcept {
-  int previous = 0;
-  if (cudaGetDevice(&previous) != cudaSuccess) return;
-  cudaSetDevice(device);
-  cudaFree(p);  // errors here cannot be reported from a destructor; the next checked call sees them
-  cudaSetDevice(previous);
+  // Errors cannot be reported from a deleter; clearing them keeps them from being blamed on the next launch.
+  try {
+    DeviceGuard guard(device);
+    if (cudaFree(p) != cudaSuccess) cudaGetLastError();
+  } catch (...) {
+  }
 }
 
 namespace {
@@ -97,10 +98,12 @@ constexpr size_t kStageMin = size_t(1) << 20;    // 1 MiB
 constexpr size_t kStageChunk = size_t(8) << 20;  // 8 MiB halves: 16 MiB pinned per device that copies this much
 
 std::atomic<bool> g_staging{true};
+std::atomic<uint64_t> g_staged_copies{0};  // copies that took the staged path (tests check the path is taken)
 
 struct Stage {
   std::mutex mutex;             // one staged copy per device at a time
   char* buffer = nullptr;       // 2 * kStageChunk pinned bytes (cudaHostAlloc), kept for the process
+  bool unavailable = false;     // pinning failed once (e.g. a locked-memory limit): plain copies from then on
   cudaEvent_t done[2] = {};     // the transfer into / out of each half has finished
 };
 
@@ -115,10 +118,16 @@ Stage& stage_of(int device) {
 }
 
 // Called with s.mutex held and the device current. Pinned memory and events are created on first use.
-void ensure_stage(Stage& s) {
-  if (s.buffer) return;
+// False when pinned memory cannot be had: staging is an optimisation, so the copy then takes the plain path.
+bool ensure_stage(Stage& s) {
+  if (s.buffer) return true;
+  if (s.unavailable) return false;
   void* p = nullptr;
-  SL_CUDA_CHECK(cudaHostAlloc(&p, 2 * kStageChunk, cudaHostAllocDefault));
+  if (cudaHostAlloc(&p, 2 * kStageChunk, cudaHostAllocDefault) != cudaSuccess) {
+    cudaGetLastError();
+    s.unavailable = true;
+    return false;
+  }
   cudaEvent_t e[2] = {};
   for (int i = 0; i < 2; ++i) {
     cudaError_t err = cudaEventCreateWithFlags(&e[i], cudaEventDisableTiming);
@@ -131,6 +140,7 @@ void ensure_stage(Stage& s) {
   s.buffer = static_cast<char*>(p);
   s.done[0] = e[0];
   s.done[1] = e[1];
+  return true;
 }
 
 // memcpy on the CPU threads: one thread cannot fill a PCIe 5 / NVLink-C2C link.
@@ -143,10 +153,12 @@ void host_copy(char* dst, const char* src, size_t n) {
   }, kPiece / 8);
 }
 
-void staged_copy(void* dst, const void* src, size_t nbytes, bool to_device, int device, cudaStream_t st) {
+// False (nothing done) when no pinned buffer could be had.
+bool staged_copy(void* dst, const void* src, size_t nbytes, bool to_device, int device, cudaStream_t st) {
   Stage& s = stage_of(device);
   std::lock_guard<std::mutex> lock(s.mutex);
-  ensure_stage(s);
+  if (!ensure_stage(s)) return false;
+  g_staged_copies.fetch_add(1, std::memory_order_relaxed);
   // A previous staged copy that failed half-way may have left a transfer in flight: let it end first.
   SL_CUDA_CHECK(cudaEventSynchronize(s.done[0]));
   SL_CUDA_CHECK(cudaEventSynchronize(s.done[1]));
@@ -176,12 +188,14 @@ void staged_copy(void* dst, const void* src, size_t nbytes, bool to_device, int 
     }
   }
   SL_CUDA_CHECK(cudaStreamSynchronize(st));  // as the plain path: the host side is done when we return
+  return true;
 }
 
 }  // namespace
 
 void set_copy_staging(bool enabled) { g_staging.store(enabled); }
 bool copy_staging() { return g_staging.load(); }
+uint64_t staged_copy_count() { return g_staged_copies.load(); }
 
 void copy_bytes(void* dst, const void* src, size_t nbytes, CopyKind kind, int device) {
   if (nbytes == 0) return;
@@ -190,10 +204,9 @@ void copy_bytes(void* dst, const void* src, size_t nbytes, CopyKind kind, int de
                      : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
                                                        : cudaMemcpyDeviceToDevice;
   cudaStream_t st = stream(device);
-  if (kind != CopyKind::kDeviceToDevice && nbytes >= kStageMin && g_staging.load(std::memory_order_relaxed)) {
-    staged_copy(dst, src, nbytes, kind == CopyKind::kHostToDevice, device, st);
+  if (kind != CopyKind::kDeviceToDevice && nbytes >= kStageMin && g_staging.load(std::memory_order_relaxed) &&
+      staged_copy(dst, src, nbytes, kind == CopyKind::kHostToDevice, device, st))
     return;
-  }
   SL_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, k, st));
   // Host memory is pageable and may be freed or read as soon as we return: wait for copies that touch it.
   // Device-to-device copies stay queued on the stream.

@@ -24,6 +24,9 @@ enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 void copy_bytes(void* dst, const void* src, size_t nbytes, CopyKind kind, int device);
 void set_copy_staging(bool enabled);  // for benchmarks: the plain path for every size
 bool copy_staging();
+// Copies that went through the staging buffer so far (pinning may fail, e.g. under a locked-memory limit:
+// copies then take the plain path, silently, since the result is the same).
+uint64_t staged_copy_count();
 
 // Fills a contiguous CUDA tensor with value (converted on the host to the tensor's dtype).
 void fill(const Tensor& t, double value);

@@ -37,9 +37,13 @@ def pattern(nbytes, seed):
 def test_roundtrip_bytes(gpu, staging, nbytes):
     # bool: one byte per element, so every byte count (odd ones too) can be tested
     a = pattern(nbytes, nbytes)
+    before = _core.cuda_staged_copy_count()
     t = _core.Tensor.from_buffer(a).to(gpu)
     back = np.asarray(t.to(CPU))
     np.testing.assert_array_equal(back, a)
+    # the path under test was the one taken: both copies staged, or neither (this machine can pin 16 MiB)
+    staged = _core.cuda_staged_copy_count() - before
+    assert staged == (2 if staging and nbytes >= MiB else 0)
 
 
 @pytest.mark.parametrize("n", [MiB // 4 + 1, 5 * MiB + 3, 9 * MiB // 2 + 1])

@@ -46,7 +46,7 @@ enum cudnnStatus_t : int {  // cuDNN 9 numbering (cuDNN 8 used 0..15)
 enum cudnnDataType_t : int { CUDNN_DATA_FLOAT = 0, CUDNN_DATA_DOUBLE = 1, CUDNN_DATA_HALF = 2 };
 enum cudnnTensorFormat_t : int { CUDNN_TENSOR_NCHW = 0 };
 enum cudnnMathType_t : int {
-  CUDNN_DEFAULT_MATH = 0,    // may use TF32 tensor cores for float32 on Ampere and later: not used
+  CUDNN_DEFAULT_MATH = 0,    // may use TF32 for float32 on Ampere and later: used for float64 only
   CUDNN_TENSOR_OP_MATH = 1,  // tensor cores; float16 data with float32 accumulation
   CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION = 2,  // tensor cores on float32 data rounded down: never used
   CUDNN_FMA_MATH = 3,        // FMA kernels only: float32 keeps full FP32 precision, as cuBLAS does (cublas.h)

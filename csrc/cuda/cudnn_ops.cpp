@@ -104,9 +104,10 @@ struct FilterDesc {
 };
 
 cudnnMathType_t math_type(DType t) {
-  // float16: tensor cores, accumulating in the float32 compute type. float32 / float64: FMA kernels only, so that
-  // float32 is never rounded to TF32 (cuDNN's DEFAULT_MATH allows TF32 on Ampere and later).
-  return t == DType::kFloat16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+  // float16: tensor cores, accumulating in the float32 compute type. float32: FMA kernels only, so that it is never
+  // rounded to TF32 (cuDNN's DEFAULT_MATH allows TF32 on Ampere and later). float64: DEFAULT_MATH, which has no TF32
+  // for doubles; FMA_MATH is documented for float data, and PyTorch too keeps doubles on the default.
+  return t == DType::kFloat16 ? CUDNN_TENSOR_OP_MATH : t == DType::kFloat32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
 }
 
 struct ConvDesc {
@@ -272,7 +273,8 @@ Tensor cudnn_conv2d_forward(const Tensor& x, const Tensor& w, Pair stride, Pair 
       [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
         return c.api.cudnnGetConvolutionForwardWorkspaceSize(c.h, c.x.d, c.w.d, c.conv.d, c.y.d, algo, bytes);
       },
-      "cudnnGetConvolutionForwardWorkspaceSize", c.dtype, false, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
+      // deterministic too: a run repeats bit for bit (docs/gpu.md), forward included
+      "cudnnGetConvolutionForwardWorkspaceSize", c.dtype, true, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
   Workspace ws(c.device, a.bytes);
   SL_CUDNN(cudnnConvolutionForward, c.h, c.one(), c.x.d, xc.data_ptr(), c.w.d, wc.data_ptr(), c.conv.d, a.algo,
            ws.ptr, a.bytes, c.zero(), c.y.d, y.data_ptr());

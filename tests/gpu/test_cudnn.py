@@ -159,6 +159,7 @@ def test_max_pool_gradient_goes_to_one_position_per_window(gpu, path):
     for _ in range(2):
         op = _MaxPool2d(2, 2)
         op.forward(on(gpu, x))
+        assert op.cudnn == (path == "cudnn")  # the path under test is the one taken
         outs.append(host(op.backward(on(gpu, dy))))
     np.testing.assert_array_equal(outs[0], outs[1])
     # non-overlapping windows: each window's dy lands on exactly one of its positions
@@ -220,8 +221,9 @@ def test_batch_norm_2d_input(gpu, path, training):
     x, s, b = rand((6, 4), "float32", 16), rand((4,), "float32", 17) + 1.5, rand((4,), "float32", 18)
     mk = lambda dev: lambda: _BatchNorm2d(on(dev, np.zeros(4, np.float32)), on(dev, np.ones(4, np.float32)))  # noqa
     dy = rand((6, 4), "float32", 19)
-    _, gy, gg = run(mk(gpu), gpu, [x, s, b], dy, (True, True, True))
+    gop, gy, gg = run(mk(gpu), gpu, [x, s, b], dy, (True, True, True))
     _, cy, cg = run(mk(CPU), CPU, [x, s, b], dy, (True, True, True))
+    assert gop.cudnn == (path == "cudnn")
     close(gy, cy, "float32", "bn (N, C) forward")
     for i, (g, c) in enumerate(zip(gg, cg)):
         close(g, c, "float32", f"bn (N, C) grad {i}")
@@ -231,8 +233,12 @@ def test_cudnn_backward_repeats_bit_for_bit(gpu, path):
     """Deterministic algorithms: the same inputs give the same gradient bits."""
     x, w = rand((4, 8, 16, 16), "float32", 20), rand((16, 8, 3, 3), "float32", 21)
     dy = rand((4, 16, 16, 16), "float32", 22)
-    outs = [[host(g) for g in run(lambda: _Conv2d(1, 1), gpu, [x, w], dy, (True, True))[2]] for _ in range(2)]
-    for a, b in zip(*outs):
+    outs = []
+    for _ in range(2):
+        op, y, grads = run(lambda: _Conv2d(1, 1), gpu, [x, w], dy, (True, True))
+        assert op.cudnn == (path == "cudnn")
+        outs.append([host(y)] + [host(g) for g in grads])
+    for a, b in zip(*outs):  # the forward too: its algorithm is chosen deterministic as well
         np.testing.assert_array_equal(a, b)
 
 

@@ -150,7 +150,10 @@ class NcclWork(Work):
         try:
             yield
         except CommError as e:
-            if self._comm._broken is None:
+            # Only a failure of the NCCL communicator itself breaks this one. An explicit wait(timeout) that ran
+            # out aborts nothing (the operation may still finish), so later operations must stay possible.
+            failed = self._comm._comm.error or self._comm._comm.closed
+            if failed and self._comm._broken is None:
                 self._comm._broken = e
             raise
 

@@ -287,6 +287,36 @@ def test_errors_break_the_communicator_and_close_is_idempotent(fake):
         c2.all_reduce(tensor.from_numpy(np.ones(2, np.float32)))
 
 
+def test_an_expired_explicit_wait_leaves_the_communicator_usable(fake):
+    # wait(timeout=T) that runs out ends only that wait (the C++ side aborts nothing and says the communicator
+    # stays usable); it once stored that error as the communicator's failure, so every later call raised it.
+    c = fake(2, DirectNccl)
+    t = tensor.from_numpy(np.ones(4, np.float32))
+    work = c.all_reduce(t, "sum", async_op=True)
+
+    def expires(timeout, abort_on_timeout):
+        assert not abort_on_timeout
+        raise dist.CommError("all_reduce: not finished after waiting 0.01 s; the communicator is still usable")
+    c._comm.log[-1].synchronize = expires
+    with pytest.raises(dist.CommError, match="still usable"):
+        work.wait(timeout=0.01)
+    assert c._broken is None
+    c.all_reduce(t, "sum")  # works
+    np.testing.assert_array_equal(tensor.to_numpy(t), np.full(4, 4.0))
+    # a failure of the NCCL communicator itself still breaks it for good
+    work = c.all_reduce(t, "sum", async_op=True)
+
+    def failed(timeout, abort_on_timeout):
+        c._comm.error = "all_reduce: NCCL error: remote process exited"
+        raise dist.CommError(c._comm.error)
+    c._comm.log[-1].synchronize = failed
+    with pytest.raises(dist.CommError, match="remote process exited"):
+        work.wait(timeout=5)
+    with pytest.raises(dist.CommError, match="remote process exited"):
+        c.all_reduce(t, "sum")
+    c.close()
+
+
 def test_open_communicators_are_closed_at_exit(fake):
     c = fake(1)
     assert c in nccl._open

@@ -7,6 +7,10 @@
 #include "core/errors.h"
 #include "core/tensor.h"
 #include "ops/ops.h"
+#ifdef SINGA_LITE_WITH_CUDA
+#include "cuda/check.h"
+#include "cuda/context.h"
+#endif
 
 namespace py = pybind11;
 
@@ -99,6 +103,30 @@ DType dtype_from_dl(dlpack::DLDataType t) {
                       " bits); supported: float16/32/64, int32, int64, bool"));
 }
 
+// DLPack's stream contract for CUDA (the array API's __dlpack__): our kernels run on the device's own compute stream,
+// so a consumer reading on its stream `consumer` (a cudaStream_t as int; 1: the legacy default stream, 2: the
+// per-thread default stream, -1: the consumer synchronises itself) must first be made to wait for what we queued.
+// An event, not a host wait: nothing blocks.
+void order_consumer_stream(const Tensor& t, const py::object& consumer) {
+#ifdef SINGA_LITE_WITH_CUDA
+  if (!t.device().is_cuda()) return;
+  const int64_t handle = consumer.is_none() ? 1 : consumer.cast<int64_t>();
+  if (handle == -1) return;
+  SL_CHECK(handle > 0, ValueError, "__dlpack__: stream must be None, -1, 1, 2 or a CUDA stream handle, got ", handle);
+  const int device = t.device().index;
+  cuda::DeviceGuard guard(device);
+  cudaEvent_t ev = nullptr;
+  SL_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  cudaError_t err = cudaEventRecord(ev, cuda::stream(device));
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(handle), ev, 0);
+  cudaEventDestroy(ev);  // released once the wait is satisfied
+  SL_CUDA_CHECK(err);
+#else
+  (void)t;
+  (void)consumer;
+#endif
+}
+
 // versioned: a DLPack 1.0 capsule (the consumer passed max_version >= (1, 0)), otherwise a legacy one.
 py::capsule to_dlpack(const Tensor& t, bool versioned) {
   check_defined(t, "__dlpack__", "tensor");
@@ -132,8 +160,26 @@ py::capsule to_dlpack(const Tensor& t, bool versioned) {
   });
 }
 
+// The producer's __dlpack__ call. A CUDA producer is handed our compute stream, so that it orders its pending
+// writes before our kernels (the array API's contract); others are called without one.
+py::object producer_capsule(const py::object& obj) {
+  if (!py::hasattr(obj, "__dlpack__")) return obj;
+#ifdef SINGA_LITE_WITH_CUDA
+  if (py::hasattr(obj, "__dlpack_device__")) {
+    py::tuple dev = obj.attr("__dlpack_device__")();
+    if (dev.size() == 2 && dev[0].cast<int>() == int(dlpack::kDLCUDA)) {
+      const int device = dev[1].cast<int>();
+      SL_CHECK(device >= 0 && device < cuda_device_count(), ValueError, "from_dlpack: the producer's tensor is on cuda:",
+               device, ", which this process cannot use (", cuda_device_count(), " GPU(s) visible)");
+      return obj.attr("__dlpack__")(py::arg("stream") = reinterpret_cast<int64_t>(cuda::stream(device)));
+    }
+  }
+#endif
+  return obj.attr("__dlpack__")();
+}
+
 Tensor from_dlpack(const py::object& obj) {
-  py::object cap_obj = py::hasattr(obj, "__dlpack__") ? obj.attr("__dlpack__")() : obj;
+  py::object cap_obj = producer_capsule(obj);
   PyObject* cap = cap_obj.ptr();
   SL_CHECK(PyCapsule_IsValid(cap, "dltensor"), TypeError,
            "from_dlpack: expected an object with __dlpack__() or an unused 'dltensor' capsule");
@@ -149,7 +195,19 @@ Tensor from_dlpack(const py::object& obj) {
   SL_CHECK(dl.byte_offset % itemsize(dtype) == 0, ValueError, "from_dlpack: byte offset not aligned to the item size");
   PyCapsule_SetName(cap, "used_dltensor");
   auto storage = std::make_shared<Storage>(static_cast<char*>(dl.data) + dl.byte_offset,
-                                           size_t(numel_of(shape)) * itemsize(dtype), device, [m](void*) {
+                                           size_t(numel_of(shape)) * itemsize(dtype), device, [m, device](void*) {
+#ifdef SINGA_LITE_WITH_CUDA
+                                             // our kernels may still read the memory: the producer may reuse it
+                                             // as soon as it gets it back
+                                             if (device.is_cuda()) {
+                                               try {
+                                                 cuda::sync(device.index);
+                                               } catch (...) {
+                                               }
+                                             }
+#else
+                                             (void)device;
+#endif
                                              py::gil_scoped_acquire gil;  // producers may touch Python objects
                                              if (m->deleter) m->deleter(m);
                                            });
@@ -189,6 +247,7 @@ void bind_tensor(py::module_& m) {
         bool versioned = false;
         if (kw.contains("max_version") && !kw["max_version"].is_none())
           versioned = kw["max_version"].cast<py::tuple>()[0].cast<int>() >= 1;
+        order_consumer_stream(t, kw.contains("stream") ? py::object(kw["stream"]) : py::none());
         return to_dlpack(t, versioned);
       })
       .def("__dlpack_device__", [](const Tensor& t) {

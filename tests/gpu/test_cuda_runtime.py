@@ -64,3 +64,27 @@ def test_mixing_devices_is_a_clear_error(gpu):
 def test_out_of_range_gpu_id_is_an_error():
     with pytest.raises(singa_lite.CudaError, match="ids 0 to"):
         device.create_cuda_gpu_on(_core.cuda_device_count())
+
+
+def test_dlpack_exchange_with_torch_orders_the_streams(gpu):
+    """DLPack both ways with a CUDA PyTorch: the consumer's stream waits for the producer's queued kernels
+    (a large multiply still in flight when the other side reads), and the values arrive intact."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch here has no CUDA")
+    n = 1 << 24
+    a = tensor.Tensor((n,), gpu)
+    a.set_value(1.0)
+    t = a.data
+    for _ in range(20):  # queue enough work that a reader not ordered behind it would see old values
+        t = _core.mul_scalar(t, 1.0001)
+    want = np.float32(1.0001) ** 20
+    theirs = torch.from_dlpack(t)  # torch reads on its current stream; __dlpack__ made it wait for ours
+    assert theirs.device.type == "cuda" and theirs.shape == (n,)
+    assert torch.allclose(theirs, torch.full_like(theirs, float(want)), rtol=1e-5)
+    src = torch.arange(n, device="cuda", dtype=torch.float32).mul_(2.0)  # queued on torch's stream
+    ours = _core.Tensor.from_dlpack(src)  # we handed torch our stream to order its pending work before ours
+    got = np.asarray(_core.add(ours, ours).to(_core.Device("cpu")))
+    np.testing.assert_array_equal(got, np.arange(n, dtype=np.float32) * 4)
+    del ours
+    _core.cuda_sync(gpu.id())

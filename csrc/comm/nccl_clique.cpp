@@ -214,8 +214,8 @@ void grouped_on_compute_streams(CliqueState& s, const char* op, const char* call
   ncclResult_t first = ncclSuccess;
   int first_rank = -1;
   for (int i = 0; i < s.size(); ++i) {
-    // NCCL launches on the communicator's own device, but the current device is set anyway, as NCCL's
-    // multi-device examples do: some NCCL versions allocate per-call resources on the current device.
+    // NCCL launches on the communicator's own device; the current device is set anyway, as NCCL's own
+    // multi-device examples do, so that nothing NCCL does with the current device lands on another GPU.
     cudaSetDevice(s.devices[size_t(i)]);
     const ncclResult_t x = call_one(i, streams[size_t(i)]);
     if (first == ncclSuccess && x != ncclSuccess && x != ncclInProgress) {

@@ -3,6 +3,7 @@
     python examples/multi_device.py                          # 2 replicas (GPUs when there are, else CPU)
     python examples/multi_device.py --device cpu --replicas 4 --epochs 5
     python examples/multi_device.py --device cuda --replicas 2    # cuda:0 and cuda:1
+    python examples/multi_device.py --device cuda --replicas 2 --allreduce host   # sum through the host
 
 The seed's LeNet (conv 20@3x3, avg-pool, conv 50@5x5, avg-pool, fc 128, fc 10), written as a function of
 a parameter list. The parameters are replicated on every device (singa_lite.multi_device.replicate); each
@@ -10,6 +11,10 @@ batch is split across the replicas (split_and_load: sizes may differ by one), ev
 and backward on its part, the gradients are summed into the first replica and copied back (all_reduce),
 and every replica applies the same SGD step, so the replicas stay identical: checked after every epoch.
 Evaluation splits the test batches across the replicas too.
+
+The gradient sum (--allreduce): "nccl" uses NCCL's single-process multi-device communicator (the GPUs
+exchange directly; needs distinct GPUs and NCCL), "host" sums on the first replica's device through host
+copies (the seed's way), "auto" takes nccl when it can, else host. The first output line names the route.
 
 Each replica's loss gradient is scaled by its share of the batch, so the summed gradient is the mean over
 the whole batch: K replicas train as one device does with the same --batch-size (the global batch), up to
@@ -35,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_cnn import load_digits, load_mnist  # noqa: E402
 
 from singa_lite import CudaError, autograd, device, multi_device, opt, tensor  # noqa: E402
+from singa_lite.dist import CommError  # noqa: E402
 
 
 # ---------------------------------------------------------------- the seed's model, as a function
@@ -63,8 +69,9 @@ def lenet(x, params):
 
 
 # ---------------------------------------------------------------- one batch, data parallel
-def train_batch(x, y, replicas, devices, optimizers):
-    """The seed's train_batch. Returns (summed loss, correct predictions) over the batch."""
+def train_batch(x, y, replicas, devices, optimizers, allreduce="auto"):
+    """The seed's train_batch; `allreduce` is multi_device.all_reduce's backend. Returns (summed loss,
+    correct predictions) over the batch."""
     xs = multi_device.split_and_load(x, devices)
     ys = multi_device.split_and_load(y, devices)
     autograd.training = True
@@ -77,7 +84,7 @@ def train_batch(x, y, replicas, devices, optimizers):
         g = dict(autograd.backward(loss, dy=len(xi) / len(x)))
         grads.append(g)
     for i in range(len(replicas[0])):
-        multi_device.all_reduce([g[params[i]] for g, params in zip(grads, replicas)])
+        multi_device.all_reduce([g[params[i]] for g, params in zip(grads, replicas)], backend=allreduce)
     for params, g, sgd in zip(replicas, grads, optimizers):
         for p in params:
             sgd.apply(p.name, p, g[p])
@@ -127,6 +134,9 @@ def parse_args(argv=None):
     p.add_argument("--replicas", type=int, default=2, help="model replicas (K devices)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: cuda when a CUDA build sees a GPU, else cpu (all replicas on the CPU device)")
+    p.add_argument("--allreduce", choices=multi_device.BACKENDS, default="auto",
+                   help="how gradients are summed: nccl (NCCL across distinct GPUs), host (through host copies), "
+                        "auto (nccl when possible, else host)")
     p.add_argument("--data-dir", help="directory with the four MNIST IDX files (optionally .gz)")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=32, help="the whole batch, split across the replicas")
@@ -145,11 +155,16 @@ def main(argv=None) -> int:
     if args.threads:
         device.set_num_threads(args.threads)
     devices = choose_devices(args.device, args.replicas)
+    replicas = multi_device.replicate(init_params(args.seed), devices)
+    try:
+        # the route the gradients take, decided (and an impossible --allreduce nccl reported) before any data
+        route = multi_device.choose_backend([params[0] for params in replicas], args.allreduce)
+    except (ValueError, CommError) as e:
+        sys.exit(f"--allreduce {args.allreduce}: {e}")
     if args.data_dir:
         (train_x, train_y), (test_x, test_y) = load_mnist(args.data_dir)
     else:
         (train_x, train_y), (test_x, test_y) = load_digits(args.seed)
-    replicas = multi_device.replicate(init_params(args.seed), devices)
     optimizers = [opt.SGD(lr=args.lr, momentum=args.momentum) for _ in devices]
     steps = len(train_y) // args.batch_size
     if steps == 0:
@@ -158,7 +173,8 @@ def main(argv=None) -> int:
     if devices[0].is_cpu():
         where += f" (one CPU device, {device.get_num_threads()} threads shared by the replicas)"
     print(f"{args.replicas} replicas on {where}; batch {args.batch_size} split across them, {steps} steps per "
-          f"epoch, {len(train_y)} train / {len(test_y)} test", flush=True)
+          f"epoch, {len(train_y)} train / {len(test_y)} test; gradients summed by all_reduce over {route}",
+          flush=True)
     rng = np.random.default_rng(args.seed)
     test_acc = 0.0
     for epoch in range(1, args.epochs + 1):
@@ -166,7 +182,8 @@ def main(argv=None) -> int:
         start, loss_sum, correct = time.perf_counter(), 0.0, 0
         for step in range(steps):
             idx = order[step * args.batch_size:(step + 1) * args.batch_size]
-            batch_loss, batch_correct = train_batch(train_x[idx], train_y[idx], replicas, devices, optimizers)
+            batch_loss, batch_correct = train_batch(train_x[idx], train_y[idx], replicas, devices, optimizers,
+                                                    route)
             loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
         for d in set(devices):
             d.Sync()  # GPU kernels run asynchronously: wait for them before reading the clock

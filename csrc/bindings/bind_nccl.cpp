@@ -1,4 +1,5 @@
-// The NCCL communicator as singa_lite._core.NcclComm / NcclWork and the nccl_* library functions. Compiled
+// The NCCL communicator as singa_lite._core.NcclComm / NcclWork, the single-process multi-GPU clique as
+// NcclClique, and the nccl_* library functions. Compiled
 // in CUDA builds only (module.cpp registers it under SINGA_LITE_WITH_CUDA). Every call that may wait or
 // take the communicator's lock releases the GIL, so other Python threads keep running and a thread that
 // polls NCCL can call back into Python (Ctrl-C) without a deadlock.
@@ -9,6 +10,7 @@
 #include "bindings/binders.h"
 #include "core/errors.h"
 #include "comm/nccl.h"
+#include "comm/nccl_clique.h"
 
 namespace py = pybind11;
 
@@ -101,6 +103,43 @@ seconds or NCCL reports an error, after which every call raises CommError.)doc")
            "Finalizes and destroys the communicator (idempotent); later calls raise CommError.")
       .def("__repr__", [](const nc::Comm& c) {
         return str("NcclComm(rank=", c.rank(), ", world_size=", c.world_size(), ", device=cuda:", c.device(), ")");
+      });
+
+  py::class_<nc::Clique>(m, "NcclClique", R"doc(
+NCCL's single-process multi-device communicator: one NCCL rank per listed GPU, all driven by this process
+(singa_lite.multi_device.all_reduce uses it; see csrc/comm/nccl_clique.h).
+
+devices: distinct CUDA device ordinals (rank i on cuda:devices[i]); the constructor returns once every
+communicator is initialised (CommError after `timeout` seconds). all_reduce and broadcast take one tensor
+per device in that order (contiguous, one shape and dtype: float16/32/64, int32/64) and run on the devices'
+compute streams, so later work on those tensors is ordered after them; they return once NCCL has queued
+the work. A failure aborts every communicator, after which every call raises CommError.)doc")
+      .def(py::init([](const std::vector<int>& devices, double timeout) {
+             ReleaseGilForDaemon unlocked;
+             return std::make_unique<nc::Clique>(devices, timeout, check_python_signals);
+           }),
+           py::arg("devices"), py::arg("timeout") = 300.0)
+      .def_property_readonly("devices", &nc::Clique::devices, "The CUDA device ordinals, rank order.")
+      .def_property_readonly("size", &nc::Clique::size)
+      .def_property("timeout", &nc::Clique::timeout, &nc::Clique::set_timeout,
+                    "Seconds an NCCL call may take to complete before the clique is aborted.")
+      .def_property_readonly("error", &nc::Clique::error, "Why the clique failed; '' while it works.")
+      .def_property_readonly("closed", &nc::Clique::closed)
+      .def("all_reduce", &nc::Clique::all_reduce, py::arg("tensors"), py::arg("op") = "sum", release,
+           "In place: every tensor becomes the reduction (op: sum, avg, max, min, prod).")
+      .def("broadcast", &nc::Clique::broadcast, py::arg("tensors"), py::arg("root") = 0, release,
+           "In place: every tensor becomes a copy of tensors[root].")
+      .def("synchronize", &nc::Clique::synchronize, py::arg("timeout"), release,
+           "Blocks until every device finished the last operation, at most `timeout` seconds (then the clique "
+           "is aborted and CommError raised).")
+      .def("abort", &nc::Clique::abort, py::arg("reason"), release,
+           "Aborts every communicator; every later call raises CommError with the reason.")
+      .def("close", &nc::Clique::close, release,
+           "Finalizes and destroys the communicators (idempotent); later calls raise CommError.")
+      .def("__repr__", [](const nc::Clique& c) {
+        std::string devs;
+        for (int d : c.devices()) devs += str(devs.empty() ? "" : ", ", "cuda:", d);
+        return str("NcclClique(devices=[", devs, "])");
       });
 }
 

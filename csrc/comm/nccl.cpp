@@ -1,8 +1,9 @@
-// The NCCL communicator (Comm, Work): polling with back-off, the per-device communication streams, the
-// mapping of dtypes and ops to NCCL's, the shared CommState, failure messages, the watchdog thread and the
-// collectives themselves. nccl.h explains the design (streams and events, timeouts, errors). NCCL's types
-// and the loaded function table come from nccl_api.h; loading the library and the library functions of
-// nccl.h (available, version, get_unique_id, ...) are in nccl_api.cpp.
+// The NCCL communicator (Comm, Work): the per-device communication streams, the shared CommState, failure
+// messages, the watchdog thread and the collectives themselves. nccl.h explains the design (streams and
+// events, timeouts, errors). NCCL's types and the loaded function table come from nccl_api.h; what this file
+// shares with the multi-GPU clique (polling pace, dtype and op mapping, the non-blocking config, failure
+// hints) from nccl_common.h; loading the library and the library functions of nccl.h (available, version,
+// get_unique_id, ...) are in nccl_api.cpp.
 #include "comm/nccl.h"
 
 #include <atomic>
@@ -19,53 +20,16 @@
 #include "cuda/check.h"
 #include "cuda/context.h"
 #include "comm/nccl_api.h"
+#include "comm/nccl_common.h"
 #include "cuda/runtime.h"
 
 namespace sl::cuda::nccl {
 
-using namespace detail;  // NCCL's ABI and api() (nccl_api.h)
+using namespace detail;  // NCCL's ABI and api() (nccl_api.h), the shared helpers (nccl_common.h)
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// ---------------------------------------------------------------- small helpers
-// Polling back-off: spin (yielding) for a short while, then sleep, growing to 1 ms between polls. Keeps
-// latency low for the common quick case without burning a core on a long wait.
-class Backoff {
- public:
-  void pause() {
-    if (Clock::now() - start_ < std::chrono::microseconds(50)) {
-      std::this_thread::yield();
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(nap_us_));
-    nap_us_ = nap_us_ * 2 > 1000 ? 1000 : nap_us_ * 2;
-  }
-
- private:
-  Clock::time_point start_ = Clock::now();
-  int nap_us_ = 20;
-};
-
-constexpr auto kInterruptEvery = std::chrono::milliseconds(40);  // how often a long poll looks at Ctrl-C
-constexpr auto kWatchPeriod = std::chrono::milliseconds(10);     // watchdog tick
-
-Clock::time_point deadline_after(double seconds) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-}
-
-// true once everything recorded before the event has run; false while it has not. Other results throw.
-bool event_done(cudaEvent_t e) {
-  cudaError_t err = cudaEventQuery(e);
-  if (err == cudaSuccess) return true;
-  if (err == cudaErrorNotReady) {
-    cudaGetLastError();  // "not ready" is an answer, not an error: keep it out of later checks
-    return false;
-  }
-  SL_CUDA_CHECK(err);
-  return false;
-}
+constexpr auto kWatchPeriod = std::chrono::milliseconds(10);  // watchdog tick
 
 // One communication stream per device, created on first use with the device current and never destroyed
 // (work may be in flight during interpreter exit). Highest priority: NCCL's kernels are scheduled ahead of
@@ -85,49 +49,9 @@ cudaStream_t comm_stream(int device) {
   return s;
 }
 
-ncclDataType_t nccl_type(DType t, const char* op) {
-  switch (t) {
-    case DType::kFloat16: return ncclFloat16;
-    case DType::kFloat32: return ncclFloat32;
-    case DType::kFloat64: return ncclFloat64;
-    case DType::kInt32: return ncclInt32;
-    case DType::kInt64: return ncclInt64;
-    default: break;
-  }
-  throw TypeError(str(op, ": the nccl backend moves float16, float32, float64, int32 and int64 tensors, got ",
-                      dtype_name(t), "; cast with as_type()"));
-}
-
-ncclRedOp_t nccl_op(const std::string& op, DType t, const char* what) {
-  ncclRedOp_t r;
-  if (op == "sum") r = ncclSum;
-  else if (op == "prod") r = ncclProd;
-  else if (op == "max") r = ncclMax;
-  else if (op == "min") r = ncclMin;
-  else if (op == "avg") r = ncclAvg;
-  else throw ValueError(str(what, ": op must be one of 'sum', 'avg', 'max', 'min', 'prod', got '", op, "'"));
-  SL_CHECK(r != ncclAvg || is_floating(t), TypeError, what, ": op='avg' needs a floating dtype, got ",
-           dtype_name(t), "; use op='sum' and divide, or cast to float32");
-  return r;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- shared state
-struct Event {
-  cudaEvent_t e = nullptr;
-  explicit Event(int device) {
-    DeviceGuard guard(device);
-    // No timing: recording and waiting are cheaper, and only ordering is needed.
-    SL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  }
-  ~Event() {
-    if (e != nullptr) cudaEventDestroy(e);  // nothing to report from a destructor
-  }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-};
-
 struct CommState {
   int rank = 0, world_size = 1, device = 0;
   cudaStream_t stream = nullptr;  // the device's communication stream
@@ -182,31 +106,8 @@ const char* kUnusable = " The communicator is aborted and every later call on it
                         "one (dist.init) or restart the job.";
 
 std::string nccl_failure(CommState& s, const std::string& what, const char* call, ncclResult_t r) {
-  const Api& a = api();
-  std::string detail;
-  if (a.GetLastError != nullptr && s.comm != nullptr) {
-    const char* last = a.GetLastError(s.comm);
-    if (last != nullptr && *last != '\0') detail = str(" (", last, ")");
-  }
-  const char* hint;
-  switch (r) {
-    case ncclRemoteError:
-    case ncclSystemError:
-      hint = " Another rank failed or a connection broke: look at the other ranks' output (NCCL_DEBUG=WARN "
-             "makes NCCL report the cause).";
-      break;
-    case ncclInvalidArgument:
-    case ncclInvalidUsage:
-      hint = " Every rank must call the same collectives in the same order with the same sizes and dtypes "
-             "(NCCL_DEBUG=WARN makes NCCL say which argument).";
-      break;
-    case ncclUnhandledCudaError:
-      hint = " A CUDA call inside NCCL failed (out of GPU memory, or an earlier kernel failed).";
-      break;
-    default:
-      hint = " NCCL_DEBUG=WARN makes NCCL report the cause.";
-  }
-  return str("nccl ", what, " (", s.where(), "): ", call, " failed: ", error_string(r), detail, ".", hint, kUnusable);
+  return str("nccl ", what, " (", s.where(), "): ", call, " failed: ", error_string(r), last_error_detail(s.comm), ".",
+             failure_hint(r), kUnusable);
 }
 
 std::string timeout_failure(CommState& s, const std::string& what, double seconds) {
@@ -486,11 +387,7 @@ Comm::Comm(const std::string& unique_id, int rank, int world_size, int device, d
   s->stream = comm_stream(device);
   s->ready = std::make_shared<Event>(device);
 
-  ncclConfig_v21400 config{};
-  config.size = offsetof(ncclConfig_v21400, blocking) + sizeof(int);  // the fields we set, no padding
-  config.magic = kConfigMagic;
-  config.version = kConfigVersion;
-  config.blocking = 0;  // calls return at once; we poll with a timeout instead of blocking forever
+  ncclConfig_v21400 config = nonblocking_config();  // calls return at once; we poll with a timeout
   ncclUniqueId id;
   std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
   {

@@ -49,7 +49,7 @@ int version();                                 // e.g. 23203 for 2.32.3; throws 
 std::string get_unique_id();
 
 struct CommState;  // nccl.cpp: the NCCL handle, its lock, the streams and the watchdog
-struct Event;      // nccl.cpp: a cudaEvent_t owned by whoever still needs it
+struct Event;      // nccl_common.h: a cudaEvent_t owned by whoever still needs it
 
 // One enqueued operation. Returned by every Comm call; the caller decides how to wait for it.
 class Work {

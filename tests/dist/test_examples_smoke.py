@@ -66,6 +66,7 @@ def run_multi_device(replicas, batch_size):
     assert rc == 0, out
     assert f"{replicas} replicas on {', '.join(['cpu'] * replicas)}" in out, out
     assert "replicas identical: yes (max difference 0.0e+00)" in out, out
+    assert "gradients summed by all_reduce over host" in out, out  # CPU replicas: auto takes the host route
     found = re.search(r"train loss ([0-9.]+)  train acc ([0-9.]+)  test acc ([0-9.]+)", out)
     assert found, out
     return [float(v) for v in found.groups()], out

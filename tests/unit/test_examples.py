@@ -69,3 +69,9 @@ def test_train_cnn_reads_mnist_idx_files(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "128 train / 64 test" in out
+
+
+def test_multi_device_refuses_nccl_for_cpu_replicas(capsys):
+    # decided before any data is loaded: the message names the failed condition
+    code = run_example("multi_device.py", "--device", "cpu", "--allreduce", "nccl")
+    assert isinstance(code, str) and "--allreduce nccl" in code and "CUDA device" in code, code

@@ -1,5 +1,6 @@
-"""singa_lite.multi_device: split_and_load, replicate, all_reduce, max_divergence (replicas on the CPU;
-the GPU twin runs where a CUDA build sees two GPUs)."""
+"""singa_lite.multi_device: split_and_load, replicate, all_reduce (and its choice of route), max_divergence
+(replicas on the CPU; the GPU twin runs where a CUDA build sees two GPUs; the NCCL route's own tests are in
+tests/gpu/test_multi_device_nccl.py)."""
 import numpy as np
 import pytest
 
@@ -43,6 +44,36 @@ def test_all_reduce_sums_replica_dependent_values_into_every_replica(k):
     multi_device.all_reduce(ts)
     for t in ts:
         np.testing.assert_array_equal(tensor.to_numpy(t), k * pos + k * (k - 1) / 2)
+
+
+@pytest.mark.parametrize("backend", ["auto", "host"])
+def test_cpu_replicas_take_the_host_route(backend):
+    ts = [tensor.from_numpy(np.full((2, 2), c, np.float32)) for c in range(3)]
+    assert multi_device.choose_backend(ts, backend) == "host"
+    assert multi_device.all_reduce(ts, backend=backend) is ts
+    for t in ts:
+        np.testing.assert_array_equal(tensor.to_numpy(t), np.full((2, 2), 3, np.float32))
+
+
+def test_forced_nccl_names_the_condition_that_fails():
+    ts = [tensor.from_numpy(np.ones(3, np.float32)) for _ in range(2)]
+    with pytest.raises(ValueError, match=r"backend='nccl'.*every tensor must be on a CUDA device, tensor 0 is on "
+                                         r"cpu.*backend='host'"):
+        multi_device.all_reduce(ts, backend="nccl")
+    np.testing.assert_array_equal(tensor.to_numpy(ts[0]), [1, 1, 1])  # nothing was touched
+    with pytest.raises(ValueError, match="there are no tensors"):
+        multi_device.all_reduce([], backend="nccl")
+
+
+def test_no_tensors_is_nothing_to_do():
+    assert multi_device.all_reduce([]) == [] and multi_device.all_reduce([], backend="host") == []
+
+
+@pytest.mark.parametrize("backend", ["NCCL", "mpi", "", None])
+def test_unknown_backend_is_a_value_error(backend):
+    ts = [tensor.from_numpy(np.ones(3, np.float32))]
+    with pytest.raises(ValueError, match=r"backend must be one of 'auto', 'nccl', 'host'"):
+        multi_device.all_reduce(ts, backend=backend)
 
 
 def test_two_replicas_step_like_one_device():

@@ -45,19 +45,20 @@ bool has_primary_context(int device) {
 }  // namespace
 
 DeviceGuard::DeviceGuard(int device) {
-  int current = 0;
-  SL_CUDA_CHECK(cudaGetDevice(&current));
-  if (current != device) {
-    SL_CUDA_CHECK(cudaSetDevice(device));
-    previous_ = current;
-  }
+  SL_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != device) SL_CUDA_CHECK(cudaSetDevice(device));
 }
 
 DeviceGuard::~DeviceGuard() {
-  // Nothing to restore when the guard did not switch, or when the caller's device has no context (restoring
-  // would create one). A destructor cannot throw: a failure is cleared, so that it is not reported later as
+  // Restores the caller's device when the scope left another one current (the guard, or code inside it that
+  // walks several devices, as the NCCL clique does), unless the caller's device has no context: restoring
+  // would create one. A destructor cannot throw: a failure is cleared, so that it is not reported later as
   // the failure of an unrelated kernel launch (SL_CUDA_LAUNCHED reads the thread's last error).
-  if (previous_ < 0 || !has_primary_context(previous_)) return;
+  int now = -1;
+  if (previous_ < 0 || cudaGetDevice(&now) != cudaSuccess || now == previous_ || !has_primary_context(previous_)) {
+    cudaGetLastError();
+    return;
+  }
   if (cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
 }
 

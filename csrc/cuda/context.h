@@ -18,7 +18,7 @@ class DeviceGuard {
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-  int previous_ = -1;  // the device to restore; -1: the guard did not switch
+  int previous_ = -1;  // the caller's device
 };
 
 cudaStream_t stream(int device);  // the device's compute stream (non-blocking w.r.t. the legacy stream)

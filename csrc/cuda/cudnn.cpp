@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -114,8 +115,9 @@ Cudnn& cudnn() {
 }
 
 struct Handles {
-  std::mutex mutex;
+  std::mutex mutex;                                 // guards the two vectors
   std::vector<cudnnHandle_t> by_device;
+  std::vector<std::unique_ptr<std::mutex>> in_use;  // per device: held by a CudnnHandle lease
 };
 
 Handles& handles() {
@@ -192,25 +194,35 @@ void cudnn_check(cudnnStatus_t status, const char* call, const char* file, int l
                       line, ")"));
 }
 
-cudnnHandle_t cudnn_handle(int device) {
+CudnnHandle cudnn_handle(int device) {
   SL_ASSERT(device >= 0);
   const CudnnApi& api = cudnn_api();
   Handles& h = handles();
-  std::lock_guard<std::mutex> lock(h.mutex);
-  if (int(h.by_device.size()) <= device) h.by_device.resize(size_t(device) + 1, nullptr);
-  if (h.by_device[size_t(device)]) return h.by_device[size_t(device)];
-  cudaStream_t st = stream(device);
-  DeviceGuard guard(device);
+  std::mutex* in_use = nullptr;
   cudnnHandle_t handle = nullptr;
-  cudnn_check(api.cudnnCreate(&handle), "cudnnCreate", __FILE__, __LINE__);
-  try {
-    cudnn_check(api.cudnnSetStream(handle, st), "cudnnSetStream", __FILE__, __LINE__);
-  } catch (...) {
-    api.cudnnDestroy(handle);
-    throw;
+  {
+    std::lock_guard<std::mutex> lock(h.mutex);
+    if (int(h.by_device.size()) <= device) {
+      h.by_device.resize(size_t(device) + 1, nullptr);
+      h.in_use.resize(size_t(device) + 1);
+    }
+    if (!h.in_use[size_t(device)]) h.in_use[size_t(device)] = std::make_unique<std::mutex>();
+    in_use = h.in_use[size_t(device)].get();
+    handle = h.by_device[size_t(device)];
+    if (!handle) {
+      cudaStream_t st = stream(device);
+      DeviceGuard guard(device);
+      cudnn_check(api.cudnnCreate(&handle), "cudnnCreate", __FILE__, __LINE__);
+      try {
+        cudnn_check(api.cudnnSetStream(handle, st), "cudnnSetStream", __FILE__, __LINE__);
+      } catch (...) {
+        api.cudnnDestroy(handle);
+        throw;
+      }
+      h.by_device[size_t(device)] = handle;
+    }
   }
-  h.by_device[size_t(device)] = handle;
-  return handle;
+  return CudnnHandle(handle, std::unique_lock<std::mutex>(*in_use));  // waits while another thread holds it
 }
 
 }  // namespace sl::cuda

@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>  // cudaStream_t
 
 #include <cstddef>
+#include <mutex>
 #include <string>
 
 namespace sl::cuda {
@@ -206,7 +207,18 @@ std::string cudnn_status();
 
 // The device's cuDNN handle: created on first use with the device current and bound to the device's compute stream
 // (cuda/context.h), so cuDNN's kernels are ordered with ours and the caching allocator may reuse workspaces at once.
-cudnnHandle_t cudnn_handle(int device);
+// Held exclusively while the returned lease lives: cuDNN forbids two threads using one handle at once, and the
+// bindings release the GIL, so two Python threads may run cuDNN ops on one device together. Converts to the handle.
+class CudnnHandle {
+ public:
+  CudnnHandle(cudnnHandle_t h, std::unique_lock<std::mutex> lock) : h_(h), lock_(std::move(lock)) {}
+  operator cudnnHandle_t() const { return h_; }
+
+ private:
+  cudnnHandle_t h_;
+  std::unique_lock<std::mutex> lock_;
+};
+CudnnHandle cudnn_handle(int device);
 
 // Throws CudaError naming the call, the status (name, number, cudnnGetErrorString, cudnnGetLastErrorString's detail)
 // and file:line.

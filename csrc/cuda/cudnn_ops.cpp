@@ -215,7 +215,7 @@ struct Conv {
   const int device;
   const DType dtype;
   DeviceGuard guard;
-  const cudnnHandle_t h;
+  const CudnnHandle h;  // held (exclusively) for the whole call
   const TensorDesc x, y;
   const FilterDesc w;
   const ConvDesc conv;
@@ -353,7 +353,7 @@ Tensor cudnn_pool2d_forward(const Tensor& x, PoolMode mode, Pair kernel, Pair st
   const Tensor xc = x.contiguous();
   Tensor y = Tensor::empty(ys, x.dtype(), x.device());
   DeviceGuard guard(dev);
-  cudnnHandle_t h = cudnn_handle(dev);
+  const CudnnHandle h = cudnn_handle(dev);
   const DType t = x.dtype();
   TensorDesc xd(t, x.shape()), yd(t, ys);
   PoolDesc pd(mode, kernel, stride, padding);
@@ -376,7 +376,7 @@ Tensor cudnn_pool2d_backward(const Tensor& x, const Tensor& y, const Tensor& dy,
   const Tensor xc = x.contiguous(), yc = y.contiguous(), dyc = dy.contiguous();
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   DeviceGuard guard(dev);
-  cudnnHandle_t h = cudnn_handle(dev);
+  const CudnnHandle h = cudnn_handle(dev);
   const DType t = x.dtype();
   TensorDesc xd(t, x.shape()), yd(t, ys);
   PoolDesc pd(mode, kernel, stride, padding);
@@ -409,7 +409,7 @@ std::tuple<Tensor, Tensor, Tensor> cudnn_batch_norm_forward_training(const Tenso
   Tensor saved_mean = Tensor::empty({C}, pt, x.device()), saved_inv_std = Tensor::empty({C}, pt, x.device());
   {
     DeviceGuard guard(dev);
-    cudnnHandle_t h = cudnn_handle(dev);
+    const CudnnHandle h = cudnn_handle(dev);
     TensorDesc xd(t, x.shape()), pd(pt, 1, C, 1, 1);
     const Blend b;
     SL_CUDNN(cudnnBatchNormalizationForwardTraining, h, CUDNN_BATCHNORM_SPATIAL, b.one(t), b.zero(t), xd.d,
@@ -434,7 +434,7 @@ Tensor cudnn_batch_norm_forward_inference(const Tensor& x, const Tensor& scale, 
   const Tensor rm = as_param(running_mean, pt), rv = as_param(running_var, pt);
   Tensor y = Tensor::empty(x.shape(), t, x.device());
   DeviceGuard guard(dev);
-  cudnnHandle_t h = cudnn_handle(dev);
+  const CudnnHandle h = cudnn_handle(dev);
   TensorDesc xd(t, x.shape()), pd(pt, 1, x.shape()[1], 1, 1);
   const Blend b;
   SL_CUDNN(cudnnBatchNormalizationForwardInference, h, CUDNN_BATCHNORM_SPATIAL, b.one(t), b.zero(t), xd.d,
@@ -465,7 +465,7 @@ std::tuple<Tensor, Tensor, Tensor> cudnn_batch_norm_backward(const Tensor& x, co
   Tensor dscale = Tensor::empty({C}, pt, x.device()), dbias = Tensor::empty({C}, pt, x.device());
   {
     DeviceGuard guard(dev);
-    cudnnHandle_t h = cudnn_handle(dev);
+    const CudnnHandle h = cudnn_handle(dev);
     TensorDesc xd(t, x.shape()), pd(pt, 1, C, 1, 1);
     const Blend b;
     SL_CUDNN(cudnnBatchNormalizationBackward, h, CUDNN_BATCHNORM_SPATIAL, b.one(t), b.zero(t), b.one(t), b.zero(t),

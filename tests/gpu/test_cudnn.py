@@ -242,6 +242,36 @@ def test_cudnn_backward_repeats_bit_for_bit(gpu, path):
         np.testing.assert_array_equal(a, b)
 
 
+def test_threads_sharing_a_device_get_their_own_results(gpu, path):
+    """The bindings release the GIL, so Python threads run cuDNN ops on one device at once; the device's handle is
+    leased to one call at a time (cuDNN forbids sharing it concurrently): every thread gets the sequential result."""
+    import threading
+
+    x, w = rand((8, 16, 32, 32), "float32", 30), rand((32, 16, 3, 3), "float32", 31)
+    dy = rand((8, 32, 32, 32), "float32", 32)
+    want = [host(g) for g in run(lambda: _Conv2d(1, 1), gpu, [x, w], dy, (True, True))[2]]
+    errors, results = [], [None] * 6
+
+    def work(i):
+        try:
+            for _ in range(5):
+                op, _, grads = run(lambda: _Conv2d(1, 1), gpu, [x, w], dy, (True, True))
+                assert op.cudnn == (path == "cudnn")
+                results[i] = [host(g) for g in grads]
+        except Exception as e:  # noqa: BLE001 -- reported below with the thread
+            errors.append((i, e))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(results))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    for got in results:
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_bad_cudnn_call_raises_cuda_error_naming_it(gpu):
     if not _core.cudnn_available():
         pytest.skip(f"cuDNN not usable: {_core.cudnn_unavailable_reason()}")

@@ -6,7 +6,6 @@ clique cache are covered too. Marked `gpu`: skipped without a usable GPU; skippe
 cannot be loaded. Data are fresh random values each run (the seed is in the failure message)."""
 import os
 import re
-import secrets
 import subprocess
 import sys
 
@@ -36,14 +35,6 @@ def clique(gpus):
     c = _core.NcclClique([d.index for d in gpus], 60.0)
     yield c
     c.close()
-
-
-@pytest.fixture
-def rng():
-    seed = secrets.randbits(32)
-    rng = np.random.default_rng(seed)
-    rng.seed_for_message = seed
-    return rng
 
 
 def replica_values(rng, n, shape, dtype, op):

@@ -7,7 +7,6 @@ a usable GPU; skipped too, with the reason, where NCCL cannot be loaded.
 Run as a script (``python tests/gpu/test_nccl.py mpi-job``) it is the job of the mpiexec test."""
 import multiprocessing as mp
 import os
-import secrets
 import subprocess
 import sys
 
@@ -42,14 +41,6 @@ def comm(gpu):
     c = dist.init(backend="nccl", holder=dist.NcclIdHolder(), rank=0, world_size=1, timeout=60)
     yield c
     c.close()
-
-
-@pytest.fixture
-def rng():
-    seed = secrets.randbits(32)
-    rng = np.random.default_rng(seed)
-    rng.seed_for_message = seed
-    return rng
 
 
 def random_array(rng, shape, dtype):

@@ -370,6 +370,18 @@ def build_cases(core):
         cases.append(Case(f"sum_f32_{label}", "reduction", f"({label},) -> scalar", "float32", "byte", GOAL_STREAM,
                           sum_full_setup(n), 4.0 * n, quick=n <= 10 ** 6))
 
+    def max_full_setup(n):  # numpy's max has AVX dispatch; ours is SSE-vectorised and split over threads
+        def setup():
+            a = rng.standard_normal(n, dtype=np.float32)
+            ta = T(a)
+            f_s = lambda: core.max(ta, [0], False)   # noqa: E731
+            f_n = lambda: a.max()                    # noqa: E731
+            return f_s, f_n, lambda: close(np.asarray(f_s()), f_n(), 0.0)
+        return setup
+
+    cases.append(Case("max_f32_4e5", "reduction", "(4e5,) -> scalar", "float32", "byte", GOAL_STREAM,
+                      max_full_setup(400_000), 4.0 * 400_000))
+
     def sum_axis_setup(axis):
         def setup():
             x = rng.random((M, N), dtype=np.float32)

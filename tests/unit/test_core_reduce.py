@@ -195,6 +195,15 @@ def test_reduce_large_paths(restore_threads):
     big = rand(rng, (2, 70_001), np.int64, -1000, 1000)
     _core.set_num_threads(2)
     check_reduce("sum", call("sum", tensor(big), (1,), False), big, (1,), False)
+    for name in ("max", "min"):  # the split path of max / min: integers, and a nan in one block only
+        check_reduce(name, call(name, tensor(big), (1,), False), big, (1,), False)
+        for where in (0, 4095, 4096, 50_000, 100_002):
+            y = x.copy()
+            y[where] = np.nan
+            for n in (2, 1):
+                _core.set_num_threads(n)
+                got = to_np(call(name, tensor(y), None, False))
+                assert np.isnan(got), (name, where, n, got)
 
 
 def test_float16_sum_accumulates_beyond_float16():

@@ -50,6 +50,9 @@ def argument_parser(doc: str, *, epochs: int, batch_size: int, lr: float) -> arg
     p.add_argument("--plot", metavar="PNG", help="write loss and accuracy curves to this file (matplotlib)")
     p.add_argument("--checkpoint", metavar="DIR",
                    help="save the training state to DIR after every epoch; resume from DIR when it holds one")
+    p.add_argument("--reshard", action="store_true",
+                   help="with --checkpoint: resume a checkpoint saved by another number of ranks (from rank 0's "
+                        "state; not bit for bit)")
     return p
 
 
@@ -151,7 +154,8 @@ def train_and_evaluate(args, sgd, dev, model, train_set, test_set, what: str) ->
     rng = np.random.default_rng(args.seed + rank)
     history, first_epoch = [], 1
     if args.checkpoint and os.path.exists(os.path.join(args.checkpoint, checkpoint.MANIFEST)):
-        extra = checkpoint.load(args.checkpoint, model_states(model), sgd, rng=rng)  # every rank, after the broadcast above
+        # every rank, after the broadcast above
+        extra = checkpoint.load(args.checkpoint, model_states(model), sgd, rng=rng, reshard=args.reshard)
         history, first_epoch = [tuple(h) for h in extra["history"]], int(extra["epoch"]) + 1
         if rank == 0:
             print(f"resumed from {args.checkpoint} after epoch {first_epoch - 1}", flush=True)

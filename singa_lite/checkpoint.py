@@ -50,7 +50,14 @@ dtypes against the model -- on every rank before it changes anything, and raises
 (a ValueError) naming the file and what is wrong; with a DistOpt, every rank raises when any rank fails.
 
 Load after ``Model.compile`` (compile gives every rank rank 0's parameters, which would undo the per-rank
-states just loaded). Resharding to another number of ranks is not supported: it is refused by name.
+states just loaded).
+
+Another number of ranks (``load(..., reshard=True)``; refused by name without it): a job saved on N ranks
+resumes on M, e.g. after losing a host. Not a bitwise continuation: every rank starts from rank 0's model,
+optimizer and DistOpt counters (as replicas do at a job's first step), DistOpt's residuals become the mean of
+the N saved ones (so the pending, not yet sent, part of the averaged update is kept: sum over N ranks / N),
+the sampler keeps its epoch and the fraction of it done (:meth:`DistributedSampler.resharded_state`), and the
+random generators (devices' and `rng`) are left as the script seeded them, since N streams cannot become M.
 """
 from __future__ import annotations
 
@@ -425,17 +432,18 @@ def _remove(path: str, names) -> None:
 
 
 # ---------------------------------------------------------------- load
-def load(path: str, model=None, optimizer=None, sampler=None, rng=None, communicator=None):
+def load(path: str, model=None, optimizer=None, sampler=None, rng=None, communicator=None, reshard=False):
     """Restores what :func:`save` wrote into the given objects and returns `extra`. Collective with a
     DistOpt (or a communicator). Everything is checked first, on every rank; a CheckpointError leaves the
-    objects as they were."""
+    objects as they were. reshard: allow a checkpoint saved by another number of ranks (the module's
+    docstring says what carries over); without it that is a CheckpointError."""
     model = _as_model(model)
     dist, plain, comm = _parts(optimizer)
     comm = communicator if communicator is not None else comm
     rank, world = (comm.rank, comm.world_size) if comm is not None else (0, 1)
     staged, error = None, None
     try:
-        staged = _read(path, rank, world, model, dist, plain, sampler, rng)
+        staged = _read(path, rank, world, model, dist, plain, sampler, rng, bool(reshard))
     except (CheckpointError, OSError) as e:
         error = _failure(comm, e, "load", path)
     _gather(comm, None, error, "load", path)
@@ -443,7 +451,7 @@ def load(path: str, model=None, optimizer=None, sampler=None, rng=None, communic
     return staged["extra"]
 
 
-def _read(path: str, rank: int, world: int, model, dist, plain, sampler, rng) -> dict:
+def _read(path: str, rank: int, world: int, model, dist, plain, sampler, rng, reshard: bool) -> dict:
     mpath = os.path.join(path, MANIFEST)
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: no such checkpoint directory" if not os.path.exists(path) else
@@ -456,24 +464,63 @@ def _read(path: str, rank: int, world: int, model, dist, plain, sampler, rng) ->
     if not isinstance(manifest, dict):
         raise CheckpointError(f"{mpath}: not a singa_lite checkpoint manifest")
     _check_header(mpath, manifest, {})
-    if manifest.get("world_size") != world:
-        raise CheckpointError(f"{mpath}: saved by {manifest.get('world_size')} rank(s), loaded by {world}; "
-                              f"resume with the same number of ranks (resharding is not supported)")
+    saved = manifest.get("world_size")
+    if not isinstance(saved, int) or isinstance(saved, bool) or saved < 1:
+        raise CheckpointError(f"{mpath}: bad world size {saved!r}")
+    resharded = saved != world
+    if resharded and not reshard:
+        raise CheckpointError(f"{mpath}: saved by {saved} rank(s), loaded by {world}; resume with {saved} ranks, or "
+                              f"pass reshard=True to start every rank from rank 0's state (see checkpoint's "
+                              f"docs for what carries over)")
     ranks = manifest.get("ranks")
-    if not isinstance(ranks, list) or len(ranks) != world or not isinstance(manifest.get("shared"), dict):
-        raise CheckpointError(f"{mpath}: does not list one shared file and {world} rank file(s)")
+    if not isinstance(ranks, list) or len(ranks) != saved or not isinstance(manifest.get("shared"), dict):
+        raise CheckpointError(f"{mpath}: does not list one shared file and {saved} rank file(s)")
     for r, e in enumerate(ranks):  # every rank checks that every shard is there: all fail alike
         _stat(path, e, f"rank {r}'s file")
     token = manifest.get("token")
     shared = _unpack(*_verified(path, manifest["shared"], "the shared file"),
-                     {"kind": "shared", "token": token, "world_size": world})
-    own = _unpack(*_verified(path, ranks[rank], f"rank {rank}'s file"),
-                  {"kind": "rank", "rank": rank, "token": token, "world_size": world})
-    where = os.path.join(path, ranks[rank]["name"])
-    state = {name: own.get(f"own_{name}", shared.get(name)) for name in ("model", "optimizer", "distopt")}
-    staged = {"extra": shared.get("extra"), "state": state, "own": own}
+                     {"kind": "shared", "token": token, "world_size": saved})
+
+    def rank_file(r):
+        return _unpack(*_verified(path, ranks[r], f"rank {r}'s file"),
+                       {"kind": "rank", "rank": r, "token": token, "world_size": saved})
+    if resharded:
+        where = os.path.join(path, ranks[0]["name"])
+        own = _resharded_own(rank_file, saved, dist, sampler, where)
+        state = {name: shared.get(name) for name in ("model", "optimizer", "distopt")}
+    else:
+        where = os.path.join(path, ranks[rank]["name"])
+        own = rank_file(rank)
+        state = {name: own.get(f"own_{name}", shared.get(name)) for name in ("model", "optimizer", "distopt")}
+    staged = {"extra": shared.get("extra"), "state": state, "own": own, "resharded": resharded}
     _check_against(path, where, staged, model, dist, plain, sampler, rng)
     return staged
+
+
+def _resharded_own(rank_file, saved: int, dist, sampler, where: str) -> dict:
+    """A rank's own part when the checkpoint was saved by `saved` ranks and is loaded by another number:
+    residuals averaged over the saved ranks, the sampler's state rescaled, no generator states."""
+    first = rank_file(0)
+    own = {}
+    if sampler is not None and isinstance(first.get("sampler"), dict):
+        try:
+            own["sampler"] = sampler.resharded_state(first["sampler"])
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{where}: {e}") from None
+    if dist is not None:
+        sums, dtypes, count = {}, {}, 0
+        for r in range(saved):
+            for entry in (first if r == 0 else rank_file(r)).get("residuals", []):
+                if not isinstance(entry, dict) or not isinstance(entry.get("values"), np.ndarray):
+                    raise CheckpointError(f"{where}: malformed residuals entry (rank {r})")
+                key = tuple(entry.get("names", ()))
+                if key in sums and sums[key].shape != entry["values"].shape:
+                    raise CheckpointError(f"{where}: the ranks' residuals of {list(key)} differ in shape")
+                sums[key] = sums.get(key, 0) + entry["values"].astype(np.float64)
+                dtypes[key] = entry["values"].dtype
+            count += 1
+        own["residuals"] = [{"names": list(k), "values": (v / count).astype(dtypes[k])} for k, v in sums.items()]
+    return own
 
 
 def _stat(path: str, entry, what: str) -> str:
@@ -534,12 +581,14 @@ def _check_against(path, where, staged, model, dist, plain, sampler, rng) -> Non
             sampler.check_state(own["sampler"])
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: {e}") from None
-    if rng is not None:
+    if rng is not None and not staged.get("resharded"):
         saved = own.get("numpy_rng")
         kind = type(rng.bit_generator).__name__
         if not isinstance(saved, dict) or saved.get("bit_generator") != kind:
             raise CheckpointError(f"{where}: holds no {kind} state for rng (it has "
                                   f"{saved.get('bit_generator') if isinstance(saved, dict) else None!r})")
+    if staged.get("resharded"):
+        return  # generators are not restored across a change of the number of ranks
     gens = own.get("generators")
     if not isinstance(gens, dict):
         raise CheckpointError(f"{where}: holds no generator states")
@@ -585,7 +634,7 @@ def _apply(staged, model, dist, plain, sampler, rng, comm, path) -> None:
         model.set_states(state["model"])
     if sampler is not None:
         sampler.load_state_dict(own["sampler"])
-    if rng is not None:
+    if rng is not None and "numpy_rng" in own:
         rng.bit_generator.state = own["numpy_rng"]
-    for name, st in own["generators"].items():
+    for name, st in own.get("generators", {}).items():
         device.as_device(name).set_rng_state(st)

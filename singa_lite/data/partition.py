@@ -139,6 +139,21 @@ class DistributedSampler:
         self.check_state(state)
         self.set_epoch(state["epoch"], position=state["position"])
 
+    def resharded_state(self, state: dict) -> dict:
+        """A state saved by a sampler made for another ``world_size`` (same dataset, seed, shuffle, drop_last),
+        turned into one for this sampler: the same epoch, and the same fraction of it done. Shares are
+        contiguous blocks of the epoch's order, so the rest of that epoch is not exactly the samples the saved
+        run had left: some are seen twice or not at all; the epochs after it are whole."""
+        if not isinstance(state, dict):
+            raise ValueError(f"DistributedSampler.resharded_state: expected a dict, got {type(state).__name__}")
+        old_world = _integer("world_size", state.get("world_size"), lo=1)
+        old = {**state, "world_size": self.world_size, "position": 0}
+        self.check_state(old)  # everything but the world size and the position must match
+        old_per_rank = self.num_samples // old_world if self.drop_last else math.ceil(self.num_samples / old_world)
+        done = _integer("position", state.get("position"), lo=0, hi=old_per_rank)
+        old["position"] = min(self._per_rank, round(done * self._per_rank / old_per_rank)) if old_per_rank else 0
+        return old
+
     def check_state(self, state: dict) -> None:
         """Raises ValueError, changing nothing, when `state` does not fit this sampler."""
         if not isinstance(state, dict):

@@ -53,7 +53,8 @@ class Net(model.Model):
         return out, loss
 
 
-def run(comm, name: str, phase: str, workdir: str) -> None:
+def build(comm, name: str):
+    """The data, the model with its DistOpt, the sampler and the noise generator of rank comm.rank."""
     method, kwargs = METHODS[name]
     r = comm.rank
     data = np.random.default_rng(0)
@@ -66,11 +67,30 @@ def run(comm, name: str, phase: str, workdir: str) -> None:
     net.set_optimizer(sgd)
     net.compile([tensor.Tensor((BATCH, 1, 5, 5))], is_train=True)
     sampler = DistributedSampler(len(x), r, comm.world_size, shuffle=True, seed=3)
+    return x, y, net, sgd, sampler, noise
+
+
+def run(comm, name: str, phase: str, workdir: str) -> None:
+    x, y, net, sgd, sampler, noise = build(comm, name)
+    r = comm.rank
     ckpt = os.path.join(workdir, f"ckpt-{name}")
     step, losses = 0, []
     if phase == "resume":
         step = checkpoint.load(ckpt, net, sgd, sampler, rng=noise)["step"]
     stop = STOP if phase == "first" else STEPS
+    step, losses = train(net, sgd, sampler, noise, x, y, step, stop)
+    if phase == "first":
+        checkpoint.save(ckpt, net, sgd, sampler, rng=noise, extra={"step": step})
+    states = {f"model/{k}": tensor.to_numpy(v) for k, v in net.get_states().items()}
+    states.update({f"momentum/{k}": tensor.to_numpy(v) for k, v in sgd.opt.moments.items()} if hasattr(
+        sgd.opt, "moments") else {})
+    if phase == "first":  # what a resharded load averages (test_checkpoint_resume's reshard test)
+        states.update({"residual/" + ",".join(k): tensor.to_numpy(v) for k, v in sgd._residuals.items()})
+    np.savez(os.path.join(workdir, f"{phase}-{name}-rank{r}.npz"), losses=np.array(losses), **states)
+
+
+def train(net, sgd, sampler, noise, x, y, step: int, stop: int):
+    losses = []
     while step < stop:
         for epoch in range(sampler.epoch, 100):
             sampler.set_epoch(epoch)
@@ -83,12 +103,38 @@ def run(comm, name: str, phase: str, workdir: str) -> None:
                     break
             if step == stop:
                 break
-    if phase == "first":
-        checkpoint.save(ckpt, net, sgd, sampler, rng=noise, extra={"step": step})
-    states = {f"model/{k}": tensor.to_numpy(v) for k, v in net.get_states().items()}
-    states.update({f"momentum/{k}": tensor.to_numpy(v) for k, v in sgd.opt.moments.items()} if hasattr(
-        sgd.opt, "moments") else {})
-    np.savez(os.path.join(workdir, f"{phase}-{name}-rank{r}.npz"), losses=np.array(losses), **states)
+    return step, losses
+
+
+def reshard(comm, name: str, workdir: str) -> None:
+    """Loads the 2-rank checkpoint of the first phase on comm.world_size ranks (not 2): refused without
+    reshard=True; with it, every rank holds rank 0's model and momenta, the mean of the 2 ranks' residuals,
+    the sampler at the same fraction of the epoch, and training goes on."""
+    x, y, net, sgd, sampler, noise = build(comm, name)
+    ckpt = os.path.join(workdir, f"ckpt-{name}")
+    try:
+        checkpoint.load(ckpt, net, sgd, sampler)
+    except checkpoint.CheckpointError as e:
+        assert f"saved by 2 rank(s), loaded by {comm.world_size}" in str(e) and "reshard=True" in str(e), e
+    else:
+        raise AssertionError("a load on another number of ranks was not refused")
+    step = checkpoint.load(ckpt, net, sgd, sampler, rng=noise, reshard=True)["step"]
+    saved = [dict(np.load(os.path.join(workdir, f"first-{name}-rank{r}.npz"))) for r in range(2)]
+    for k, v in net.get_states().items():
+        np.testing.assert_array_equal(tensor.to_numpy(v), saved[0][f"model/{k}"], err_msg=f"{name}: {k}")
+    for k, v in sgd.opt.moments.items():
+        np.testing.assert_array_equal(tensor.to_numpy(v), saved[0][f"momentum/{k}"], err_msg=f"{name}: {k}")
+    want = {k[len("residual/"):]: (saved[0][k].astype(np.float64) + saved[1][k]) / 2 for k in saved[0]
+            if k.startswith("residual/")}
+    got = {",".join(k): tensor.to_numpy(v) for k, v in sgd._residuals.items()}
+    assert sorted(got) == sorted(want), (name, sorted(got), sorted(want))
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-7, err_msg=f"{name}: residual {k}")
+    # STOP = 7 steps of 4 on 20 samples a rank: epoch 1, 8 of 20 done; the same fraction of the new share
+    per_rank = -(-len(x) // comm.world_size)
+    assert (sampler.epoch, sampler.position) == (1, round(8 * per_rank / 20)), (name, sampler.state_dict())
+    _, losses = train(net, sgd, sampler, noise, x, y, step, STEPS)
+    assert len(losses) == STEPS - STOP and all(np.isfinite(v).all() for v in losses), (name, losses)
 
 
 def errors(comm, workdir: str) -> None:
@@ -111,8 +157,11 @@ def errors(comm, workdir: str) -> None:
 
 def main(phase: str, workdir: str, comm=None) -> None:
     comm = comm or dist.init(timeout=60)
-    for name in (METHODS if phase != "errors" else ()):
+    for name in (METHODS if phase not in ("errors", "reshard") else ()):
         run(comm, name, phase, workdir)
+    if phase == "reshard":
+        for name in METHODS:
+            reshard(comm, name, workdir)
     if phase == "errors":
         errors(comm, workdir)
     comm.barrier()

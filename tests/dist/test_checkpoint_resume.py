@@ -113,6 +113,19 @@ def test_a_failure_on_one_rank_raises_on_every_rank(runs):
     assert len(os.listdir(os.path.join(runs["dir"], "ckpt-keep"))) == 4  # manifest, shared, 2 ranks: no strays
 
 
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_resharding_to_another_number_of_ranks(runs, ranks):
+    """The 2-rank checkpoints of every method loaded on 1 and on 3 ranks (singa-run; the job's reshard phase
+    asserts what carries over, then trains on)."""
+    if "singa-run" not in runs["dir"] and "singarun" not in runs["dir"]:
+        pytest.skip("run once, with the singa-run launcher's checkpoints")
+    shm()
+    proc = subprocess.run([sys.executable, "-m", "singa_lite.run", "-np", str(ranks), JOB, "reshard", runs["dir"]],
+                          capture_output=True, text=True, timeout=120, env=CLEAN, cwd=HERE)
+    assert proc.returncode == 0, f"reshard on {ranks}:\n{proc.stdout}\n{proc.stderr}"
+    assert all(f"OK reshard rank {r}" in proc.stdout for r in range(ranks)), proc.stdout
+
+
 def test_another_number_of_ranks_is_refused(runs):
     net = Net(*METHODS["plain"])
     net.set_optimizer(opt.SGD(lr=0.1))

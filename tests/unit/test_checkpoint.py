@@ -274,7 +274,7 @@ def test_object_arrays_are_refused_on_save(saved):
 def test_wrong_world_size_version_and_magic(saved):
     path = saved[0]
     rewrite_manifest(path, world_size=2)
-    refuse(path, r"saved by 2 rank\(s\), loaded by 1; resume with the same number of ranks")
+    refuse(path, r"saved by 2 rank\(s\), loaded by 1; resume with 2 ranks, or pass reshard=True")
     rewrite_manifest(path, world_size=1, format_version=99)
     refuse(path, "format version 99; this singa_lite reads versions 1 to 1")
     rewrite_manifest(path, format_version=1, magic="zip")
@@ -346,3 +346,21 @@ def test_sampler_position_and_resume_mid_epoch():
         t.set_epoch(5, position=6)
     with pytest.raises(ValueError, match="seed=4, this sampler 0"):
         DistributedSampler(10, 0, 2).load_state_dict(state)
+
+
+def test_sampler_state_resharded_to_another_world_size():
+    old = DistributedSampler(40, 1, 2, seed=3)
+    old.set_epoch(1, position=8)  # 8 of 20 done
+    state = old.state_dict()
+    for world, position in ((1, 16), (3, 6), (4, 4), (2, 8)):  # the same fraction of the new share
+        new = DistributedSampler(40, 0, world, seed=3)
+        s = new.resharded_state(state)
+        assert (s["epoch"], s["position"], s["world_size"]) == (1, position, world)
+        new.load_state_dict(s)
+        assert new.epoch == 1 and len(new) == -(-40 // world) - position
+    done = {**state, "position": 20}  # an epoch finished: the new share is finished too
+    assert DistributedSampler(40, 2, 3, seed=3).resharded_state(done)["position"] == 14
+    with pytest.raises(ValueError, match="seed=3, this sampler 4"):
+        DistributedSampler(40, 0, 3, seed=4).resharded_state(state)
+    with pytest.raises(ValueError, match=r"position must be in \[0, 20\]"):
+        DistributedSampler(40, 0, 3, seed=3).resharded_state({**state, "position": 21})

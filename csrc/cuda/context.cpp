@@ -55,10 +55,12 @@ DeviceGuard::~DeviceGuard() {
   // would create one. A destructor cannot throw: a failure is cleared, so that it is not reported later as
   // the failure of an unrelated kernel launch (SL_CUDA_LAUNCHED reads the thread's last error).
   int now = -1;
-  if (previous_ < 0 || cudaGetDevice(&now) != cudaSuccess || now == previous_ || !has_primary_context(previous_)) {
+  if (previous_ < 0) return;
+  if (cudaGetDevice(&now) != cudaSuccess) {
     cudaGetLastError();
     return;
   }
+  if (now == previous_ || !has_primary_context(previous_)) return;
   if (cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
 }
 

@@ -110,12 +110,14 @@ class DistributedSampler:
             raise ValueError(f"DistributedSampler: with drop_last=True, {self.num_samples} samples leave every one "
                              f"of {self.world_size} ranks empty; use drop_last=False (shares padded by "
                              f"repeating samples) or fewer ranks")
-        per_rank = self.num_samples // self.world_size if self.drop_last else \
-            math.ceil(self.num_samples / self.world_size)
-        self._per_rank = per_rank
+        self._per_rank = self._share(self.world_size)
         self.epoch = 0
         self.position = 0  # indices of this epoch's share handed out so far
         self._start = 0  # where the next pass starts (set when resuming; consumed by that pass)
+
+    def _share(self, world_size: int) -> int:
+        """Indices per rank when this dataset is shared by `world_size` ranks."""
+        return self.num_samples // world_size if self.drop_last else math.ceil(self.num_samples / world_size)
 
     def set_epoch(self, epoch, position=None) -> None:
         """Selects the permutation of epoch `epoch` (an integer >= 0, the same on every rank). `position`:
@@ -149,7 +151,7 @@ class DistributedSampler:
         old_world = _integer("world_size", state.get("world_size"), lo=1)
         old = {**state, "world_size": self.world_size, "position": 0}
         self.check_state(old)  # everything but the world size and the position must match
-        old_per_rank = self.num_samples // old_world if self.drop_last else math.ceil(self.num_samples / old_world)
+        old_per_rank = self._share(old_world)
         done = _integer("position", state.get("position"), lo=0, hi=old_per_rank)
         old["position"] = min(self._per_rank, round(done * self._per_rank / old_per_rank)) if old_per_rank else 0
         return old

@@ -13,4 +13,18 @@ USE_CUDA = bool(_core.cuda_compiled())
 USE_DIST = True  # the mpi and shm backends are always built; nccl needs a CUDA build with NCCL
 USE_NCCL = _nccl.available()  # a CUDA build whose NCCL library loads (it is opened at run time)
 
-__all__ = ["NcclIdHolder", "USE_CUDA", "USE_DIST", "USE_NCCL"]
+# SINGA's C++ tensor (``Tensor.data``) and its in-place random fillers, as SINGA's tests call them.
+Tensor = _core.Tensor
+
+
+def Gaussian(mean, std, t):  # noqa: N802 - SINGA's name
+    """Fills ``t`` (a ``singa_wrap.Tensor``) in place with N(mean, std) samples."""
+    _core.gaussian_(t, mean, std)
+
+
+def Uniform(low, high, t):  # noqa: N802 - SINGA's name
+    """Fills ``t`` in place with U(low, high) samples."""
+    _core.uniform_(t, low, high)
+
+
+__all__ = ["Gaussian", "NcclIdHolder", "Tensor", "Uniform", "USE_CUDA", "USE_DIST", "USE_NCCL"]

@@ -37,22 +37,15 @@ flag is kept in ``graph_mode``, but it changes nothing.
 """
 from __future__ import annotations
 
-import io
-import json
-import os
-import zipfile
-
-import numpy as np
-
-from . import autograd, tensor
-from .checkpoint import atomic_write
+from . import autograd, model_states
 from .layer import Layer
+from .model_states import (  # noqa: F401
+    AUX_STATE_TYPE,
+    MODEL_STATE_TYPE,
+    STATES_ATTR_FILENAME,
+    TENSOR_DICT_FILENAME,
+)
 from .tensor import Tensor
-
-TENSOR_DICT_FILENAME = "tensor_dict.npz"
-STATES_ATTR_FILENAME = "states_attr.json"
-MODEL_STATE_TYPE = 0
-AUX_STATE_TYPE = 1
 
 
 class Model(Layer):
@@ -124,43 +117,11 @@ class Model(Layer):
     # ----- checkpoints
     def save_states(self, fpath: str, aux_states: dict | None = None) -> None:
         """Writes parameters, auxiliary states and `aux_states` (epoch, optimizer states... as Tensors,
-        numpy arrays or numbers) to the zip file `fpath`, atomically. Refuses to overwrite an existing file."""
-        if os.path.exists(fpath):
-            raise FileExistsError(f"save_states: {fpath} already exists; remove it or choose another path")
-        arrays, attrs = {}, {}
-        for kind, states in ((MODEL_STATE_TYPE, self.get_states()), (AUX_STATE_TYPE, aux_states or {})):
-            for k, v in states.items():
-                if k in arrays:
-                    raise ValueError(f"save_states: the name {k!r} is both a model state and an aux state")
-                arr = tensor.to_numpy(v) if isinstance(v, Tensor) else np.asarray(v)
-                if arr.dtype == object:
-                    raise TypeError(f"save_states: {k!r} is not numeric data ({type(v).__name__})")
-                arrays[k] = arr
-                attrs[k] = {"state_type": kind, "shape": list(arr.shape), "dtype": str(arr.dtype)}
-        buf = io.BytesIO()
-        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-            with zf.open(TENSOR_DICT_FILENAME, "w") as f:
-                np.savez(f, **arrays)
-            zf.writestr(STATES_ATTR_FILENAME, json.dumps(attrs))
-        atomic_write(fpath, buf.getvalue())
+        numpy arrays or numbers) to the zip file `fpath`, atomically. Refuses to overwrite an existing file.
+        The format is described in :mod:`singa_lite.model_states`."""
+        model_states.save_states(self, fpath, aux_states)
 
     def load_states(self, fpath: str) -> dict:
         """Restores the model's states from `fpath` (all names and shapes are checked before anything is
         written) and returns the auxiliary states as a dict of Tensors."""
-        if not os.path.isfile(fpath):
-            raise FileNotFoundError(f"load_states: {fpath} does not exist")
-        with zipfile.ZipFile(fpath) as zf:
-            names = set(zf.namelist())
-            if {TENSOR_DICT_FILENAME, STATES_ATTR_FILENAME} - names:
-                raise ValueError(f"load_states: {fpath} is not a singa_lite/SINGA checkpoint (it holds {sorted(names)})")
-            attrs = json.loads(zf.read(STATES_ATTR_FILENAME))
-            with zf.open(TENSOR_DICT_FILENAME) as f, np.load(f, allow_pickle=False) as npz:
-                arrays = {k: npz[k] for k in npz.files}
-        model_states = {k: v for k, v in arrays.items() if attrs.get(k, {}).get("state_type") == MODEL_STATE_TYPE}
-        aux = {k: tensor.from_numpy(v) for k, v in arrays.items()
-               if attrs.get(k, {}).get("state_type") == AUX_STATE_TYPE}
-        missing = set(self.get_states()) - set(model_states)
-        if missing:
-            raise KeyError(f"load_states: {fpath} lacks {sorted(missing)}; was it saved from another model?")
-        self.set_states(model_states)
-        return aux
+        return model_states.load_states(self, fpath)

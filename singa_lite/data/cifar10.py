@@ -84,6 +84,7 @@ _ALLOWED = {
     ("numpy", "dtype"): _dtype,
     ("_codecs", "encode"): _latin1_encode,
 }
+_CALLABLE = (_reconstruct, _frombuffer, _dtype, _latin1_encode)  # what REDUCE may call (not numpy.ndarray)
 
 
 def _check_build(inst, state) -> None:
@@ -99,7 +100,16 @@ def _check_build(inst, state) -> None:
               and isinstance(state[3], bool) and isinstance(state[4], (bytes, str)))
         if not ok:
             raise UnsafePickleError("refusing a numpy array state other than (1, shape, dtype, fortran, bytes)")
-        _plain_dtype("array dtype", state[2])
+        dtype = _plain_dtype("array dtype", state[2])
+        # numpy's __setstate__ sizes the array from the shape; the bytes must be exactly that many (they came
+        # from the file, so nothing bigger than the file is ever allocated).
+        shape = state[1]
+        if not all(isinstance(n, int) and n >= 0 for n in shape):
+            raise UnsafePickleError(f"refusing a numpy array state with shape {shape!r}")
+        need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if need != len(state[4]):
+            raise UnsafePickleError(f"refusing a numpy array state of shape {shape} {dtype} ({need} bytes) "
+                                    f"with {len(state[4])} bytes of data")
     else:
         raise UnsafePickleError(f"refusing to set the state of a {type(inst).__name__}")
 
@@ -130,6 +140,26 @@ class SafeUnpickler(pickle._Unpickler):
         pickle._Unpickler.load_build(self)
 
     dispatch[pickle.BUILD[0]] = load_build
+
+    def load_reduce(self):
+        # REDUCE calls stack[-2](*stack[-1]). Only the vetting functions of the table may be called: the
+        # table also holds numpy.ndarray (the subtype argument of _reconstruct), and calling it would build
+        # any array at all -- an object array, or a 1 TiB one from a 60-byte file.
+        func = self.stack[-2]
+        if not any(func is f for f in _CALLABLE):
+            raise UnsafePickleError(f"refusing to call {getattr(func, '__name__', type(func).__name__)}: only "
+                                    f"numpy's array and dtype reconstruction may be called")
+        pickle._Unpickler.load_reduce(self)
+
+    dispatch[pickle.REDUCE[0]] = load_reduce
+
+    def _refuse_instantiation(self):
+        raise UnsafePickleError("refusing to create an object of a class (NEWOBJ / INST / OBJ): a CIFAR batch "
+                                "holds only dicts, lists, strings, numbers and numpy arrays")
+
+    for _opcode in (pickle.NEWOBJ, pickle.NEWOBJ_EX, pickle.INST, pickle.OBJ):
+        dispatch[_opcode[0]] = _refuse_instantiation
+    del _opcode
 
 
 def safe_load_pickle(data: bytes, path: str = "<bytes>"):

@@ -256,6 +256,49 @@ def test_forged_numpy_states_are_refused(tmp_path):
             read_cifar10_batch(str(tmp_path / "b"))
 
 
+class HugeState:
+    """Pickles as numpy's own array recipe, _reconstruct then BUILD, whose state claims 2**40 bytes of uint8
+    backed by 3 bytes of data."""
+
+    def __reduce__(self):
+        return np.zeros(1).__reduce__()[0], (np.ndarray, (0,), b"b"), (1, (2 ** 40,), np.dtype("u1"), False, b"abc")
+
+
+def _limited_address_space(limit=4 << 30):
+    # A refused allocation must not depend on overcommit: without the check, these ask for 1 TiB and fail
+    # (or succeed lazily) by chance. Under a 4 GiB cap the old unpickler raised numpy's MemoryError.
+    import resource
+    old = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (min(limit, old[1]) if old[1] > 0 else limit, old[1]))
+    return old
+
+
+@pytest.mark.parametrize("payload", ["reduce_object_1tib", "reduce_uint8", "newobj", "build_size"])
+def test_pickles_cannot_ask_for_arrays_bigger_than_the_file(tmp_path, payload):
+    # Found by the hardening review: numpy.ndarray sits in the allowed table (as _reconstruct's subtype
+    # argument), and REDUCE called it: a 35-byte file made an object array of 2**37 elements (1 TiB).
+    raw = {
+        "reduce_object_1tib": b"\x80\x02cnumpy\nndarray\n\x8a\x06\x00\x00\x00\x00\x20\x00\x85X\x01\x00\x00\x00O\x86R.",
+        "reduce_uint8": b"\x80\x02cnumpy\nndarray\n\x8a\x06\x00\x00\x00\x00\x01\x00\x85X\x02\x00\x00\x00u1\x86R.",
+        # ndarray.__new__(ndarray, (2**37,), 'O') through NEWOBJ
+        "newobj": b"\x80\x02cnumpy\nndarray\n\x8a\x06\x00\x00\x00\x00\x20\x00\x85X\x01\x00\x00\x00O\x86\x81.",
+        "build_size": pickle.dumps(HugeState(), protocol=2),
+    }[payload]
+    assert len(raw) < 300
+    path = tmp_path / "data_batch_1"
+    path.write_bytes(raw)
+    import resource
+    old = _limited_address_space()
+    try:
+        with pytest.raises(UnsafePickleError, match="refusing") as e:
+            read_cifar10_batch(str(path))
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, old)
+    assert str(path) in str(e.value)
+    if payload == "build_size":
+        assert "2**40" not in str(e.value) and "with 3 bytes of data" in str(e.value)
+
+
 @pytest.mark.parametrize("obj,match", [
     ([1, 2], "pickled dict, found list"),
     ({b"data": np.zeros((2, 3072), np.uint8)}, "without 'labels'"),

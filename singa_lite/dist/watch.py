@@ -11,6 +11,9 @@ leaves it alone:
 It waits on a pidfd per local rank (woken the moment a process ends, without polling) and on an abstract
 Unix datagram socket (no file to clean up) where ranks say ``done <rank>`` when they exit normally, or
 ``reported <rank>`` when singa_lite already explained their end (an uncaught exception aborting the job).
+An abstract name can be reached by any process of the host (it has no file mode), so the watcher reads the
+sender's credentials the kernel attaches to each message (SO_PASSCRED / SCM_CREDENTIALS) and ignores
+messages from other users: otherwise another user's ``done 1`` silenced the line naming a killed rank 1.
 The first rank to end without having said either is the one that died: the watcher prints its name to
 the job's stderr and exits. When it wakes to several ends at once (a busy host: mpiexec had ended the
 others before the watcher ran), it tells them apart by a progress board, a memfd (no name, nothing to clean
@@ -26,6 +29,7 @@ import mmap
 import os
 import select
 import socket
+import struct
 import sys
 import time
 
@@ -45,6 +49,24 @@ def tell(name: bytes, word: str, rank: int) -> None:
             s.sendto(f"{word} {rank}".encode(), name)
     except OSError:
         pass
+
+
+def _sender_uid(ancillary) -> int | None:
+    """The uid in a message's SCM_CREDENTIALS (struct ucred: pid, uid, gid as three ints), or None."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= 12:
+            return struct.unpack("3i", data[:12])[1]
+    return None
+
+
+def receive(server) -> tuple | None:
+    """(word, rank) of one message on the watcher's socket, or None when it is not one of ours: malformed,
+    or sent by another user (or without credentials, which SO_PASSCRED makes the kernel always attach)."""
+    data, ancillary, _, _ = server.recvmsg(64, socket.CMSG_SPACE(12))
+    if _sender_uid(ancillary) != os.getuid():
+        return None
+    word, _, rank = data.decode(errors="replace").partition(" ")
+    return (word, int(rank)) if rank.isdigit() and word in ("done", "reported") else None
 
 
 def start(name: bytes, host: str, ranks: dict):
@@ -97,6 +119,7 @@ def watch(name: bytes, host: str, ready_fd: int, ranks: dict) -> str | None:
     order = {r: i for i, r in enumerate(sorted(ranks))}  # board slot of each rank
     try:
         server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # credentials with every message
         server.bind(name)
         fds = {os.pidfd_open(pid): rank for rank, pid in ranks.items()}
         board_fd = os.memfd_create("singa_lite_progress")
@@ -120,9 +143,9 @@ def watch(name: bytes, host: str, ready_fd: int, ranks: dict) -> str | None:
         ended = []  # ranks that ended unannounced, seen at this wake-up
         for fd, _ in sorted(events, key=lambda e: e[0] != server.fileno()):  # messages before deaths
             if fd == server.fileno():
-                word, _, rank = server.recv(64).decode(errors="replace").partition(" ")
-                if rank.isdigit() and word in ("done", "reported"):
-                    said[int(rank)] = word
+                message = receive(server)
+                if message is not None:
+                    said[message[1]] = message[0]
                 continue
             rank = fds.pop(fd)
             poller.unregister(fd)

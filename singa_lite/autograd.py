@@ -63,6 +63,9 @@ from .tensor import Tensor
 
 CTensor = _core.Tensor
 training = False
+# The time profiler (device.SetVerbosity): None unless some device profiles; then the engine calls
+# _timer.forward(op, raw_inputs) / _timer.backward(op, dys) instead of op.forward / op.backward.
+_timer = None
 
 
 # ---------------------------------------------------------------- the operator contract
@@ -89,7 +92,8 @@ class Operator:
                 raise TypeError(f"{self.name}: inputs must be tensor.Tensor, got {type(x).__name__}")
             requires_grad = requires_grad or x.requires_grad
         try:
-            ys = self.forward(*[x.data for x in xs])
+            raw = [x.data for x in xs]
+            ys = self.forward(*raw) if _timer is None else _timer.forward(self, raw)
         except (ValueError, TypeError, IndexError) as e:  # say which autograd op failed, keep the type
             raise type(e)(f"{self.name}: {e}") from e
         ys = ys if isinstance(ys, tuple) else (ys,)
@@ -161,7 +165,7 @@ def backward(y: Tensor, dy=None):
     while ready:
         op = ready.pop()
         dys = [g[0] if g is not None else _zeros(*meta) for g, meta in zip(grads.pop(op), op.y_meta)]
-        dxs = op.backward(*dys)
+        dxs = op.backward(*dys) if _timer is None else _timer.backward(op, dys)
         dxs = dxs if isinstance(dxs, (tuple, list)) else (dxs,)
         if len(dxs) != len(op.src):
             raise RuntimeError(f"{op.name}.backward returned {len(dxs)} gradients for {len(op.src)} inputs")

@@ -7,8 +7,37 @@ with ``is`` as well as ``==``.
 CUDA devices need a CUDA build (``SINGA_LITE_CUDA=ON`` or nvcc found at install time) *and* a visible
 GPU with a driver; without them the ``create_cuda_*`` functions raise :class:`singa_lite.CudaError`
 saying which piece is missing and how to get it.
+
+Graph mode (``EnableGraph``, ``RunGraph``, ``ResetGraph``)
+---------------------------------------------------------
+SINGA buffers the operations of a training step while the device's graph is enabled and runs the buffer
+at ``RunGraph``. singa_lite runs every operation eagerly, when it is called, in graph mode or not, so
+results are identical either way (``tests/compat/test_device_compat.py`` checks it bit for bit):
+
+- ``EnableGraph(flag)`` sets the flag ``graph_enabled()`` reports; nothing is buffered.
+- ``RunGraph(sequential=False)`` ends one iteration: it waits for the device's queued work (``Sync``) and
+  advances the iteration counter the profiler uses. ``Model`` calls it after each training step in graph
+  mode, as SINGA does; the operations themselves have already run.
+- ``ResetGraph()`` forgets the iterations counted and the times measured.
+
+What graph mode costs or saves here is measured by ``bench/bench_graph.py`` (one ``Sync`` and a counter
+per step: no measurable difference on the CPU).
+
+Time profiling (``SetVerbosity``, ``SetSkipIteration``, ``PrintTimeProfiling``)
+----------------------------------------------------------------------------
+With verbosity > 0 every operator's forward and backward on this device is timed (wall clock; a CUDA
+device is synchronised before and after, so the time is the kernel's), except during the first
+``SetSkipIteration(n)`` iterations (default 5, SINGA's) which warm up caches. An iteration is one training
+step of a ``model.Model`` (or one ``RunGraph`` call). ``PrintTimeProfiling()`` prints per iteration:
+verbosity 1 the forward, backward and remaining time (optimizer update, communication, Python), verbosity
+2 or more also each operator type's forward and backward time and calls. ``time_profile()`` returns the
+same numbers as a dict. While no device has verbosity > 0 the autograd engine pays one global test per
+operator call.
 """
 from __future__ import annotations
+
+import sys
+import time
 
 from . import _core
 from ._core import CudaError
@@ -16,17 +45,21 @@ from ._core import CudaError
 __all__ = [
     "Device", "get_default_device", "set_default_device", "create_cpu_device", "create_cuda_gpu",
     "create_cuda_gpu_on", "create_cuda_gpus", "create_cuda_gpus_on", "get_num_gpus", "cuda_is_available",
-    "get_num_threads", "set_num_threads",
+    "get_num_threads", "set_num_threads", "enable_lazy_alloc", "get_gpu_ids",
 ]
 
 
 class Device:
     """A compute device. Create through the module functions, not directly."""
 
-    __slots__ = ("core",)
+    __slots__ = ("core", "_graph_enabled", "_verbosity", "_skip_iteration", "_profile")
 
     def __init__(self, core: _core.Device):
         self.core = core
+        self._graph_enabled = False
+        self._verbosity = 0
+        self._skip_iteration = 5  # SINGA's default
+        self._profile = _Profile()
 
     # ----- SINGA's spelling
     def id(self) -> int:
@@ -66,6 +99,104 @@ class Device:
             _core.cuda_sync(self.core.index)
 
     sync = Sync
+
+    # ----- graph mode (eager here: see the module docstring)
+    def EnableGraph(self, enable: bool = True) -> None:
+        """Sets the graph flag (``graph_enabled()``). Operations still run when called: results are the same."""
+        self._graph_enabled = _as_bool(enable, "EnableGraph")
+
+    def graph_enabled(self) -> bool:
+        return self._graph_enabled
+
+    def RunGraph(self, sequential: bool = False) -> None:
+        """Ends one iteration: waits for queued work and advances the profiler's iteration counter. The
+        operations of the step already ran (eagerly), so there is nothing left to execute; `sequential`
+        (SINGA: run the buffered operations in submission order) is accepted and checked, and the eager order
+        is sequential anyway."""
+        _as_bool(sequential, "RunGraph(sequential)")
+        self.Sync()
+        self._end_iteration()
+
+    def ResetGraph(self) -> None:
+        """Forgets the iterations counted and the times measured (SINGA drops its buffered graph, with the
+        times stored in it)."""
+        self._profile = _Profile()
+
+    # ----- time profiling
+    def SetVerbosity(self, verbosity: int) -> None:
+        """0: no profiling (default); 1: forward / backward / other time per iteration; 2 or more: also
+        per operator type. Takes effect for the operators called from now on."""
+        self._verbosity = _as_count(verbosity, "SetVerbosity")
+        _install_timer()
+
+    def verbosity(self) -> int:
+        return self._verbosity
+
+    def SetSkipIteration(self, skip_iteration: int) -> None:
+        """The number of first iterations left out of the profile (default 5)."""
+        self._skip_iteration = _as_count(skip_iteration, "SetSkipIteration")
+
+    def skip_iteration(self) -> int:
+        return self._skip_iteration
+
+    def _timing(self) -> bool:
+        """True while operators on this device are timed: verbosity > 0 and the warm-up is over."""
+        return self._verbosity > 0 and self._profile.iteration >= self._skip_iteration
+
+    def _start_iteration(self) -> None:
+        if self._timing():
+            self.Sync()
+            self._profile.step_start = time.perf_counter()
+
+    def _end_iteration(self) -> None:
+        prof = self._profile
+        if self._timing() and prof.step_start is not None:
+            self.Sync()
+            prof.step_time += time.perf_counter() - prof.step_start
+            prof.measured += 1
+        prof.step_start = None
+        prof.iteration += 1
+
+    def time_profile(self) -> dict:
+        """What PrintTimeProfiling prints, as numbers: seconds per measured iteration.
+
+        ``{"iterations": counted, "measured": timed, "skipped": skip_iteration, "forward": s, "backward": s,
+        "other": s, "ops": {name: {"forward": s, "backward": s, "forward_calls": n, "backward_calls": n}}}``
+        where calls are per iteration as well. All zero while nothing was measured."""
+        prof = self._profile
+        n = prof.measured or 1  # an unfinished iteration's op times are counted with the finished ones
+        ops = {}
+        for phase, table in (("forward", prof.forward), ("backward", prof.backward)):
+            for name, (seconds, calls) in table.items():
+                row = ops.setdefault(name, {"forward": 0.0, "backward": 0.0, "forward_calls": 0.0,
+                                            "backward_calls": 0.0})
+                row[phase] = seconds / n
+                row[phase + "_calls"] = calls / n
+        fwd = sum(r["forward"] for r in ops.values())
+        bwd = sum(r["backward"] for r in ops.values())
+        other = max(prof.step_time / n - fwd - bwd, 0.0) if prof.measured else 0.0
+        return {"iterations": prof.iteration, "measured": prof.measured, "skipped": self._skip_iteration,
+                "forward": fwd, "backward": bwd, "other": other, "ops": ops}
+
+    def PrintTimeProfiling(self) -> None:
+        """Prints the measured times (see the module docstring); nothing at verbosity 0, as SINGA."""
+        if self._verbosity == 0:
+            return
+        p = self.time_profile()
+        lines = ["", f"Time Profiling ({self}): {p['measured']} iteration(s) measured of {p['iterations']}, "
+                     f"the first {p['skipped']} skipped; seconds per iteration"]
+        if not p["ops"]:
+            lines.append("nothing measured yet: run more iterations than SetSkipIteration's count")
+        else:
+            lines += [f"Forward Propagation Time : {p['forward']:.6f} sec",
+                      f"Backward Propagation Time : {p['backward']:.6f} sec",
+                      f"Other Time (optimizer, communication, Python) : {p['other']:.6f} sec"]
+            if self._verbosity >= 2:
+                width = max(len(k) for k in p["ops"])
+                for name, r in sorted(p["ops"].items(), key=lambda kv: -(kv[1]["forward"] + kv[1]["backward"])):
+                    lines.append(f"OP {name:<{width}} : forward {r['forward']:.6f} sec ({r['forward_calls']:g} "
+                                 f"calls), backward {r['backward']:.6f} sec ({r['backward_calls']:g} calls)")
+        print("\n".join(lines), flush=True)
 
     # ----- GPU memory (the caching allocator; the CPU has its own block cache, see empty_cache)
     def memory_stats(self) -> dict:
@@ -116,6 +247,81 @@ class Device:
 
     def __reduce__(self):  # pickles by name, unpickles to the process's own instance
         return (_from_name, (str(self.core),))
+
+
+class _Profile:
+    """One device's measurements: seconds and calls per operator type and phase, iteration counters."""
+
+    __slots__ = ("forward", "backward", "iteration", "measured", "step_time", "step_start")
+
+    def __init__(self):
+        self.forward: dict[str, list] = {}   # op type -> [seconds, calls]
+        self.backward: dict[str, list] = {}
+        self.iteration = 0      # iterations ended (RunGraph / model steps) since the last ResetGraph
+        self.measured = 0       # of those, the ones timed from start to end
+        self.step_time = 0.0    # their wall time, summed
+        self.step_start = None  # perf_counter() at the start of the iteration being timed
+
+
+def _op_type(op) -> str:
+    return type(op).__name__.lstrip("_")
+
+
+class _Timer:
+    """Installed as ``autograd._timer`` while some device has verbosity > 0: the engine calls it instead of
+    ``op.forward`` / ``op.backward`` and it times the call when the op's device is profiling."""
+
+    @staticmethod
+    def forward(op, raw):
+        dev = _from_core(raw[0].device) if raw else None
+        if dev is None or not dev._timing():
+            return op.forward(*raw)
+        return _timed(dev, dev._profile.forward, op, op.forward, raw)
+
+    @staticmethod
+    def backward(op, dys):
+        dev = _from_core(dys[0].device) if dys else None
+        if dev is None or not dev._timing():
+            return op.backward(*dys)
+        return _timed(dev, dev._profile.backward, op, op.backward, dys)
+
+
+def _timed(dev: Device, table: dict, op, fn, args):
+    prof = dev._profile
+    if prof.step_start is None:  # an iteration not started by Model (RunGraph called by hand)
+        prof.step_start = time.perf_counter()
+    dev.Sync()  # for a GPU: time this op's kernels, not the queue before it
+    t0 = time.perf_counter()
+    out = fn(*args)
+    dev.Sync()
+    dt = time.perf_counter() - t0
+    row = table.get(_op_type(op))
+    if row is None:
+        row = table[_op_type(op)] = [0.0, 0]
+    row[0] += dt
+    row[1] += 1
+    return out
+
+
+_TIMER = _Timer()
+
+
+def _install_timer() -> None:
+    """The engine's hook is set while any device profiles, and None (one global test per op) otherwise."""
+    from . import autograd  # autograd imports tensor, which imports this module
+    autograd._timer = _TIMER if any(d._verbosity > 0 for d in _instances.values()) else None
+
+
+def _as_bool(v, what: str) -> bool:
+    if isinstance(v, bool) or (isinstance(v, int) and v in (0, 1)):
+        return bool(v)
+    raise TypeError(f"{what}: expected True or False, got {v!r} ({type(v).__name__})")
+
+
+def _as_count(v, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{what}: expected an int >= 0, got {v!r}")
+    return v
 
 
 _instances: dict[str, Device] = {}
@@ -174,6 +380,16 @@ def cuda_is_available() -> bool:
 
 def get_num_gpus() -> int:
     return _core.cuda_device_count()
+
+
+def get_gpu_ids() -> list[int]:
+    return list(range(_core.cuda_device_count()))
+
+
+def enable_lazy_alloc(enable: bool) -> None:
+    """SINGA's switch for allocating a tensor's memory on first write. singa_lite allocates when a tensor is
+    created and reuses freed blocks from a cache, so there is nothing to switch; the value is checked."""
+    _as_bool(enable, "enable_lazy_alloc")
 
 
 def _require_gpu(device_id: int) -> None:

@@ -22,8 +22,13 @@ from . import autograd, tensor
 from .device import as_device
 from .tensor import Tensor
 
-__all__ = ["Layer", "Linear", "Conv2d", "MaxPool2d", "AvgPool2d", "GlobalAvgPool2d", "BatchNorm2d", "ReLU",
-           "Sigmoid", "Tanh", "Gelu", "Flatten", "Dropout", "SoftMax", "SoftMaxCrossEntropy", "MeanSquareError"]
+__all__ = ["Layer", "Linear", "Conv2d", "SeparableConv2d", "Pooling2d", "MaxPool2d", "AvgPool2d", "MaxPool1d",
+           "AvgPool1d", "GlobalAvgPool2d", "BatchNorm2d", "ReLU", "Sigmoid", "Tanh", "Gelu", "Flatten", "Dropout",
+           "SoftMax", "SoftMaxCrossEntropy", "MeanSquareError", "CrossEntropy", "Add", "Cat", "Reshape"]
+
+# SINGA's padding modes: explicit padding, or "same" output size with the odd pixel after / before.
+PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+ACTIVATIONS = ("NOTSET", "RELU")
 
 
 def _pair(v, what: str) -> tuple:
@@ -32,6 +37,52 @@ def _pair(v, what: str) -> tuple:
     if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(i, int) for i in v):
         return tuple(v)
     raise TypeError(f"{what} must be an int or a pair of ints, got {v!r}")
+
+
+def _padding(v, layer: str) -> tuple:
+    """SINGA's padding: an int, (h, w), or ONNX's (top, bottom, left, right). The kernels pad both sides
+    alike, so a 4-tuple must be symmetric."""
+    if isinstance(v, (tuple, list)) and len(v) == 4 and all(isinstance(i, int) for i in v):
+        top, bottom, left, right = v
+        if top != bottom or left != right:
+            raise NotImplementedError(f"{layer}: padding={tuple(v)} pads (top, bottom, left, right) unevenly; "
+                                      f"singa_lite pads both sides of an axis alike, give (h, w) or an int")
+        return (top, left)
+    return _pair(v, f"{layer}: padding")
+
+
+def _choice(v, allowed: tuple, what: str) -> str:
+    if not isinstance(v, str) or v.upper() not in allowed:
+        raise ValueError(f"{what} must be one of {', '.join(allowed)}; got {v!r}")
+    return v.upper()
+
+
+def _same_padding(layer: str, pad_mode: str, size, kernel, stride, dilation=(1, 1)) -> tuple:
+    """The (h, w) padding giving output size ceil(size / stride), SINGA's SAME_UPPER / SAME_LOWER. The
+    kernels pad both sides alike: a mode needing an odd total padding on an axis (where UPPER and LOWER
+    differ) is refused rather than run with a different output size."""
+    pads = []
+    for axis, (n, k, st, d) in enumerate(zip(size, kernel, stride, dilation)):
+        out = -(-n // st)
+        total = max((out - 1) * st + (k - 1) * d + 1 - n, 0)
+        if total % 2:
+            raise NotImplementedError(
+                f"{layer}: pad_mode={pad_mode!r} needs {total} pixel(s) of padding on axis {axis + 2} of an input "
+                f"of spatial size {tuple(size)} (kernel {tuple(kernel)}, stride {tuple(stride)}): an odd total "
+                f"pads one side more, which singa_lite's kernels do not do; pick sizes with an even total or "
+                f"explicit padding")
+        pads.append(total // 2)
+    return tuple(pads)
+
+
+def _no_extra_kwargs(layer: str, kwargs: dict, accepted: dict) -> None:
+    """SINGA layer keywords singa_lite accepts only at their default (e.g. cuDNN tuning); others are refused."""
+    for k, v in kwargs.items():
+        if k not in accepted:
+            raise TypeError(f"{layer}: unexpected keyword argument {k!r}")
+        if v != accepted[k]:
+            raise NotImplementedError(f"{layer}: {k}={v!r} is not supported by singa_lite (only the default "
+                                      f"{accepted[k]!r}); remove the argument")
 
 
 class Layer:
@@ -126,6 +177,25 @@ class Layer:
             if t.data.device != core_dev:
                 t.to_device(as_device(core_dev))
 
+    def dtype_check(self, *xs) -> None:
+        """Casts every tensor to the first one's dtype, in place (SINGA's behaviour)."""
+        dtype = xs[0].dtype
+        for x in xs[1:]:
+            if x.dtype != dtype:
+                x.to_type(dtype)
+
+    def register_layers(self, *layers) -> None:
+        """Registers sublayers given as arguments (named ``<Class>_<i>``) or as one dict of name -> layer,
+        as SINGA's models build lists of blocks; each is then also an attribute of this layer."""
+        if len(layers) == 1 and isinstance(layers[0], dict):
+            items = list(layers[0].items())
+        else:
+            items = [(f"{type(v).__name__}_{i}", v) for i, v in enumerate(layers)]
+        for name, value in items:
+            if not isinstance(value, Layer):
+                raise TypeError(f"register_layers: {name} is a {type(value).__name__}, not a Layer")
+            setattr(self, name, value)
+
     # ----- parameters and states
     def get_params(self) -> dict:
         """Trainable tensors by attribute path relative to this layer."""
@@ -185,8 +255,13 @@ class Linear(Layer):
     def __init__(self, out_features: int, *args, bias: bool = True, name: str | None = None):
         super().__init__(name)
         in_features = None
+        if len(args) > 2:
+            raise TypeError(f"Linear takes (out_features) or (in_features, out_features[, bias]), got "
+                            f"{(out_features,) + args}")
         if args:
             in_features, out_features = out_features, args[0]
+        if len(args) > 1:
+            bias = args[1]
         self.in_features, self.out_features, self.bias = in_features, out_features, bias
         if in_features is not None:
             self._create(in_features)
@@ -210,29 +285,52 @@ class Linear(Layer):
 
 
 class Conv2d(Layer):
-    """2-D convolution on NCHW input. ``Conv2d(nb_kernels, kernel_size, stride=1, padding=0, dilation=1,
-    group=1, bias=True)`` infers in_channels from the first input; ``Conv2d(in_channels, nb_kernels,
-    kernel_size, ...)`` creates the parameters at once. W ~ N(0, 2 / (fan_in + fan_out)), b = 0."""
+    """2-D convolution on NCHW input, SINGA's constructor:
+    ``Conv2d(nb_kernels, kernel_size, stride=1, padding=0, dilation=1, group=1, bias=True, pad_mode="NOTSET",
+    activation="NOTSET")`` infers in_channels from the first input; ``Conv2d(in_channels, nb_kernels,
+    kernel_size[, stride[, padding]], ...)`` creates the parameters at once.
+
+    padding: an int, (h, w), or a symmetric (top, bottom, left, right). pad_mode ``SAME_UPPER`` /
+    ``SAME_LOWER`` computes the padding from the first input so the output is ceil(input / stride) (refused
+    when that needs more padding on one side), ``VALID`` means none. activation ``RELU`` applies a ReLU to
+    the output. cuDNN tuning keywords (``cudnn_prefer``, ``workspace_MB_limit``) are accepted at SINGA's
+    defaults only. W ~ N(0, 2 / (fan_in + fan_out)), b = 0."""
 
     def __init__(self, nb_kernels: int, kernel_size, *args, stride=1, padding=0, dilation=1, group: int = 1,
-                 bias: bool = True, name: str | None = None):
+                 bias: bool = True, pad_mode: str = "NOTSET", activation: str = "NOTSET", name: str | None = None,
+                 **kwargs):
         super().__init__(name)
+        _no_extra_kwargs("Conv2d", kwargs, {"cudnn_prefer": "fastest", "workspace_MB_limit": 1024})
         in_channels = None
+        if len(args) > 3:
+            raise TypeError(f"Conv2d takes at most (in_channels, nb_kernels, kernel_size, stride, padding) "
+                            f"positionally, got {(nb_kernels, kernel_size) + args}")
         if args:
             in_channels, nb_kernels, kernel_size = nb_kernels, kernel_size, args[0]
+        if len(args) > 1:
+            stride = args[1]
+        if len(args) > 2:
+            padding = args[2]
         self.nb_kernels, self.kernel_size = nb_kernels, _pair(kernel_size, "kernel_size")
-        self.stride, self.padding = _pair(stride, "stride"), _pair(padding, "padding")
+        self.stride, self.padding = _pair(stride, "stride"), _padding(padding, "Conv2d")
         self.dilation, self.group, self.bias = _pair(dilation, "dilation"), group, bias
+        self.pad_mode = _choice(pad_mode, PAD_MODES, "Conv2d: pad_mode")
+        self.activation = _choice(activation, ACTIVATIONS, "Conv2d: activation")
+        if self.pad_mode == "VALID":
+            self.padding = (0, 0)
         if group < 1 or nb_kernels % group:
             raise ValueError(f"Conv2d: group {group} must be >= 1 and divide nb_kernels {nb_kernels}")
         self.in_channels = in_channels
-        if in_channels is not None:
+        if in_channels is not None and not self.pad_mode.startswith("SAME"):
             self._create(in_channels)
             object.__setattr__(self, "_initialized", True)
 
     def initialize(self, x):
         if x.ndim() != 4:
             raise ValueError(f"{self.name}: expected NCHW input, got shape {x.shape}")
+        if self.pad_mode.startswith("SAME"):
+            self.padding = _same_padding(self.name, self.pad_mode, x.shape[2:], self.kernel_size, self.stride,
+                                         self.dilation)
         self._create(x.shape[1])
 
     def _create(self, in_channels: int):
@@ -248,8 +346,42 @@ class Conv2d(Layer):
             self._param((self.nb_kernels,), "b")
 
     def forward(self, x):
-        return autograd.conv2d(x, self.W, self.b if self.bias else None, self.stride, self.padding,
-                               self.dilation, self.group)
+        y = autograd.conv2d(x, self.W, self.b if self.bias else None, self.stride, self.padding,
+                            self.dilation, self.group)
+        return autograd.relu(y) if self.activation == "RELU" else y
+
+
+class SeparableConv2d(Layer):
+    """A depthwise convolution (one kernel per input channel, ``group = in_channels``) followed by a 1x1
+    convolution to nb_kernels channels, SINGA's ``SeparableConv2d(nb_kernels, kernel_size, stride=1,
+    padding=0, bias=False)``; ``SeparableConv2d(in_channels, nb_kernels, kernel_size, ...)`` also works."""
+
+    def __init__(self, nb_kernels: int, kernel_size, *args, stride=1, padding=0, bias: bool = False,
+                 name: str | None = None):
+        super().__init__(name)
+        if len(args) > 3:
+            raise TypeError(f"SeparableConv2d takes at most (in_channels, nb_kernels, kernel_size, stride, "
+                            f"padding) positionally, got {(nb_kernels, kernel_size) + args}")
+        if args:  # SINGA's older spelling starts with in_channels, which the first input gives anyway
+            nb_kernels, kernel_size = kernel_size, args[0]
+        if len(args) > 1:
+            stride = args[1]
+        if len(args) > 2:
+            padding = args[2]
+        self.nb_kernels, self.kernel_size = nb_kernels, _pair(kernel_size, "kernel_size")
+        self.stride, self.padding, self.bias = _pair(stride, "stride"), _padding(padding, "SeparableConv2d"), bias
+
+    def initialize(self, x):
+        if x.ndim() != 4:
+            raise ValueError(f"{self.name}: expected NCHW input, got shape {x.shape}")
+        channels = x.shape[1]
+        self.in_channels = channels
+        self.depthwise_conv = Conv2d(channels, channels, self.kernel_size, stride=self.stride,
+                                     padding=self.padding, group=channels, bias=self.bias)
+        self.point_conv = Conv2d(channels, self.nb_kernels, 1, bias=self.bias)
+
+    def forward(self, x):
+        return self.point_conv(self.depthwise_conv(x))
 
 
 class BatchNorm2d(Layer):
@@ -262,8 +394,12 @@ class BatchNorm2d(Layer):
 
     def __init__(self, *args, momentum: float = 0.9, eps: float = 1e-5, name: str | None = None):
         super().__init__(name)
+        if len(args) > 2:
+            raise TypeError(f"BatchNorm2d takes at most (num_features, momentum) positionally, got {args}")
         if len(args) > 1:
-            raise TypeError(f"BatchNorm2d takes at most one positional argument (num_features), got {args}")
+            momentum = args[1]
+        if not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"BatchNorm2d: momentum must be in [0, 1], got {momentum}")
         self.momentum, self.eps = momentum, eps
         if args:
             self._create(int(args[0]))
@@ -287,28 +423,68 @@ class BatchNorm2d(Layer):
 
 
 # ---------------------------------------------------------------- layers without parameters
-class MaxPool2d(Layer):
-    def __init__(self, kernel_size, stride=None, padding=0, name: str | None = None):
+class Pooling2d(Layer):
+    """Max (``is_max=True``) or average pooling, SINGA's ``Pooling2d(kernel_size, stride=None, padding=0,
+    is_max=True, pad_mode="NOTSET")``; stride defaults to the kernel. padding and pad_mode as in
+    :class:`Conv2d`. Average pooling counts the padded zeros (``count_include_pad=True``) unless told."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, is_max: bool = True, pad_mode: str = "NOTSET",
+                 count_include_pad: bool = True, name: str | None = None):
         super().__init__(name)
-        self.kernel_size = _pair(kernel_size, "kernel_size")
-        self.stride = self.kernel_size if stride is None else _pair(stride, "stride")
-        self.padding = _pair(padding, "padding")
+        what = type(self).__name__
+        self.kernel_size = _pair(kernel_size, f"{what}: kernel_size")
+        self.stride = self.kernel_size if stride is None else _pair(stride, f"{what}: stride")
+        self.padding = _padding(padding, what)
+        self.is_max, self.count_include_pad = bool(is_max), count_include_pad
+        self.pad_mode = _choice(pad_mode, PAD_MODES, f"{what}: pad_mode")
+        if self.pad_mode == "VALID":
+            self.padding = (0, 0)
+
+    def initialize(self, x):
+        if self.pad_mode.startswith("SAME"):
+            self.padding = _same_padding(self.name, self.pad_mode, x.shape[2:], self.kernel_size, self.stride)
 
     def forward(self, x):
-        return autograd.max_pool2d(x, self.kernel_size, self.stride, self.padding)
-
-
-class AvgPool2d(Layer):
-    def __init__(self, kernel_size, stride=None, padding=0, count_include_pad: bool = True,
-                 name: str | None = None):
-        super().__init__(name)
-        self.kernel_size = _pair(kernel_size, "kernel_size")
-        self.stride = self.kernel_size if stride is None else _pair(stride, "stride")
-        self.padding = _pair(padding, "padding")
-        self.count_include_pad = count_include_pad
-
-    def forward(self, x):
+        if self.is_max:
+            return autograd.max_pool2d(x, self.kernel_size, self.stride, self.padding)
         return autograd.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.count_include_pad)
+
+
+class MaxPool2d(Pooling2d):
+    def __init__(self, kernel_size, stride=None, padding=0, pad_mode: str = "NOTSET", name: str | None = None):
+        super().__init__(kernel_size, stride, padding, True, pad_mode, name=name)
+
+
+class AvgPool2d(Pooling2d):
+    def __init__(self, kernel_size, stride=None, padding=0, pad_mode: str = "NOTSET",
+                 count_include_pad: bool = True, name: str | None = None):
+        super().__init__(kernel_size, stride, padding, False, pad_mode, count_include_pad, name=name)
+
+
+def _along_width(v, what: str) -> tuple:
+    if not isinstance(v, int):
+        raise TypeError(f"{what} must be an int for 1-D pooling, got {v!r}")
+    return v
+
+
+class MaxPool1d(Pooling2d):
+    """Max pooling along the last axis of (N, C, 1, W) input: a (1, kernel_size) window."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, pad_mode: str = "NOTSET", name: str | None = None):
+        k = _along_width(kernel_size, "MaxPool1d: kernel_size")
+        st = k if stride is None else _along_width(stride, "MaxPool1d: stride")
+        super().__init__((1, k), (1, st), (0, _along_width(padding, "MaxPool1d: padding")), True, pad_mode,
+                         name=name)
+
+
+class AvgPool1d(Pooling2d):
+    """Average pooling along the last axis of (N, C, 1, W) input: a (1, kernel_size) window."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, pad_mode: str = "NOTSET", name: str | None = None):
+        k = _along_width(kernel_size, "AvgPool1d: kernel_size")
+        st = k if stride is None else _along_width(stride, "AvgPool1d: stride")
+        super().__init__((1, k), (1, st), (0, _along_width(padding, "AvgPool1d: padding")), False, pad_mode,
+                         name=name)
 
 
 class GlobalAvgPool2d(Layer):
@@ -346,3 +522,33 @@ SoftMax = _function_layer("SoftMax", "softmax", "SoftMax(axis=1).")
 SoftMaxCrossEntropy = _function_layer("SoftMaxCrossEntropy", "softmax_cross_entropy",
                                       "loss(logits, target): integer labels or one-hot targets, mean over the batch.")
 MeanSquareError = _function_layer("MeanSquareError", "mse_loss", "loss(prediction, target): sum of squared errors / (2 * batch), as SINGA.")
+
+CrossEntropy = _function_layer("CrossEntropy", "cross_entropy",
+                               "loss(probabilities, target): -sum(target * log(p)) / batch, as SINGA.")
+
+
+class Add(Layer):
+    """a + b (broadcasting like numpy)."""
+
+    def forward(self, a, b):
+        return autograd.add(a, b)
+
+
+class Cat(Layer):
+    """Concatenates a list of tensors along ``axis`` (default 0): ``Cat(axis)([x1, x2, ...])``."""
+
+    def __init__(self, axis: int = 0, name: str | None = None):
+        super().__init__(name)
+        self.axis = axis
+
+    def forward(self, xs):
+        if not isinstance(xs, (list, tuple)):
+            raise TypeError(f"Cat: expected a list of Tensors, got {type(xs).__name__}")
+        return autograd.cat(list(xs), self.axis)
+
+
+class Reshape(Layer):
+    """``Reshape()(x, shape)``: x with a new shape (one entry may be -1)."""
+
+    def forward(self, x, shape):
+        return autograd.reshape(x, shape)

@@ -31,7 +31,8 @@ import numpy as np
 from . import dist, tensor
 from .device import Device, as_device, cuda_is_available, get_default_device
 from .dist import replicas
-from .dist.optimizer import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD, DistOpt
+from .dist.fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD, check_threshold
+from .dist.optimizer import DistOpt
 
 __all__ = ["init", "shutdown", "communicator", "rank", "world_size", "partition_dataset", "ShardLoader",
            "broadcast_parameters", "check_parameter_closeness", "DistributedOptimizer"]
@@ -253,8 +254,9 @@ class DistributedOptimizer:
     averaged gradients (a non-finite average skips the step on every rank, as DistOpt). ``reset_grad()``
     drops the gradients of a backward that was not stepped. ``step(loss)`` is backward then step.
 
-    This is DistOpt's ``backward_and_update`` split in two; buffSize, threshold, first_bucket and
-    on_nonfinite mean what they mean there. communicator: default the one of ``ddp.init``.
+    This is DistOpt's two-phase step (``DistOpt.backward`` then ``PendingStep.finish``; ``dist_opt`` is the
+    DistOpt it drives); buffSize, threshold, first_bucket and on_nonfinite mean what they mean there.
+    communicator: default the one of ``ddp.init``.
     """
 
     def __init__(self, opt, communicator=None, *, buffSize: int = 4194304, threshold: int = DEFAULT_THRESHOLD,
@@ -266,11 +268,16 @@ class DistributedOptimizer:
         self.opt = opt
         self._dist = DistOpt(opt, communicator=comm, buffSize=buffSize, first_bucket=first_bucket,
                              on_nonfinite=on_nonfinite)
-        self.threshold = self._dist._threshold(threshold)
-        self._pending = None  # (fuser, triples) of a backward not yet stepped
+        self.threshold = check_threshold(threshold, self._dist.buffSize, "ddp.DistributedOptimizer")
+        self._pending = None  # the dist.optimizer.PendingStep of a backward not yet stepped
 
     def __repr__(self):
         return f"ddp.DistributedOptimizer({self.opt!r}, rank {self.rank} of {self.world_size})"
+
+    @property
+    def dist_opt(self) -> DistOpt:
+        """The DistOpt that exchanges the gradients and updates (its get_states is this optimizer's)."""
+        return self._dist
 
     @property
     def communicator(self):
@@ -293,7 +300,7 @@ class DistributedOptimizer:
         if self._pending is not None:
             raise RuntimeError("ddp.DistributedOptimizer.backward: the gradients of the previous backward were "
                                "not used; call step() to apply them, or reset_grad() to drop them, first")
-        self._pending = self._dist._fused_backward(loss, self.threshold, None)
+        self._pending = self._dist.backward(loss, self.threshold)
 
     def step(self, loss=None) -> None:
         """Applies the averaged gradients of the last ``backward`` (of `loss` first, when given)."""
@@ -303,7 +310,7 @@ class DistributedOptimizer:
             raise RuntimeError("ddp.DistributedOptimizer.step: no gradients; call opt.backward(loss) first (the "
                                "seed's loss.backward()), or opt.step(loss)")
         pending, self._pending = self._pending, None
-        self._dist._fused_finish(*pending)
+        pending.finish()
 
     __call__ = step
 
@@ -312,7 +319,7 @@ class DistributedOptimizer:
         ranks stay in step). Needle's ``reset_grad``; singa_lite gradients never accumulate across passes."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            pending[0].wait()
+            pending.discard()
 
     zero_grad = reset_grad
 

@@ -22,9 +22,8 @@ DistOpt, which averages the gradients again.
 """
 from __future__ import annotations
 
-from .dist import replicas
-from .dist.fusion import Fuser
-from .dist.optimizer import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD
+from .dist import fusion, replicas
+from .dist.fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD, Fuser
 
 __all__ = ["DataParallel", "MyDP"]
 
@@ -48,12 +47,10 @@ class DataParallel:
                  first_bucket: int = DEFAULT_FIRST_BUCKET, root: int = 0):
         from . import ddp
 
-        for what, v, lo in (("buffSize", buffSize, 1), ("threshold", threshold, 1), ("first_bucket", first_bucket, 0)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"DataParallel: {what} must be an int >= {lo}, got {v!r}")
-        if threshold > buffSize:
-            raise ValueError(f"DataParallel: threshold {threshold} exceeds the fusion buffer (buffSize={buffSize} "
-                             f"elements); raise buffSize or lower the threshold")
+        if isinstance(buffSize, bool) or not isinstance(buffSize, int) or buffSize < 1:
+            raise ValueError(f"DataParallel: buffSize must be an int >= 1, got {buffSize!r}")
+        threshold = fusion.check_threshold(threshold, buffSize, "DataParallel")
+        first_bucket = fusion.check_first_bucket(first_bucket, "DataParallel")
         if communicator is None:
             ddp.init()  # joins the group with its defaults, or returns the one already joined
             communicator = ddp.communicator()
@@ -72,8 +69,7 @@ class DataParallel:
                 named.append((name, p))
         self._named = named
         replicas.broadcast_parameters(communicator, named, root, who="DataParallel")
-        self._fuser = Fuser(communicator, int(buffSize), op="avg")
-        self._cap = None  # the open bucket's send size while a backward pass is exchanging; None between passes
+        self._fuser = Fuser(communicator, int(buffSize), op="avg")  # a pass per backward: begin at its first hook
         self._handles = [p.register_hook(self._hook) for _, p in named]
 
     # ----- the model's face
@@ -114,16 +110,15 @@ class DataParallel:
     # ----- the exchange
     def _hook(self, grad):
         """A gradient is final: queue it for the averaged all-reduce; the engine waits before yielding it."""
-        if self._cap is None:  # the first gradient of a backward pass
-            self._cap = min(self.threshold, self.first_bucket or self.threshold)
-        self._cap = self._fuser.launch(grad.data, self.threshold, self._cap)
+        if not self._fuser.in_pass:  # the first gradient of a backward pass
+            self._fuser.begin(self.threshold, self.first_bucket)
+        self._fuser.push(grad.data)
         return _Averaged(self, grad)
 
     def _finish(self) -> None:
         """Sends the open bucket and waits for every bucket; results are written back into the gradients."""
-        if self._cap is not None:
-            self._cap = None
-            self._fuser.wait()
+        if self._fuser.in_pass:
+            self._fuser.finish()
 
 
 class _Averaged:

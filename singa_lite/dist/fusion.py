@@ -6,12 +6,40 @@ whatever the caller does next (DistOpt: the rest of the backward pass).
 A Fuser owns one buffer per (dtype on the wire). Buckets occupy consecutive regions of it; when the next
 tensor does not fit behind the buckets still in flight, the Fuser first waits for them and unpacks their
 results (a bounds-checked ring: SINGA writes past the end of its buffer in that case).
+
+One backward pass's gradients form a *pass*: ``begin(threshold, first_bucket)``, ``push(grad)`` for each
+gradient as it comes, ``finish()``. The Fuser keeps the pass's bucket cap, so DistOpt and
+parallel.DataParallel share one rule for when a bucket leaves.
 """
 from __future__ import annotations
+
+import numbers
 
 from .. import _core
 
 CTensor = _core.Tensor
+DEFAULT_THRESHOLD = 2097152  # elements, SINGA's default
+# Elements (1 MiB of float32) after which the first bucket of a pass leaves without waiting for `threshold`
+# (PyTorch DDP's first bucket is 1 MiB too): a step's exchange then starts early in backward even when the
+# whole model is smaller than `threshold`, as SINGA's seed models are.
+DEFAULT_FIRST_BUCKET = 262144
+
+
+def check_threshold(threshold, buff_elems: int, who: str) -> int:
+    """`threshold` as an int: a positive number of elements that fits a buffer of buff_elems elements."""
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Integral) or threshold < 1:
+        raise ValueError(f"{who}: threshold must be a positive number of elements, got {threshold!r}")
+    if threshold > buff_elems:
+        raise ValueError(f"{who}: threshold {threshold} exceeds the fusion buffer (buffSize={buff_elems} "
+                         f"elements); raise buffSize or lower the threshold")
+    return int(threshold)
+
+
+def check_first_bucket(first_bucket, who: str) -> int:
+    """`first_bucket` as an int: a number of elements >= 0 (0: the first bucket waits for the threshold)."""
+    if isinstance(first_bucket, bool) or not isinstance(first_bucket, numbers.Integral) or first_bucket < 0:
+        raise ValueError(f"{who}: first_bucket must be a number of elements >= 0, got {first_bucket!r}")
+    return int(first_bucket)
 
 
 class _Bucket:
@@ -37,6 +65,41 @@ class Fuser:
         self._in_flight = []  # buckets sent and not yet unpacked, in send order
         self._direct = []  # (work, tensor, staging or None): tensors all-reduced on their own
         self.bytes_sent = 0  # payload handed to all-reduces (per rank), for measurements
+        self._threshold = self._cap = None  # the pass under way (begin .. finish); None between passes
+
+    # ----- a pass: one backward's gradients
+    def begin(self, threshold: int, first_bucket: int = 0) -> None:
+        """Starts a pass: tensors pushed until finish() travel in buckets of up to `threshold` elements (a
+        larger one alone), and the pass's first bucket leaves as soon as it holds `first_bucket` elements (0:
+        at threshold too), so that the exchange starts early in backward even for a model smaller than
+        threshold."""
+        if self._cap is not None:
+            raise RuntimeError("fusion: a pass is already under way; finish() it before beginning another")
+        self._threshold = check_threshold(threshold, self.buff_elems, "fusion")
+        self._cap = min(self._threshold, check_first_bucket(first_bucket, "fusion") or self._threshold)
+
+    @property
+    def in_pass(self) -> bool:
+        """Whether a pass was begun and not finished."""
+        return self._cap is not None
+
+    def push(self, t: CTensor) -> None:
+        """Queues t (a gradient just computed) for the pass's exchange; see launch()."""
+        if self._cap is None:
+            raise RuntimeError("fusion: push() outside a pass; call begin(threshold, first_bucket) first")
+        self._cap = self.launch(t, self._threshold, self._cap)
+
+    def cancel(self) -> None:
+        """Ends a pass without sending its open bucket (the backward pass failed: nothing here waits on a
+        collective). Buckets already sent complete at the next wait()."""
+        self._open.clear()
+        self._threshold = self._cap = None
+
+    def finish(self) -> list:
+        """Ends the pass: sends what is open, waits for every bucket and writes the results back into the
+        pushed tensors. Returns the reduced regions, as wait()."""
+        self._threshold = self._cap = None
+        return self.wait()
 
     # ----- packing
     def add(self, t: CTensor) -> None:
@@ -61,7 +124,8 @@ class Fuser:
         """Queues t for the exchange, as a gradient comes out of backward: alone when larger than threshold,
         else into the open bucket, which is sent first if t would take it past threshold, and right after if
         it now holds cap elements or more. Returns the cap for the next bucket: threshold once one has gone
-        (a caller passes a smaller first cap so that a step's exchange starts early)."""
+        (a pass passes a smaller first cap so that a step's exchange starts early; begin/push/finish keep
+        the cap for their caller)."""
         if t.numel > threshold:
             self.send_alone(t)
             return cap

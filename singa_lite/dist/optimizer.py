@@ -5,7 +5,7 @@ averages gradients (or parameters) over the ranks of a Communicator, on any back
     sgd = opt.DistOpt(sgd, nccl_id=holder, gpu_num=r, gpu_per_node=n)  # multiprocessing, as seed 001
     sgd.backward_and_update(loss)
 
-Four ways to synchronise, as SINGA:
+Four ways to synchronise, as SINGA (and, for the first, its two phases, to work between them):
 
 - ``backward_and_update``: gradients averaged in fused buckets while backward runs (each bucket's
   all-reduce starts as soon as it is full and overlaps the rest of the backward pass; the first bucket of
@@ -18,6 +18,16 @@ Four ways to synchronise, as SINGA:
 - ``backward_and_sparse_update``: only the significant gradient entries are exchanged (|g| >= spars, or the
   exact top ``ceil(spars * n)`` magnitudes with ``topK=True``), as (index, value) pairs gathered from every
   rank and summed; with ``corr=True`` what was not sent is kept as a residual and added next time.
+
+``backward_and_update`` is two phases, public so that a step can read or change the averaged gradients
+before they are applied (every rank makes the same calls)::
+
+    pending = sgd.backward(loss)            # backward, each bucket's all-reduce overlapping the rest of it
+    for p, g in pending.synchronize():      # waits: the averaged gradients, the same on every rank
+        ...                                 # read them, or change them in place (clip, log, ...)
+    pending.finish()                        # one update with the gradients as they are now
+
+(``sgd.synchronize()`` / ``sgd.step()`` do the same on the step ``sgd.backward`` left open.)
 
 Differences from SINGA, on purpose: buffer bounds are checked; float16 sums divide first; top-K compares
 magnitudes as floats (SINGA's comparator truncated them); at the first step rank 0's parameters are
@@ -43,14 +53,10 @@ from ..opt import SGD, Optimizer
 from ..tensor import Tensor
 from . import replicas
 from .communicator import raw_tensor
-from .fusion import Fuser
+from .fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD, Fuser, check_first_bucket, check_threshold
 
 CTensor = _core.Tensor
-DEFAULT_THRESHOLD = 2097152  # elements, SINGA's default
-# Elements (1 MiB of float32) after which the first bucket of a step leaves without waiting for `threshold`
-# (PyTorch DDP's first bucket is 1 MiB too): a step's exchange then starts early in backward even when the
-# whole model is smaller than `threshold`, as SINGA's seed models are.
-DEFAULT_FIRST_BUCKET = 262144
+__all__ = ["DistOpt", "PendingStep", "DEFAULT_THRESHOLD", "DEFAULT_FIRST_BUCKET"]
 
 
 def _raw(t, what: str) -> CTensor:
@@ -121,8 +127,7 @@ class DistOpt:
         world_size = _same("world_size", world_size, "gpu_per_node", gpu_per_node)
         if isinstance(buffSize, bool) or not isinstance(buffSize, numbers.Integral) or buffSize < 1:
             raise ValueError(f"DistOpt: buffSize must be a positive number of elements, got {buffSize!r}")
-        if isinstance(first_bucket, bool) or not isinstance(first_bucket, numbers.Integral) or first_bucket < 0:
-            raise ValueError(f"DistOpt: first_bucket must be a number of elements >= 0, got {first_bucket!r}")
+        first_bucket = check_first_bucket(first_bucket, "DistOpt")
         if on_nonfinite not in ("skip", "raise"):
             raise ValueError(f"DistOpt: on_nonfinite must be 'skip' or 'raise', got {on_nonfinite!r}")
         if communicator is None:
@@ -145,6 +150,7 @@ class DistOpt:
         self._synced = False  # rank 0's parameters broadcast and the models compared (first step)
         self._params = []  # (name, param) of the last step, in backward order
         self._fusers = {}
+        self._pending = None  # the PendingStep that backward() left open
         self._user = Fuser(communicator, self.buffSize, op="sum")  # SINGA's low-level calls sum
         self._user_half = Fuser(communicator, self.buffSize, wire_dtype=tensor.float16, op="avg",
                                 scale=float(self.world_size))
@@ -159,19 +165,88 @@ class DistOpt:
 
     def backward_and_update(self, loss, threshold=DEFAULT_THRESHOLD) -> None:
         """Backward; gradients averaged over the ranks in fused buckets as they come; then one update."""
-        self._fused_step(loss, self._threshold(threshold), wire_dtype=None)
+        self.backward(loss, threshold).finish()
 
     def backward_and_update_half(self, loss, threshold=DEFAULT_THRESHOLD, clipping=False, clip_Value=100) -> None:
         """As backward_and_update, with float16 on the wire; clipping clamps gradients to
         [-clip_Value, clip_Value] before they are cast."""
         if clipping and not clip_Value > 0:
             raise ValueError(f"DistOpt.backward_and_update_half: clip_Value must be > 0, got {clip_Value!r}")
-        self._fused_step(loss, self._threshold(threshold), wire_dtype=tensor.float16,
-                         clip=float(clip_Value) if clipping else None)
+        self.backward(loss, threshold, half=True, clip=clip_Value if clipping else None).finish()
 
+    # ----- the fused step in two phases
+    def backward(self, loss, threshold=DEFAULT_THRESHOLD, *, half: bool = False, clip=None) -> "PendingStep":
+        """The backward pass from `loss`, each gradient queued for the averaged all-reduce as it comes (a
+        bucket leaves as soon as it is full, overlapping the rest of the pass). Returns the open step:
+        ``synchronize()`` waits for the exchange and gives the averaged gradients, ``finish()`` applies
+        them (``discard()`` drops them). half: float16 on the wire, as backward_and_update_half; clip: a
+        bound > 0 the gradients are clamped to before they are sent (None: no clamping).
+
+        One step is open at a time: finish or discard it before the next backward on this DistOpt."""
+        self._require_no_open_step("backward")
+        threshold = self._threshold(threshold)
+        if clip is not None:
+            if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not clip > 0:
+                raise ValueError(f"DistOpt.backward: clip must be None or a bound > 0, got {clip!r}")
+            clip = float(clip)
+        fuser = self._fuser(tensor.float16 if half else None)
+        triples = []
+        overlap = self._synced and self.overlap  # the first step compares the models before any exchange
+        fuser.begin(threshold, self.first_bucket)
+        try:
+            for p, g in autograd.backward(loss):
+                if clip is not None:
+                    _core.clip(g.data, -clip, clip, out=g.data)
+                triples.append((self.opt._name_of(p), p, g))
+                if overlap:
+                    fuser.push(g.data)
+            if not overlap:
+                self._first_step(triples)
+                for _, _, g in triples:
+                    fuser.push(g.data)
+        except BaseException:
+            fuser.cancel()  # the next backward starts a new pass; nothing here may block on a collective
+            raise
+        if overlap:
+            self._params = [(n, p) for n, p, _ in triples]
+        self._pending = PendingStep(self, fuser, triples)
+        return self._pending
+
+    def synchronize(self) -> list:
+        """Waits for the exchange of the step ``backward`` left open; returns its averaged gradients as
+        ``(param, grad)`` pairs (see PendingStep.synchronize)."""
+        return self._open_step("synchronize").synchronize()
+
+    def step(self) -> None:
+        """Applies the step ``backward`` left open (synchronizing first if not done); see PendingStep.finish."""
+        self._open_step("step").finish()
+
+    def discard(self) -> None:
+        """Drops the step ``backward`` left open, its exchange completed (nothing when none is open)."""
+        if self._pending is not None:
+            self._pending.discard()
+
+    @property
+    def pending(self) -> "PendingStep | None":
+        """The step ``backward`` left open, or None."""
+        return self._pending
+
+    def _open_step(self, what: str) -> "PendingStep":
+        if self._pending is None:
+            raise RuntimeError(f"DistOpt.{what}: no step is open; call backward(loss) first (or "
+                               f"backward_and_update(loss), which does both phases)")
+        return self._pending
+
+    def _require_no_open_step(self, what: str) -> None:
+        if self._pending is not None:
+            raise RuntimeError(f"DistOpt.{what}: the step of the previous backward() is still open; apply it "
+                               f"with finish() / step(), or drop it with discard(), first")
+
+    # ----- the other steps
     def backward_and_partial_update(self, loss, threshold=DEFAULT_THRESHOLD) -> None:
         """Local update with local gradients, then one partition of parameter values averaged (round robin;
         partitions hold about `threshold` elements)."""
+        self._require_no_open_step("backward_and_partial_update")
         threshold = self._threshold(threshold)
         triples = self._local_gradients(loss)
         self._first_step(triples)
@@ -187,6 +262,7 @@ class DistOpt:
                                    corr=True) -> None:
         """Only significant gradient entries are exchanged: |g| >= spars, or with topK=True the largest
         ceil(spars * n) magnitudes of each fused group; corr=True keeps what was not sent as a residual."""
+        self._require_no_open_step("backward_and_sparse_update")
         threshold = self._threshold(threshold)
         spars = _check_spars(spars, topK)
         triples = self._local_gradients(loss)
@@ -268,6 +344,7 @@ class DistOpt:
     def average_parameters(self, params=None, threshold=DEFAULT_THRESHOLD) -> None:
         """Averages the parameter values over the ranks (after partial updates: before evaluating or saving).
         params: tensors (default: those of the last step)."""
+        self._require_no_open_step("average_parameters")
         params = self._param_list(params, "average_parameters")
         self._average_values(params, self._threshold(threshold))
 
@@ -281,28 +358,58 @@ class DistOpt:
 
     # ----- checkpoints
     def get_states(self) -> dict:
-        """The wrapped optimizer's states plus DistOpt's own (residuals differ per rank: save each rank's)."""
+        """Everything a resumed DistOpt needs, as plain data (numpy arrays, ints, bools):
+
+        - ``opt``: the wrapped optimizer's get_states();
+        - ``partial``: which parameter partition the next partial update averages;
+        - ``skipped_steps``: steps skipped for non-finite gradients so far;
+        - ``synced``: whether the first step's model comparison and broadcast of rank 0's parameters is
+          done (a resumed replica that was synced must not be overwritten by rank 0's at its next step);
+        - ``residuals``: {tuple of parameter names: numpy array}, the error feedback of sparse updates.
+
+        Residuals (and, after partial updates, parameters) differ per rank: save each rank's. A step left
+        open by backward() is not part of the state: finish or discard it first."""
+        self._require_no_open_step("get_states")
         return {"opt": self.opt.get_states(), "partial": int(self.partial), "skipped_steps": int(self.skipped_steps),
-                "residuals": {k: np.array(_host(v)) for k, v in self._residuals.items()}}
+                "synced": bool(self._synced),
+                "residuals": {tuple(k): np.array(_host(v)) for k, v in self._residuals.items()}}
 
     def set_states(self, states: dict) -> None:
+        """Restores what get_states() returned. ``synced`` and ``skipped_steps`` may be absent (states of an
+        older singa_lite): the flag then stays as it is, the count becomes 0. Everything is checked before
+        anything changes; a ValueError or TypeError leaves this DistOpt as it was."""
+        self._require_no_open_step("set_states")
+        if not isinstance(states, dict):
+            raise TypeError(f"DistOpt.set_states: expected the dict of get_states(), got {type(states).__name__}")
         missing = {"opt", "partial", "residuals"} - set(states)
         if missing:
             raise ValueError(f"DistOpt.set_states: missing {sorted(missing)}; pass what get_states() returned")
-        residuals = {k: CTensor.from_buffer(np.array(v, copy=True)) for k, v in states["residuals"].items()}
-        self.opt.set_states(states["opt"])
-        self.partial = int(states["partial"])
-        self.skipped_steps = int(states.get("skipped_steps", 0))
+        partial = _count(states["partial"], "partial")
+        skipped = _count(states.get("skipped_steps", 0), "skipped_steps")
+        synced = states.get("synced", self._synced)
+        if not isinstance(synced, (bool, np.bool_)):
+            raise TypeError(f"DistOpt.set_states: synced must be a bool, got {synced!r}")
+        if not isinstance(states["residuals"], dict):
+            raise TypeError(f"DistOpt.set_states: residuals must be a dict {{tuple of parameter names: array}}, "
+                            f"got {type(states['residuals']).__name__}")
+        residuals = {}
+        for k, v in states["residuals"].items():
+            names = (k,) if isinstance(k, str) else tuple(k)
+            if not all(isinstance(n, str) for n in names):
+                raise TypeError(f"DistOpt.set_states: residual keys are tuples of parameter names, got {k!r}")
+            residuals[names] = CTensor.from_buffer(np.array(v, copy=True))
+        self.opt.set_states(states["opt"])  # checks its own states and changes nothing when it raises
+        self.partial, self.skipped_steps, self._synced = partial, skipped, bool(synced)
         self._residuals = residuals
+
+    @property
+    def synced(self) -> bool:
+        """Whether the first step's model comparison and broadcast of rank 0's parameters is done."""
+        return self._synced
 
     # ----- internals
     def _threshold(self, threshold) -> int:
-        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Integral) or threshold < 1:
-            raise ValueError(f"DistOpt: threshold must be a positive number of elements, got {threshold!r}")
-        if threshold > self.buffSize:
-            raise ValueError(f"DistOpt: threshold {threshold} exceeds the fusion buffer (buffSize={self.buffSize} "
-                             f"elements); raise buffSize or lower the threshold")
-        return int(threshold)
+        return check_threshold(threshold, self.buffSize, "DistOpt")
 
     @property
     def bytes_sent(self) -> int:
@@ -313,35 +420,6 @@ class DistOpt:
         if key not in self._fusers:
             self._fusers[key] = Fuser(self.communicator, self.buffSize, wire_dtype=wire_dtype, op="avg")
         return self._fusers[key]
-
-    def _fused_step(self, loss, threshold: int, wire_dtype, clip=None) -> None:
-        self._fused_finish(*self._fused_backward(loss, threshold, wire_dtype, clip))
-
-    def _fused_backward(self, loss, threshold: int, wire_dtype, clip=None):
-        """The backward pass, each gradient queued for the exchange as it comes (the first step: after the
-        models were compared). Returns what _fused_finish needs."""
-        fuser = self._fuser(wire_dtype)
-        triples = []
-        overlap = self._synced and self.overlap  # the first step compares the models before any exchange
-        cap = min(threshold, self.first_bucket or threshold)
-        for p, g in autograd.backward(loss):
-            gd = g.data
-            if clip is not None:
-                _core.clip(gd, -clip, clip, out=gd)
-            triples.append((self.opt._name_of(p), p, g))
-            if overlap:
-                cap = fuser.launch(gd, threshold, cap)
-        if not overlap:
-            self._first_step(triples)
-            for _, _, g in triples:
-                cap = fuser.launch(g.data, threshold, cap)
-        return fuser, triples
-
-    def _fused_finish(self, fuser: Fuser, triples) -> None:
-        """Waits for the exchange; one update with the averaged gradients unless one is not finite."""
-        regions = fuser.wait()
-        if self._finite_everywhere(regions):
-            self._apply(triples)
 
     def _local_gradients(self, loss) -> list:
         return [(self.opt._name_of(p), p, g) for p, g in autograd.backward(loss)]
@@ -386,9 +464,10 @@ class DistOpt:
 
     def _average_values(self, params, threshold: int) -> None:
         fuser = self._fuser(None)
+        fuser.begin(threshold)
         for p in params:
-            fuser.launch(p.data, threshold, threshold)
-        fuser.wait()
+            fuser.push(p.data)
+        fuser.finish()
 
     def _param_list(self, params, what: str) -> list:
         if params is None:
@@ -462,6 +541,95 @@ class DistOpt:
         return dense
 
 
+class PendingStep:
+    """A fused step between its two phases: what ``DistOpt.backward(loss)`` returns.
+
+    The backward pass is over and its gradients' all-reduce is under way. ``synchronize()`` waits for it and
+    returns the averaged gradients; ``finish()`` applies them (synchronizing first when that was not done);
+    ``discard()`` completes the exchange and drops them. Every rank must make the same calls in the same
+    order: synchronize() ends with a collective vote on whether the averaged gradients are finite.
+    """
+
+    def __init__(self, dist_opt: DistOpt, fuser: Fuser, triples: list):
+        self._dist, self._fuser, self._triples = dist_opt, fuser, triples
+        self._state = "exchanging"  # -> "synchronized" -> "finished"; or -> "discarded"
+        self._finite = None
+
+    def __repr__(self):
+        return f"PendingStep({len(self._triples)} gradients, {self._state})"
+
+    @property
+    def state(self) -> str:
+        """"exchanging", "synchronized", "finished" or "discarded"."""
+        return self._state
+
+    @property
+    def skipped(self) -> bool | None:
+        """After synchronize(): whether the step is skipped because an averaged gradient is not finite
+        (on_nonfinite="skip"; the same answer on every rank). None before."""
+        return None if self._finite is None else not self._finite
+
+    def synchronize(self) -> list:
+        """Waits for the exchange; returns the averaged gradients as ``(param, grad)`` pairs in backward
+        order (the same values on every rank). The grads are the tensors finish() applies: change them in
+        place (``grad.data``, or tensor methods that write into it) to change the update. Whether the step
+        is skipped for a non-finite average is decided here, from the gradients as exchanged (with
+        on_nonfinite="raise": FloatingPointError here, and the step is over). Calling it again returns the
+        same pairs."""
+        if self._state == "synchronized":
+            return self.gradients
+        self._require("exchanging", "synchronize")
+        try:
+            regions = self._fuser.finish()
+            self._finite = self._dist._finite_everywhere(regions)
+        except BaseException:
+            self._close("finished")  # the step cannot be applied; the DistOpt takes a new backward
+            raise
+        self._state = "synchronized"
+        return self.gradients
+
+    @property
+    def gradients(self) -> list:
+        """The averaged ``(param, grad)`` pairs (after synchronize())."""
+        if self._state != "synchronized":
+            raise RuntimeError(f"PendingStep.gradients: not available while the step is {self._state}; the "
+                               f"averaged gradients exist between synchronize() and finish()")
+        return [(p, g) for _, p, g in self._triples]
+
+    def finish(self) -> None:
+        """Applies the averaged gradients with one update of the wrapped optimizer (synchronizing first when
+        synchronize() was not called), unless the step is skipped. The step is then over."""
+        if self._state == "exchanging":
+            self.synchronize()
+        self._require("synchronized", "finish")
+        try:
+            if self._finite:
+                self._dist._apply(self._triples)
+        finally:
+            self._close("finished")
+
+    def discard(self) -> None:
+        """Drops the gradients; their exchange is completed first (the other ranks made it too), so the
+        ranks stay in step. Nothing is updated; nothing happens when the step is already over."""
+        if self._state not in ("exchanging", "synchronized"):
+            return
+        try:
+            if self._state == "exchanging":
+                self._fuser.finish()
+        finally:
+            self._close("discarded")
+
+    def _require(self, state: str, what: str) -> None:
+        if self._state != state:
+            raise RuntimeError(f"PendingStep.{what}: the step is already {self._state}; each backward(loss) is "
+                               f"finished (or discarded) once, then the next backward starts a new step")
+
+    def _close(self, state: str) -> None:
+        self._state = state
+        if self._dist._pending is self:
+            self._dist._pending = None
+
+
 def _check_spars(spars, topK) -> float:
     if isinstance(spars, bool) or not isinstance(spars, numbers.Real) or not math.isfinite(spars):
         raise ValueError(f"DistOpt: spars must be a number, got {spars!r}")
@@ -489,6 +657,12 @@ def _partitions(items, threshold: int, size) -> list:
     if current:
         groups.append(current)
     return groups
+
+
+def _count(value, what: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"DistOpt.set_states: {what} must be an int >= 0, got {value!r}")
+    return int(value)
 
 
 def _same(name, value, alias, alias_value):

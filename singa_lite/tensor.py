@@ -5,11 +5,17 @@ Views (``reshape`` of contiguous data, ``transpose``, slicing with ``[]``) share
 else allocates. CPU tensors expose their memory to numpy and mpi4py without copies (buffer protocol,
 ``__array__``, DLPack); ``to_numpy`` returns an independent copy, as in SINGA.
 
+As in SINGA, an integer tensor combined with a Python float (``t + 0.5``, ``t < 2.5``) is computed in
+float32, and so is an integer tensor combined with a floating one. SINGA's remaining Tensor methods
+(``copy``, ``copy_from``, ``is_transpose``, ``add_column``... ) are in :mod:`singa_lite.tensor_compat`.
+
 Differences from SINGA, on purpose:
 - comparisons (``<``, ``lt``...) return ``bool`` tensors, as numpy; ``bool`` tensors combine with
   numeric ones by promotion to the numeric dtype;
 - ``Tensor(shape)`` is zero-filled rather than uninitialised;
-- ``==`` keeps Python's identity meaning (tensors are used as dictionary keys); use :func:`eq`.
+- ``t == x`` with a number or an array is element-wise (a bool tensor), as in SINGA, but between two
+  tensors it keeps Python's identity meaning (``t in some_list`` and dictionary keys work); use
+  :func:`eq` to compare two tensors element-wise.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import numpy as np
 
 from . import _core
 from .device import as_device
+from .tensor_compat import SingaTensorMethods
 
 DType = _core.DType
 float16 = DType.float16
@@ -60,7 +67,7 @@ def _np_supported(arr: np.ndarray) -> np.ndarray:
                     f"array.astype(numpy.float32)")
 
 
-class Tensor:
+class Tensor(SingaTensorMethods):
     """A multi-dimensional array on a device.
 
     ``Tensor(shape=(), device=None, dtype=float32, data=None, requires_grad=True, stores_grad=False,
@@ -230,18 +237,21 @@ class Tensor:
         _core.fill_(target.data, float(x))
         return target
 
-    # ----- random fills (in place)
-    def gaussian(self, mean: float = 0.0, std: float = 1.0) -> Tensor:
-        _core.gaussian_(self.data, float(mean), float(std))
-        return self
+    # ----- random fills: in place, or into a new tensor of this shape with inplace=False
+    def gaussian(self, mean: float = 0.0, std: float = 1.0, inplace: bool = True) -> Tensor:
+        target = self if inplace else self._derive(self.data.clone())
+        _core.gaussian_(target.data, float(mean), float(std))
+        return target
 
-    def uniform(self, low: float = 0.0, high: float = 1.0) -> Tensor:
-        _core.uniform_(self.data, float(low), float(high))
-        return self
+    def uniform(self, low: float = 0.0, high: float = 1.0, inplace: bool = True) -> Tensor:
+        target = self if inplace else self._derive(self.data.clone())
+        _core.uniform_(target.data, float(low), float(high))
+        return target
 
-    def bernoulli(self, p: float) -> Tensor:
-        _core.bernoulli_(self.data, float(p))
-        return self
+    def bernoulli(self, p: float, inplace: bool = True) -> Tensor:
+        target = self if inplace else self._derive(self.data.clone())
+        _core.bernoulli_(target.data, float(p))
+        return target
 
     # ----- values
     def l1(self) -> float:
@@ -317,6 +327,17 @@ class Tensor:
     def __le__(self, x): return _binary("le", self, x)
     def __gt__(self, x): return _binary("gt", self, x)
     def __ge__(self, x): return _binary("ge", self, x)
+
+    def __eq__(self, x):
+        """Element-wise with a number or an array (SINGA); identity with another tensor (see the module doc)."""
+        if x is None or isinstance(x, (Tensor, _core.Tensor)):
+            return self is x
+        return _binary("eq", self, x)
+
+    def __ne__(self, x):
+        if x is None or isinstance(x, (Tensor, _core.Tensor)):
+            return self is not x
+        return _binary("ne", self, x)
     def __neg__(self): return self._derive(_core.neg(self.data))
     def __abs__(self): return self._derive(_core.abs(self.data))
 
@@ -378,8 +399,11 @@ def _binary(name, a: Tensor, b, out: Tensor | None = None, scalar_first=False) -
     fn = getattr(_core, name)
     out_raw = out.data if out is not None else None
     if isinstance(b, (numbers.Number, np.number)) and not isinstance(b, np.ndarray):
+        integral = isinstance(b, (numbers.Integral, np.integer))
         if a.dtype == bool_ and name not in ("eq", "ne", "lt", "le", "gt", "ge"):
-            a = a.as_type(int32 if isinstance(b, numbers.Integral) else float32)
+            a = a.as_type(int32 if integral else float32)
+        elif a.dtype in (int32, int64) and not integral and out is None:
+            a = a.as_type(float32)  # SINGA: an integer tensor with a float scalar is computed in float32
         r = getattr(_core, name + "_scalar")(a.data, float(b), scalar_first, out_raw)
     else:
         if isinstance(b, Tensor):
@@ -388,12 +412,7 @@ def _binary(name, a: Tensor, b, out: Tensor | None = None, scalar_first=False) -
             braw = _raw(b, like=a)
         else:
             return NotImplemented
-        araw = a.data
-        if araw.dtype != braw.dtype:  # bool masks take the numeric operand's dtype
-            if araw.dtype == bool_:
-                araw = araw.cast(braw.dtype)
-            elif braw.dtype == bool_:
-                braw = braw.cast(araw.dtype)
+        araw, braw = _promoted(a.data, braw)
         if scalar_first:
             araw, braw = braw, araw
         r = fn(araw, braw, out_raw)
@@ -401,6 +420,19 @@ def _binary(name, a: Tensor, b, out: Tensor | None = None, scalar_first=False) -
         return out
     rg = a.requires_grad or (isinstance(b, Tensor) and b.requires_grad)
     return Tensor(data=r, requires_grad=rg)
+
+
+def _promoted(a: _core.Tensor, b: _core.Tensor) -> tuple:
+    """a and b in a common dtype: bool masks take the other operand's dtype and, as in SINGA, an integer
+    operand takes a floating one's. Other mixes (float32 with float64...) are left for the op to refuse."""
+    da, db = a.dtype, b.dtype
+    if da == db:
+        return a, b
+    if da == bool_ or (not da.is_floating and db.is_floating):
+        return a.cast(db), b
+    if db == bool_ or (not db.is_floating and da.is_floating):
+        return a, b.cast(da)
+    return a, b
 
 
 def _index(t: _core.Tensor, key) -> _core.Tensor:
@@ -473,6 +505,27 @@ def from_raw_tensor(t: _core.Tensor) -> Tensor:
 
 def from_raw_tensors(tt) -> list:
     return [from_raw_tensor(t) for t in tt]
+
+
+# SINGA's names: the C++ tensor class, and PlaceHolder, an alias SINGA's ONNX examples use for inputs.
+CTensor = _core.Tensor
+PlaceHolder = Tensor
+
+
+def _call_singa_func(fn, *args) -> Tensor:
+    """Calls fn(*args), a function returning a C++ tensor, and wraps the result (SINGA's helper, which
+    SINGA's tests use with ``singa_wrap`` functions)."""
+    r = fn(*args)
+    if not isinstance(r, _core.Tensor):
+        raise TypeError(f"_call_singa_func: {getattr(fn, '__name__', fn)!r} returned {type(r).__name__}, "
+                        f"expected a C++ tensor (singa_wrap.Tensor)")
+    return Tensor(data=r)
+
+
+def copy_from_numpy(data: _core.Tensor, np_array) -> None:
+    """Copies a numpy array's values into the C++ tensor `data` (same number of elements; SINGA's function
+    form of ``Tensor.copy_from_numpy``)."""
+    Tensor(data=data).copy_from_numpy(np_array)
 
 
 def zeros_like(t: Tensor) -> Tensor:
@@ -555,11 +608,16 @@ def sum(t: Tensor, axis=None, out=None, keepdims=False) -> Tensor:  # noqa: A001
     return r
 
 
-def average(t: Tensor, axis=None, keepdims=False) -> Tensor:
+def average(t: Tensor, axis=None, keepdims=False):
+    """The mean over `axis`: a tensor, or with no axis (SINGA) a float, ``numpy.float64``, so that both
+    ``average(t) == 2.0`` and ``average(t).item()`` work."""
+    r = mean(t, axis, keepdims)
+    return r if axis is not None or keepdims else np.float64(_scalar(r.data))
+
+
+def mean(t: Tensor, axis=None, keepdims=False) -> Tensor:
+    """The mean over `axis` (all elements by default), always a tensor (numpy's ``mean``; not in SINGA)."""
     return _wrap(_core.mean(t.data, _axes(axis), keepdims))
-
-
-mean = average
 
 
 def max(t: Tensor, axis=None, keepdims=False) -> Tensor:  # noqa: A001
@@ -655,13 +713,15 @@ def ne(t: Tensor, x) -> Tensor: return _binary("ne", t, x)
 
 
 def matmul(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
-    r = _core.matmul(a.data, _raw(b, like=a), out.data if out is not None else None)
+    """a @ b; a bool or integer operand takes the other's floating dtype (e.g. a mask from ``gt``)."""
+    r = _core.matmul(*_promoted(a.data, _raw(b, like=a)), out.data if out is not None else None)
     return out if out is not None else Tensor(data=r, requires_grad=a.requires_grad)
 
 
 def mult(A: Tensor, B: Tensor, C: Tensor | None = None, alpha: float = 1.0, beta: float = 0.0) -> Tensor:
-    """SINGA's GEMM: C = alpha * A @ B + beta * C (a new tensor when C is None)."""
-    prod = _core.matmul(A.data, B.data)
+    """SINGA's GEMM: C = alpha * A @ B + beta * C (a new tensor when C is None). Operands are promoted as
+    in :func:`matmul`: SINGA's RBM example multiplies the bool sample of ``gt`` by float weights."""
+    prod = _core.matmul(*_promoted(A.data, B.data))
     if alpha != 1.0:
         _core.mul_scalar(prod, float(alpha), out=prod)
     if C is None:

@@ -26,9 +26,10 @@ per step: no measurable difference on the CPU).
 Time profiling (``SetVerbosity``, ``SetSkipIteration``, ``PrintTimeProfiling``)
 ----------------------------------------------------------------------------
 With verbosity > 0 every operator's forward and backward on this device is timed (wall clock; a CUDA
-device is synchronised before and after, so the time is the kernel's), except during the first
-``SetSkipIteration(n)`` iterations (default 5, SINGA's) which warm up caches. An iteration is one training
-step of a ``model.Model`` (or one ``RunGraph`` call). ``PrintTimeProfiling()`` prints per iteration:
+device is synchronised before and after, so the time is the kernel's) within an iteration, except during
+the first ``SetSkipIteration(n)`` iterations (default 5, SINGA's) which warm up caches. An iteration is one
+training step of a ``model.Model``, or, for code driving the device by hand, what runs between
+``EnableGraph(True)`` and ``RunGraph()``. Operators outside (evaluation between steps) are not timed. ``PrintTimeProfiling()`` prints per iteration:
 verbosity 1 the forward, backward and remaining time (optimizer update, communication, Python), verbosity
 2 or more also each operator type's forward and backward time and calls. ``time_profile()`` returns the
 same numbers as a dict. While no device has verbosity > 0 the autograd engine pays one global test per
@@ -139,18 +140,24 @@ class Device:
     def skip_iteration(self) -> int:
         return self._skip_iteration
 
-    def _timing(self) -> bool:
-        """True while operators on this device are timed: verbosity > 0 and the warm-up is over."""
+    def _profiling(self) -> bool:
+        """verbosity > 0 and the warm-up iterations are over."""
         return self._verbosity > 0 and self._profile.iteration >= self._skip_iteration
 
+    def _timing(self) -> bool:
+        """True while operators on this device are timed: profiling, and inside an iteration, i.e. a model's
+        training step or, as in SINGA where only buffered operations are timed, while the graph is enabled
+        (evaluation forwards between steps are left out)."""
+        return self._profiling() and (self._profile.step_start is not None or self._graph_enabled)
+
     def _start_iteration(self) -> None:
-        if self._timing():
+        if self._profiling():
             self.Sync()
             self._profile.step_start = time.perf_counter()
 
     def _end_iteration(self) -> None:
         prof = self._profile
-        if self._timing() and prof.step_start is not None:
+        if self._profiling() and prof.step_start is not None:
             self.Sync()
             prof.step_time += time.perf_counter() - prof.step_start
             prof.measured += 1
@@ -288,7 +295,7 @@ class _Timer:
 
 def _timed(dev: Device, table: dict, op, fn, args):
     prof = dev._profile
-    if prof.step_start is None:  # an iteration not started by Model (RunGraph called by hand)
+    if prof.step_start is None:  # graph enabled by hand: the iteration starts with its first operator
         prof.step_start = time.perf_counter()
     dev.Sync()  # for a GPU: time this op's kernels, not the queue before it
     t0 = time.perf_counter()

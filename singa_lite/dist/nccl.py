@@ -347,10 +347,11 @@ def create(holder=None, rank=None, world_size=None, timeout: float = DEFAULT_TIM
 
 
 def _from_holder(holder, rank, world_size, timeout, device) -> NcclCommunicator:
-    from .holder import NcclIdHolder
-
-    if not isinstance(holder, NcclIdHolder):
-        raise TypeError(f"holder must be a NcclIdHolder, got {type(holder).__name__}")
+    # Checked by what it carries, not by class: holder.py imports this module to create the id, and the
+    # dependency stays one-way (dist.NcclIdHolder is the one class with these fields).
+    if not all(hasattr(holder, field) for field in ("nccl_id", "nccl_error", "shm_name")):
+        raise TypeError(f"holder must be a NcclIdHolder (dist.NcclIdHolder(), made by the parent process), got "
+                        f"{type(holder).__name__}")
     if rank is None or world_size is None:
         raise ValueError("backend 'nccl' needs rank= and world_size= with the holder (e.g. the gpu_num and "
                          "gpu_per_node your launcher passes)")

@@ -1,0 +1,234 @@
+"""Every module of singa_lite imports alone, first thing in a fresh interpreter, and no two modules import
+each other at import time.
+
+A cycle among modules makes the result of ``import singa_lite.X`` depend on which module of the cycle was
+imported first (the other one sees a half-initialised module), so it is a bug even where it happens to work.
+The static check reads the imports that run when a module is imported (module level, class bodies, ``if`` /
+``try`` blocks; not function bodies, which run later, nor ``if TYPE_CHECKING:`` blocks) and looks for
+strongly connected components of that graph. ``from pkg import sub`` counts as an import of pkg.sub only;
+the implicit import of a submodule's parent packages is not counted (a package's ``__init__`` importing its
+own submodules is how packages are built, not a cycle).
+"""
+from __future__ import annotations
+
+import ast
+import concurrent.futures
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import singa_lite
+
+PACKAGE_DIR = pathlib.Path(singa_lite.__file__).parent
+# The known cycle, to be removed: autograd imports at module level the modules that define its operators and
+# layers (operators, nn_ops, layer, and the modules split off them), which import autograd back. Recognised
+# by its shape rather than by names, so that splitting those modules keeps it "known": every other member
+# imports autograd and is imported by it, and without autograd no cycle is left. Anything else is a new cycle.
+KNOWN_HUB = "singa_lite.autograd"
+
+
+# ---------------------------------------------------------------- the graph
+def package_modules(package_dir: pathlib.Path, package: str) -> dict:
+    """{dotted module name: path} of every .py file under package_dir (a package's name for __init__.py)."""
+    modules = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = [package] + list(path.relative_to(package_dir).with_suffix("").parts)
+        if "__pycache__" in parts:
+            continue
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _import_time_statements(body) -> list:
+    """The import statements among `body` that run when the module is imported."""
+    found = []
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue  # runs when called, after every module was imported
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            found += _import_time_statements(node.orelse)
+            continue
+        for field in ("body", "orelse", "finalbody"):
+            found += _import_time_statements(getattr(node, field, None) or [])
+        for handler in getattr(node, "handlers", None) or []:
+            found += _import_time_statements(handler.body)
+    return found
+
+
+def import_graph(modules: dict, is_other_module=None) -> dict:
+    """{module: set of the modules (of `modules`) it imports at import time}. is_other_module(name) says
+    whether a dotted name that is not in `modules` is a module all the same (a compiled extension such as
+    singa_lite._core): an edge to nothing, rather than to its package."""
+    is_other_module = is_other_module or (lambda name: False)
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for node in _import_time_statements(ast.parse(path.read_text(), str(path)).body):
+            if isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in modules)
+                continue
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                if sub in modules:
+                    edges.add(sub)
+                elif target in modules and not (modules[target].name == "__init__.py" and is_other_module(sub)):
+                    edges.add(target)  # a name defined in that module (or package)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict) -> list:
+    """The strongly connected components of more than one module (Tarjan), each a sorted list."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10 * len(graph) + 100))
+    try:
+        for v in sorted(graph):
+            if v not in index:
+                visit(v)
+    finally:
+        sys.setrecursionlimit(limit)
+    return sorted(found)
+
+
+def describe(component, graph) -> str:
+    members = set(component)
+    return "; ".join(f"{m} imports {', '.join(sorted(graph[m] & members))}" for m in component)
+
+
+def _is_compiled_module(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def is_known_cycle(component, graph) -> bool:
+    others = set(component) - {KNOWN_HUB}
+    if KNOWN_HUB not in component:
+        return False
+    if not all(m in graph[KNOWN_HUB] and KNOWN_HUB in graph[m] for m in others):
+        return False
+    return not cycles({m: graph[m] & others for m in others})
+
+
+def singa_lite_graph() -> dict:
+    return import_graph(package_modules(PACKAGE_DIR, "singa_lite"), _is_compiled_module)
+
+
+# ---------------------------------------------------------------- the checks
+def test_every_module_imports_alone_in_a_fresh_interpreter():
+    names = sorted(package_modules(PACKAGE_DIR, "singa_lite"))
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+
+    def run(name):
+        r = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, timeout=120,
+                           env=env)
+        return name, r.returncode, r.stderr.strip().splitlines()[-3:]
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(run, names))
+    failed = [f"{name}: exit {rc}: {' | '.join(tail)}" for name, rc, tail in results if rc != 0]
+    assert len(results) > 20  # the walk found the package
+    assert not failed, "modules that do not import alone:\n" + "\n".join(failed)
+
+
+def test_no_import_cycle_except_the_known_one():
+    graph = singa_lite_graph()
+    unexpected = [c for c in cycles(graph) if not is_known_cycle(c, graph)]
+    assert not unexpected, "import cycles among singa_lite's modules (at import time):\n" + "\n".join(
+        describe(c, graph) for c in unexpected)
+
+
+@pytest.mark.xfail(strict=True, reason="known cycle: autograd <-> operators <-> nn_ops <-> layer (autograd "
+                                       "imports them at module level and they import autograd); to be removed")
+def test_known_cycle_is_gone():
+    graph = singa_lite_graph()
+    remaining = [c for c in cycles(graph) if KNOWN_HUB in c]
+    assert not remaining, "\n".join(describe(c, graph) for c in remaining)
+
+
+def test_the_former_cycles_are_one_way():
+    # opt <-> dist.optimizer and dist.holder <-> dist.nccl were cycles through imports inside functions; the
+    # dependency now runs one way at import time (opt.DistOpt resolves through the module's __getattr__)
+    graph = singa_lite_graph()
+    assert "singa_lite.opt" in graph["singa_lite.dist.optimizer"]
+    assert "singa_lite.dist.optimizer" not in graph["singa_lite.opt"]
+    assert "singa_lite.dist.nccl" in graph["singa_lite.dist.holder"]
+    assert "singa_lite.dist.holder" not in graph["singa_lite.dist.nccl"]
+    tree = ast.parse((PACKAGE_DIR / "dist" / "nccl.py").read_text())
+    lazy = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "holder"]
+    assert not lazy, f"dist/nccl.py imports holder again (line {lazy}); holder imports nccl"
+
+
+def test_the_cycle_finder_on_a_small_package(tmp_path):
+    # a <-> b at module level (through a class body and a try block), c imports a only inside a function,
+    # d imports a under TYPE_CHECKING, e imports the package's compiled module `_ext`, and pkg/__init__
+    # imports its submodules (not a cycle: parents are not counted)
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    files = {
+        "__init__.py": "from . import a, c\nVERSION = 1\n",
+        "a.py": "class A:\n    from . import b\n",
+        "b.py": "try:\n    from .a import A\nexcept ImportError:\n    pass\n",
+        "c.py": "def f():\n    from . import a\n",
+        "d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n",
+        "e.py": "from . import _ext\nfrom . import VERSION\n",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    modules = package_modules(pkg, "pkg")
+    graph = import_graph(modules, lambda name: name == "pkg._ext")
+    assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.a"}
+    assert graph["pkg.c"] == set() and graph["pkg.d"] == set()
+    assert graph["pkg.e"] == {"pkg"}  # VERSION is the package's own name; _ext a module outside the graph
+    assert graph["pkg"] == {"pkg.a", "pkg.c"}
+    assert cycles(graph) == [["pkg.a", "pkg.b"]]
+    assert describe(["pkg.a", "pkg.b"], graph) == "pkg.a imports pkg.b; pkg.b imports pkg.a"
+
+
+def test_the_known_cycle_is_recognised_by_its_shape():
+    hub = KNOWN_HUB
+    star = {hub: {"m1", "m2"}, "m1": {hub}, "m2": {hub, "m1"}}  # m2 -> m1 is one way: still only the hub's
+    assert is_known_cycle(cycles(star)[0], star)
+    ring = {hub: {"m1"}, "m1": {"m2"}, "m2": {hub}}  # through a module autograd does not import directly
+    assert not is_known_cycle(cycles(ring)[0], ring)
+    pair = {hub: {"m1", "m2"}, "m1": {hub, "m2"}, "m2": {hub, "m1"}}  # m1 <-> m2 would stay without autograd
+    assert not is_known_cycle(cycles(pair)[0], pair)
+    other = {"x": {"y"}, "y": {"x"}}
+    assert not is_known_cycle(cycles(other)[0], other)

@@ -61,74 +61,55 @@ random generators (devices' and `rng`) are left as the script seeded them, since
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
 import re
 import secrets
-import tempfile
+import time
 import zipfile
 
 import numpy as np
 
 from . import _core, tensor
+from .checkpoint_io import (
+    CheckpointError,
+    DirectoryLock,
+    array_spec,
+    atomic_write,
+    open_zip,
+    read_json_entry,
+    read_json_file,
+    read_npy_entry,
+)
 from .tensor import Tensor
 
-__all__ = ["save", "load", "atomic_write", "CheckpointError", "FORMAT_VERSION"]
+__all__ = ["FORMAT_VERSION", "CheckpointError", "atomic_write", "load", "save"]
 
 MAGIC = "singa_lite-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: array references declare dtype and shape (version 1 files are read too)
 MANIFEST = "manifest.json"
 _OUR_FILE = re.compile(r"^(shared|rank-\d{5})\.[0-9a-f]+\.slckpt$")
 _OUR_TEMP = re.compile(r"^\.(manifest\.json|(shared|rank-\d{5})\.[0-9a-f]+\.slckpt)\..*\.tmp$")  # atomic_write's
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be written or loaded; the message names the file and what is wrong."""
-
-
-# ---------------------------------------------------------------- files
-def atomic_write(path: str, data: bytes) -> None:
-    """Writes `data` to `path` so that `path` holds either its old content or all of `data`, even if the
-    process or the machine dies: a temporary file in the same directory (mode 0o600), flushed and fsynced,
-    renamed over `path`, then the directory fsynced so that the rename itself is durable."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:  # mkstemp creates the file with mode 0o600, owner only
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # ---------------------------------------------------------------- state <-> (JSON, arrays)
 def _encode(obj, arrays: list, where: str):
-    """obj as JSON data, each numpy array (or Tensor) replaced by {"$array": k}, the array appended to arrays."""
+    """obj as JSON data, each numpy array (or Tensor) replaced by {"$array": k, "dtype": ..., "shape": ...}
+    (the declaration a reader checks the entry against before reading it), the array appended to arrays.
+    numpy scalars become Python numbers (they come back as such, not as 0-d arrays)."""
     if isinstance(obj, Tensor):
         obj = tensor.to_numpy(obj)
     if isinstance(obj, np.generic):
-        obj = np.asarray(obj)
+        obj = obj.item() if obj.dtype.kind in "biuf" else np.asarray(obj)
     if isinstance(obj, np.ndarray):
-        if obj.dtype.hasobject or obj.dtype.kind not in "biufc":
+        if obj.dtype.hasobject or obj.dtype.kind not in "biufc" or obj.dtype.fields is not None:
             raise CheckpointError(f"checkpoint.save: {where} is an array of dtype {obj.dtype}; only numeric "
                                   f"arrays are saved (no pickle)")
         arrays.append(np.ascontiguousarray(obj))
-        return {"$array": len(arrays) - 1}
+        return {"$array": len(arrays) - 1, "dtype": obj.dtype.str, "shape": list(obj.shape)}
     if isinstance(obj, dict):
         out = {}
         for k, v in obj.items():
@@ -145,16 +126,34 @@ def _encode(obj, arrays: list, where: str):
                           f"(dict, list, str, int, float, bool, None) and numeric numpy arrays")
 
 
-def _decode(obj, arrays: dict, where: str):
+_REF_KEYS = ({"$array"}, {"$array", "dtype", "shape"})  # format 1's reference, format 2's
+
+
+def _decode(obj, read_array, where: str):
+    """The state encoded as `obj`, each array reference replaced by read_array(k, dtype, shape) (dtype and
+    shape None in format 1 files, whose arrays declare them only in their own .npy headers)."""
     if isinstance(obj, dict):
-        if set(obj) == {"$array"}:
+        if "$array" in obj:
             k = obj["$array"]
-            if not isinstance(k, int) or k not in arrays:
-                raise CheckpointError(f"{where}: refers to array {k!r}, which the file does not hold")
-            return arrays[k]
-        return {k: _decode(v, arrays, where) for k, v in obj.items()}
+            if set(obj) not in _REF_KEYS or not isinstance(k, int) or isinstance(k, bool) or k < 0:
+                raise CheckpointError(f"{where}: malformed array reference {obj!r}")
+            spec = array_spec(obj["dtype"], obj["shape"], f"{where} (array {k})") if "dtype" in obj else (None, None)
+            return read_array(k, *spec)
+        return {k: _decode(v, read_array, where) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_decode(v, arrays, where) for v in obj]
+        return [_decode(v, read_array, where) for v in obj]
+    return obj
+
+
+def _python_scalars(obj):
+    """`extra` as the caller saved it: 0-d arrays (numpy scalars, which format 1 saved as such) become
+    Python numbers, so that resumed scripts can format and compare them as before."""
+    if isinstance(obj, np.ndarray) and obj.ndim == 0:
+        return obj.item()
+    if isinstance(obj, dict):
+        return {k: _python_scalars(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_python_scalars(v) for v in obj]
     return obj
 
 
@@ -182,40 +181,45 @@ def _pack(header: dict, state) -> bytes:
     return buf.getvalue()
 
 
-def _unpack(fpath: str, data: bytes, expect: dict):
-    """The state in a .slckpt file's bytes; CheckpointError naming fpath for anything wrong."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as zf:
-            names = set(zf.namelist())
-            for required in ("header.json", "state.json"):
-                if required not in names:
-                    raise CheckpointError(f"{fpath}: no {required} in the file; not a singa_lite checkpoint file")
-            header = _json(zf.read("header.json"), f"{fpath} (header.json)")
-            _check_header(fpath, header, expect)
-            tree = _json(zf.read("state.json"), f"{fpath} (state.json)")
-            arrays = {}
-            for name in sorted(names - {"header.json", "state.json"}):
-                m = re.fullmatch(r"arrays/(\d+)\.npy", name)
-                if m is None:
-                    raise CheckpointError(f"{fpath}: unexpected entry {name!r}")
-                with zf.open(name) as f:
-                    try:
-                        arrays[int(m.group(1))] = np.lib.format.read_array(f, allow_pickle=False)
-                    except ValueError as e:  # object arrays need pickle: refused, nothing is unpickled
-                        raise CheckpointError(f"{fpath}: {name} cannot be read without pickle ({e}); "
-                                              f"a singa_lite checkpoint never holds one") from None
-    except (zipfile.BadZipFile, EOFError, OSError) as e:  # a bad CRC-32 or a truncated entry
-        raise CheckpointError(f"{fpath}: corrupt ({e})") from None
-    if not isinstance(tree, dict):
-        raise CheckpointError(f"{fpath}: state.json holds a {type(tree).__name__}, not a dict")
-    return _decode(tree, arrays, fpath)
+def _unpack(fpath: str, source, expect: dict):
+    """The state in a .slckpt file (`source`: its bytes or an open file, which is closed here);
+    CheckpointError naming fpath for anything wrong. Only the
+    entries state.json references are read, each checked against its declared dtype and shape before its
+    data is (see checkpoint_io); compressed entries (never written) and entries nothing references are
+    refused."""
+    with contextlib.closing(source) if hasattr(source, "close") else contextlib.nullcontext(), \
+            open_zip(fpath, source) as zf:
+        names = set(zf.namelist())
+        for required in ("header.json", "state.json"):
+            if required not in names:
+                raise CheckpointError(f"{fpath}: no {required} in the file; not a singa_lite checkpoint file")
+        header = read_json_entry(zf, "header.json", fpath, stored_only=True)
+        _check_header(fpath, header, expect)
+        tree = read_json_entry(zf, "state.json", fpath, stored_only=True)
+        if not isinstance(tree, dict):
+            raise CheckpointError(f"{fpath}: state.json holds a {type(tree).__name__}, not a dict")
+        arrays, specs = {}, {}
 
+        def read_array(k, dtype, shape):
+            name = f"arrays/{k}.npy"
+            if name not in names:
+                raise CheckpointError(f"{fpath}: state.json refers to array {k}, which the file does not hold")
+            if k in specs and specs[k] != (dtype, shape):
+                raise CheckpointError(f"{fpath}: state.json declares array {k} twice, differently")
+            if k not in arrays:
+                specs[k] = (dtype, shape)
+                arrays[k] = read_npy_entry(zf, name, fpath, dtype, shape, stored_only=True)
+            return arrays[k]
 
-def _json(raw: bytes, what: str):
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{what}: not valid JSON ({e})") from None
+        try:
+            state = _decode(tree, read_array, fpath)
+        except RecursionError:
+            raise CheckpointError(f"{fpath}: state.json is nested too deeply to read") from None
+        unread = sorted(names - {"header.json", "state.json"} - {f"arrays/{k}.npy" for k in arrays})
+        if unread:
+            raise CheckpointError(f"{fpath}: holds entries that state.json does not reference ({unread[:5]}"
+                                  f"{'...' if len(unread) > 5 else ''}); not a file singa_lite wrote")
+    return state
 
 
 def _check_header(fpath: str, header, expect: dict) -> None:
@@ -312,15 +316,22 @@ def _as_model(model):
 
 
 def save(path: str, model=None, optimizer=None, sampler=None, rng=None, extra=None, position=None,
-         communicator=None) -> None:
+         communicator=None, lock_timeout: float = 600.0) -> None:
     """Saves a checkpoint into the directory `path` (created if needed), replacing the one there atomically.
 
     model: a Layer/Model, or a dict of named tensors (the parameters of a model written in SINGA's plain
     autograd style, restored in place); optimizer: an Optimizer or a DistOpt (then the call is collective: every rank of
     its communicator calls it, and it returns once the checkpoint is complete); sampler: a
     DistributedSampler (its epoch and position; `position` overrides the latter); rng: a numpy Generator;
-    extra: JSON data and numpy arrays (rank 0's are saved); communicator: for a collective save without a
-    DistOpt."""
+    extra: JSON data and numpy arrays (rank 0's are saved; numpy scalars come back as Python numbers);
+    communicator: for a collective save without a DistOpt. lock_timeout: how long (s) to wait for another
+    save to the same directory to finish (saves to one directory run one at a time, see the module's
+    docstring); CheckpointError after that."""
+    with contextlib.ExitStack() as held:  # rank 0's lock on the directory, released however save ends
+        _save(path, model, optimizer, sampler, rng, extra, position, communicator, lock_timeout, held)
+
+
+def _save(path, model, optimizer, sampler, rng, extra, position, communicator, lock_timeout, held) -> None:
     model = _as_model(model)
     dist, plain, comm = _parts(optimizer)
     comm = communicator if communicator is not None else comm
@@ -331,6 +342,7 @@ def save(path: str, model=None, optimizer=None, sampler=None, rng=None, extra=No
     try:  # phase 1: the directory (rank 0), this rank's states and the hashes of its replicated parts
         if rank == 0:
             os.makedirs(path, mode=0o700, exist_ok=True)
+            held.enter_context(DirectoryLock(path, lock_timeout, f"checkpoint.save({path!r})"))
         replicated = {}
         for name, state in _replicated(model, dist, plain).items():
             arrays = []
@@ -410,7 +422,8 @@ def _gather(comm, value, error, what: str, path: str) -> list:
 
 
 def _commit(path: str, token: str, world: int, entries: list) -> None:
-    """Writes the manifest (the commit point), then removes every file no longer named by it."""
+    """Writes the manifest (the commit point), then removes every file no longer named by it. Rank 0
+    holds the directory's lock: no other save is writing files here, so none of these is another's."""
     from . import __version__
 
     manifest = {"magic": MAGIC, "format_version": FORMAT_VERSION, "singa_lite_version": __version__,
@@ -443,12 +456,38 @@ def load(path: str, model=None, optimizer=None, sampler=None, rng=None, communic
     rank, world = (comm.rank, comm.world_size) if comm is not None else (0, 1)
     staged, error = None, None
     try:
-        staged = _read(path, rank, world, model, dist, plain, sampler, rng, bool(reshard))
+        staged = _read_settled(path, rank, world, model, dist, plain, sampler, rng, bool(reshard))
     except (CheckpointError, OSError) as e:
         error = _failure(comm, e, "load", path)
     _gather(comm, None, error, "load", path)
     _apply(staged, model, dist, plain, sampler, rng, comm, path)
-    return staged["extra"]
+    return _python_scalars(staged["extra"])
+
+
+_READ_ATTEMPTS = 5
+
+
+def _read_settled(path: str, *args) -> dict:
+    """_read, again when it failed because a save replaced the checkpoint while it was being read (the
+    manifest changed meanwhile: its old files may be gone); a reader never waits for the writers' lock."""
+    mpath = os.path.join(path, MANIFEST)
+    for attempt in range(_READ_ATTEMPTS):
+        before = _manifest_bytes(mpath)
+        try:
+            return _read(path, *args)
+        except CheckpointError:
+            if attempt == _READ_ATTEMPTS - 1 or _manifest_bytes(mpath) == before:
+                raise
+            time.sleep(0.01 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _manifest_bytes(mpath: str):
+    try:
+        with open(mpath, "rb") as f:
+            return f.read(1 << 20)
+    except OSError:
+        return None
 
 
 def _read(path: str, rank: int, world: int, model, dist, plain, sampler, rng, reshard: bool) -> dict:
@@ -459,8 +498,7 @@ def _read(path: str, rank: int, world: int, model, dist, plain, sampler, rng, re
                               f"Model.save_states files are read with Model.load_states)")
     if not os.path.isfile(mpath):
         raise CheckpointError(f"{mpath}: missing; {path} holds no complete checkpoint")
-    with open(mpath, "rb") as f:
-        manifest = _json(f.read(), mpath)
+    manifest = read_json_file(mpath)
     if not isinstance(manifest, dict):
         raise CheckpointError(f"{mpath}: not a singa_lite checkpoint manifest")
     _check_header(mpath, manifest, {})
@@ -537,12 +575,25 @@ def _stat(path: str, entry, what: str) -> str:
 
 
 def _verified(path: str, entry, what: str) -> tuple:
+    """(path, the file open at its start) once its SHA-256 matches the manifest's. Hashed in chunks and
+    read through the same open file, so memory holds only the arrays read from it, and what is read is
+    what was hashed (save never rewrites a file in place)."""
     fpath = _stat(path, entry, what)
-    with open(fpath, "rb") as f:
-        data = f.read()
-    if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
-        raise CheckpointError(f"{fpath}: SHA-256 differs from the manifest's: the file is corrupt ({what})")
-    return fpath, data
+    try:
+        f = open(fpath, "rb")  # noqa: SIM115 (closed by _unpack, or below)
+    except FileNotFoundError:  # removed since _stat: a save replaced the checkpoint (load reads it again)
+        raise CheckpointError(f"{fpath}: missing ({what}, listed in the manifest)") from None
+    try:
+        h = hashlib.sha256()
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+        if h.hexdigest() != entry.get("sha256"):
+            raise CheckpointError(f"{fpath}: SHA-256 differs from the manifest's: the file is corrupt ({what})")
+        f.seek(0)
+    except BaseException:
+        f.close()
+        raise
+    return fpath, f
 
 
 def _check_against(path, where, staged, model, dist, plain, sampler, rng) -> None:
@@ -567,7 +618,11 @@ def _check_against(path, where, staged, model, dist, plain, sampler, rng) -> Non
         params = {p.name: p for p in model.get_params().values()}
         for slot, entries in state["optimizer"].items():
             for k, a in (entries.items() if isinstance(entries, dict) else ()):
-                if isinstance(a, np.ndarray) and k in params and tuple(a.shape) != tuple(params[k].shape):
+                if k not in params:
+                    raise CheckpointError(f"{path}: optimizer state {slot}[{k!r}] is for a parameter the model "
+                                          f"does not have (its parameters: {sorted(params)}); was it saved "
+                                          f"from another model?")
+                if isinstance(a, np.ndarray) and tuple(a.shape) != tuple(params[k].shape):
                     raise CheckpointError(f"{path}: optimizer state {slot}[{k!r}] has shape {tuple(a.shape)}, "
                                           f"the parameter {tuple(params[k].shape)}")
     if dist is not None:

@@ -17,7 +17,7 @@ const auto release = py::call_guard<py::gil_scoped_release>();
 }  // namespace
 
 void bind_ops(py::module_& m) {
-  for (int i = 0; i <= int(BinaryOp::kGe); ++i) {
+  for (int i = 0; i < kNumBinaryOps; ++i) {
     const BinaryOp op = BinaryOp(i);
     const std::string name = op_name(op);
     m.def(name.c_str(),
@@ -29,7 +29,19 @@ void bind_ops(py::module_& m) {
           },
           py::arg("a"), py::arg("s"), py::arg("scalar_first") = false, py::arg("out") = py::none(), release);
   }
-  for (int i = 0; i <= int(UnaryOp::kSoftplus); ++i) {
+  // The op lists (ops/elementwise_ops.h), so Python builds its functions from them instead of keeping a copy.
+  m.def("binary_ops", [] {
+    std::vector<std::string> names;
+    for (int i = 0; i < kNumBinaryOps; ++i) names.emplace_back(op_name(BinaryOp(i)));
+    return names;
+  }, "Names of the element-wise binary ops, each bound as NAME(a, b) and NAME_scalar(a, s).");
+  m.def("unary_ops", [] {
+    std::vector<std::pair<std::string, std::string>> ops;
+    for (int i = 0; i < kNumUnaryOps; ++i)
+      ops.emplace_back(op_name(UnaryOp(i)), unary_domain(UnaryOp(i)) == UnaryDomain::Numeric ? "numeric" : "floating");
+    return ops;
+  }, "(name, domain) of the element-wise unary ops; domain 'numeric' (any dtype but bool) or 'floating'.");
+  for (int i = 0; i < kNumUnaryOps; ++i) {
     const UnaryOp op = UnaryOp(i);
     m.def(op_name(op), [op](const Tensor& x, const OptTensor& out) { return unary(op, x, or_empty(out)); },
           py::arg("x"), py::arg("out") = py::none(), release);

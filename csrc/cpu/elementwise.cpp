@@ -115,26 +115,6 @@ void binary_scalar_typed(const Tensor& out, const Tensor& a, double s) {
   });
 }
 
-// Turns the runtime op into a compile-time one so each (op, dtype) pair gets its own tight loop.
-template <typename Fn>
-void with_binary_op(BinaryOp op, Fn&& fn) {
-  switch (op) {
-    case BinaryOp::kAdd: return fn(std::integral_constant<BinaryOp, BinaryOp::kAdd>());
-    case BinaryOp::kSub: return fn(std::integral_constant<BinaryOp, BinaryOp::kSub>());
-    case BinaryOp::kMul: return fn(std::integral_constant<BinaryOp, BinaryOp::kMul>());
-    case BinaryOp::kDiv: return fn(std::integral_constant<BinaryOp, BinaryOp::kDiv>());
-    case BinaryOp::kPow: return fn(std::integral_constant<BinaryOp, BinaryOp::kPow>());
-    case BinaryOp::kMaximum: return fn(std::integral_constant<BinaryOp, BinaryOp::kMaximum>());
-    case BinaryOp::kMinimum: return fn(std::integral_constant<BinaryOp, BinaryOp::kMinimum>());
-    case BinaryOp::kEq: return fn(std::integral_constant<BinaryOp, BinaryOp::kEq>());
-    case BinaryOp::kNe: return fn(std::integral_constant<BinaryOp, BinaryOp::kNe>());
-    case BinaryOp::kLt: return fn(std::integral_constant<BinaryOp, BinaryOp::kLt>());
-    case BinaryOp::kLe: return fn(std::integral_constant<BinaryOp, BinaryOp::kLe>());
-    case BinaryOp::kGt: return fn(std::integral_constant<BinaryOp, BinaryOp::kGt>());
-    case BinaryOp::kGe: return fn(std::integral_constant<BinaryOp, BinaryOp::kGe>());
-  }
-  SL_ASSERT(false);
-}
 
 // ---------------------------------------------------------------- unary
 // Always inlined into the row loops: as a call per element the loop cannot be vectorised, and GCC's
@@ -220,21 +200,6 @@ void unary_typed(const Tensor& out, const Tensor& x) {
   });
 }
 
-#define SL_UNARY_CASE(name) \
-  case UnaryOp::name: return fn(std::integral_constant<UnaryOp, UnaryOp::name>());
-
-template <typename Fn>
-void with_unary_op(UnaryOp op, Fn&& fn) {
-  switch (op) {
-    SL_UNARY_CASE(kNeg) SL_UNARY_CASE(kAbs) SL_UNARY_CASE(kSign) SL_UNARY_CASE(kSquare) SL_UNARY_CASE(kRelu)
-    SL_UNARY_CASE(kExp) SL_UNARY_CASE(kLog) SL_UNARY_CASE(kSqrt) SL_UNARY_CASE(kTanh) SL_UNARY_CASE(kSigmoid)
-    SL_UNARY_CASE(kReciprocal) SL_UNARY_CASE(kSin) SL_UNARY_CASE(kCos) SL_UNARY_CASE(kFloor)
-    SL_UNARY_CASE(kCeil) SL_UNARY_CASE(kRound) SL_UNARY_CASE(kLog1p) SL_UNARY_CASE(kExpm1) SL_UNARY_CASE(kErf)
-    SL_UNARY_CASE(kSoftplus)
-  }
-  SL_ASSERT(false);
-}
-#undef SL_UNARY_CASE
 
 }  // namespace
 

@@ -11,15 +11,14 @@
 namespace sl {
 
 const char* op_name(BinaryOp op) {
-  static const char* names[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
-                                "eq",  "ne",  "lt",  "le",  "gt",  "ge"};
+#define SL_NAME(e, name, ...) name,
+  static const char* names[] = {SL_BINARY_OPS(SL_NAME)};
   return names[int(op)];
 }
 
 const char* op_name(UnaryOp op) {
-  static const char* names[] = {"neg",  "abs", "sign",       "square", "relu", "exp",   "log",
-                                "sqrt", "tanh", "sigmoid",   "reciprocal", "sin", "cos", "floor",
-                                "ceil", "round", "log1p",    "expm1", "erf",  "softplus"};
+  static const char* names[] = {SL_UNARY_OPS(SL_NAME)};
+#undef SL_NAME
   return names[int(op)];
 }
 
@@ -121,7 +120,7 @@ Tensor unary(UnaryOp op, const Tensor& x, Tensor out) {
   check_defined(x, name, "input");
   check_kernel_device(name, x);
   SL_CHECK(x.dtype() != DType::kBool, TypeError, name, ": not defined for bool tensors; cast with as_type() first");
-  if (op > UnaryOp::kRelu) check_floating(name, x);
+  if (unary_domain(op) == UnaryDomain::Floating) check_floating(name, x);
   OutPlan p = plan_out(name, out, x.shape(), x.dtype(), x.device(), {&x});
   SL_KERNEL(p.out.device(), unary, op, p.out, x);
   return finish(p);

@@ -8,15 +8,10 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/elementwise_ops.h"  // BinaryOp, UnaryOp: the one list of element-wise ops
 
 namespace sl {
 
-enum class BinaryOp { kAdd, kSub, kMul, kDiv, kPow, kMaximum, kMinimum, kEq, kNe, kLt, kLe, kGt, kGe };
-enum class UnaryOp {
-  kNeg, kAbs, kSign, kSquare, kRelu,  // any numeric dtype
-  kExp, kLog, kSqrt, kTanh, kSigmoid, kReciprocal, kSin, kCos, kFloor, kCeil, kRound, kLog1p, kExpm1, kErf,
-  kSoftplus  // floating dtypes only
-};
 enum class ReduceOp { kSum, kMean, kMax, kMin };
 
 const char* op_name(BinaryOp op);

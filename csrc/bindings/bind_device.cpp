@@ -69,6 +69,9 @@ void bind_device(py::module_& m) {
       .def("is_cuda", &Device::is_cuda)
       .def(py::self == py::self)
       .def(py::self != py::self)
+      // SINGA's C++ tensor has a device() method where ours has a `device` property: a Device returns itself
+      // when called, so SINGA's `t.device()` gives the same Device as `t.device`.
+      .def("__call__", [](const Device& d) { return d; })
       .def("__hash__", [](const Device& d) { return py::hash(py::make_tuple(int(d.kind), d.index)); })
       .def("__str__", &Device::str)
       .def("__repr__", [](const Device& d) { return "Device('" + d.str() + "')"; })

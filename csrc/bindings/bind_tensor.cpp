@@ -1,5 +1,7 @@
 // The C++ Tensor as singa_lite._core.Tensor: views, copies, numpy interop (buffer protocol both ways
 // and DLPack both ways, zero-copy on the CPU).
+#include <pybind11/eval.h>
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include "bindings/binders.h"
@@ -220,6 +222,154 @@ py::tuple tuple_of(const Shape& s) {
   return t;
 }
 
+// ---------------------------------------------------------------- SINGA's C++ names (singa_wrap.Tensor)
+// SINGA's Python code and tests call its SWIG-wrapped C++ tensor with C++-style names (Size(), data_type(),
+// ToHost(), GetFloatValue(n), ...). They are bound here on the same class, next to our own names, so that a
+// tensor.Tensor's `.data` is SINGA's CTensor: one class, no wrapper. Two of SINGA's names are properties of
+// ours: `shape` returns a Shape (a tuple that is also callable, `shape()` / `shape(i)`), and `device` a Device
+// that returns itself when called, so `t.shape()` and `t.device()` work next to `t.shape` and `t.device`.
+
+// A device argument as SINGA scripts pass it: a _core.Device, a singa_lite.device.Device, or a name ("cuda:0").
+Device device_arg(const py::object& dev) {
+  if (py::isinstance<Device>(dev)) return dev.cast<Device>();
+  return py::module_::import("singa_lite.device").attr("as_device")(dev).attr("core").cast<Device>();
+}
+
+// The first `num` values of t, in row-major order, as a new numpy array of `dtype` (t may live on any device).
+py::array host_values(const Tensor& t, int64_t num, DType dtype, const char* op) {
+  check_defined(t, op, "tensor");
+  SL_CHECK(num >= 0 && num <= t.numel(), IndexError, op, "(", num, "): the tensor has ", t.numel(),
+           " elements; ask for at most that many (t.Size())");
+  Tensor host;
+  {
+    py::gil_scoped_release release;
+    host = t.to(Device::cpu()).cast(dtype).contiguous();
+  }
+  const ssize_t item = ssize_t(itemsize(dtype));
+  // no base object given: pybind11 copies the data into the new array
+  return py::array(py::dtype(std::string(buffer_format(dtype))), {ssize_t(num)}, {item}, host.data_ptr());
+}
+
+// Copies a host sequence (list, numpy array) into t's elements [offset, offset + len(src)). The tensor must
+// already hold `dtype` (SINGA's CopyFloatDataFromHostPtr writes float bits; into an int tensor that is never
+// what was meant, so it is refused rather than cast).
+void copy_from_host(const Tensor& t, const py::object& src, int64_t offset, DType dtype, const char* op) {
+  check_defined(t, op, "tensor");
+  SL_CHECK(t.dtype() == dtype, TypeError, op, ": the tensor holds ", dtype_name(t.dtype()), ", this call writes ",
+           dtype_name(dtype), "; use the Copy...DataFromHostPtr of the tensor's type or AsType() first");
+  py::array arr = py::module_::import("numpy").attr("ascontiguousarray")(src, py::arg("dtype") = buffer_format(dtype));
+  arr = arr.attr("reshape")(-1);
+  const int64_t num = int64_t(arr.size());
+  SL_CHECK(offset >= 0 && offset + num <= t.numel(), IndexError, op, ": ", num, " values at offset ", offset,
+           " do not fit the tensor's ", t.numel(), " elements");
+  SL_CHECK(t.is_contiguous(), ValueError, op, ": the tensor is a non-contiguous view; copy it with Clone() first");
+  Tensor values = from_buffer(arr);
+  py::gil_scoped_release release;
+  sl::copy_(t.view({-1}).slice(0, offset, offset + num, 1), values);
+}
+
+double host_scalar(const Tensor& t) {
+  Tensor host = t.to(Device::cpu()).cast(DType::kFloat64);
+  return *host.data<double>();
+}
+
+void bind_singa_names(py::module_& m, py::class_<Tensor>& cls) {
+  // A tuple subclass defined in Python source: the same type any tuple method and isinstance check accept.
+  py::dict ns;
+  ns["__builtins__"] = py::module_::import("builtins");
+  ns["__name__"] = m.attr("__name__");
+  py::exec(R"(
+class Shape(tuple):
+    """A tensor's shape: a tuple, also callable as SINGA's C++ ``shape()`` (the whole shape) or ``shape(i)``."""
+    __slots__ = ()
+
+    def __call__(self, axis=None):
+        return self if axis is None else self[axis]
+)", ns);
+  py::object shape_type = ns["Shape"];
+  m.attr("Shape") = shape_type;
+  cls.def_property_readonly("shape", [shape_type](const Tensor& t) { return shape_type(tuple_of(t.shape())); },
+                            "A Shape: a tuple that SINGA's code may also call, t.shape() or t.shape(i).");
+
+  cls.def(py::init([](const Shape& shape, const py::object& device, DType dtype) {
+            return Tensor::empty(shape, dtype, device_arg(device));
+          }),
+          py::arg("shape"), py::arg("device"), py::arg("dtype") = DType::kFloat32,
+          "SINGA's argument order, Tensor(shape, device, dtype): uninitialised.");
+  cls.def("data_type", &Tensor::dtype)
+      .def("nDim", &Tensor::ndim)
+      .def("Size", &Tensor::numel)
+      .def("MemSize", &Tensor::nbytes)
+      .def("initialized", &Tensor::defined)
+      .def("Clone", &Tensor::clone, py::call_guard<py::gil_scoped_release>())
+      // SINGA's AsType always returns a new tensor, a copy when the dtype is already `dtype`
+      .def("AsType", [](const Tensor& t, DType dtype) { return t.dtype() == dtype ? t.clone() : t.cast(dtype); },
+           py::arg("dtype"), py::call_guard<py::gil_scoped_release>())
+      // The in-place conversions rebind this tensor to new storage; other views of the old storage keep it.
+      .def("ToType", [](py::object self, DType dtype) {
+             Tensor& t = self.cast<Tensor&>();
+             if (t.dtype() != dtype) t = t.cast(dtype);
+             return self;
+           }, py::arg("dtype"))
+      .def("ToDevice", [](Tensor& t, const py::object& device) {
+             Device d = device_arg(device);
+             py::gil_scoped_release release;
+             t = t.to(d);
+           }, py::arg("device"))
+      .def("ToHost", [](Tensor& t) { t = t.to(Device::cpu()); }, py::call_guard<py::gil_scoped_release>())
+      .def("ResetLike", [](Tensor& t, const Tensor& like) {
+             check_defined(like, "ResetLike", "tensor");
+             t = Tensor::empty(like.shape(), like.dtype(), like.device());
+             sl::fill_(t, 0.0);  // zeros, as singa_lite's other fresh tensors (SINGA leaves them uninitialised)
+           }, py::arg("t"), py::call_guard<py::gil_scoped_release>())
+      .def("CopyData", [](const Tensor& t, const Tensor& src) {
+             check_defined(t, "CopyData", "tensor");
+             check_defined(src, "CopyData", "source");
+             SL_CHECK(t.numel() == src.numel(), ValueError, "CopyData: the source has ", src.numel(),
+                      " elements, this tensor ", t.numel(), "; they must be equal");
+             SL_CHECK(t.dtype() == src.dtype(), TypeError, "CopyData: the source holds ", dtype_name(src.dtype()),
+                      ", this tensor ", dtype_name(t.dtype()), "; convert it with AsType() first");
+             if (t.shape() == src.shape()) return sl::copy_(t, src);
+             SL_CHECK(t.is_contiguous(), ValueError, "CopyData: a source of another shape (", shape_str(src.shape()),
+                      ") needs this tensor contiguous, it is a strided view of shape ", shape_str(t.shape()));
+             sl::copy_(t.view({-1}), src.reshape({-1}));  // element by element in row-major order, as SINGA
+           }, py::arg("src"), py::call_guard<py::gil_scoped_release>())
+      .def("SetFloatValue", [](const Tensor& t, double x) { sl::fill_(t, x); }, py::arg("x"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("GetFloatValue", [](const Tensor& t, int64_t num) {
+             return host_values(t, num, DType::kFloat32, "GetFloatValue");
+           }, py::arg("num"))
+      .def("GetIntValue", [](const Tensor& t, int64_t num) {
+             return host_values(t, num, DType::kInt32, "GetIntValue");
+           }, py::arg("num"))
+      .def("GetHalfFloatValue", [](const Tensor& t, int64_t num) {
+             return host_values(t, num, DType::kFloat16, "GetHalfFloatValue");
+           }, py::arg("num"))
+      .def("CopyFloatDataFromHostPtr", [](const Tensor& t, const py::object& src, int64_t offset) {
+             copy_from_host(t, src, offset, DType::kFloat32, "CopyFloatDataFromHostPtr");
+           }, py::arg("src"), py::arg("offset") = 0)
+      .def("CopyIntDataFromHostPtr", [](const Tensor& t, const py::object& src, int64_t offset) {
+             copy_from_host(t, src, offset, DType::kInt32, "CopyIntDataFromHostPtr");
+           }, py::arg("src"), py::arg("offset") = 0)
+      .def("CopyHalfFloatDataFromHostPtr", [](const Tensor& t, const py::object& src, int64_t offset) {
+             copy_from_host(t, src, offset, DType::kFloat16, "CopyHalfFloatDataFromHostPtr");
+           }, py::arg("src"), py::arg("offset") = 0)
+      // SINGA's norms are divided by the element count: L1 = sum|x| / n, L2 = sqrt(sum x^2) / n
+      .def("L1", [](const Tensor& t) {
+             check_defined(t, "L1", "tensor");
+             if (t.numel() == 0) return 0.0;
+             Tensor s = sl::reduce(ReduceOp::kSum, sl::unary(UnaryOp::kAbs, t.cast(DType::kFloat64)), std::nullopt, false);
+             return host_scalar(s) / double(t.numel());
+           }, py::call_guard<py::gil_scoped_release>())
+      .def("L2", [](const Tensor& t) {
+             check_defined(t, "L2", "tensor");
+             if (t.numel() == 0) return 0.0;
+             Tensor s = sl::reduce(ReduceOp::kSum, sl::unary(UnaryOp::kSquare, t.cast(DType::kFloat64)), std::nullopt,
+                                    false);
+             return std::sqrt(host_scalar(s)) / double(t.numel());
+           }, py::call_guard<py::gil_scoped_release>());
+}
+
 }  // namespace
 
 void bind_tensor(py::module_& m) {
@@ -233,9 +383,9 @@ void bind_tensor(py::module_& m) {
       .def_property_readonly("itemsize", [](DType t) { return itemsize(t); })
       .def_property_readonly("is_floating", [](DType t) { return is_floating(t); });
 
-  py::class_<Tensor>(m, "Tensor", py::buffer_protocol(),
-                     "A strided view of device memory. Views share storage; copies are explicit.")
-      .def(py::init([](const Shape& shape, DType dtype, const Device& device) {
+  py::class_<Tensor> tensor_class(m, "Tensor", py::buffer_protocol(),
+                     "A strided view of device memory. Views share storage; copies are explicit.");
+  tensor_class.def(py::init([](const Shape& shape, DType dtype, const Device& device) {
              return Tensor::empty(shape, dtype, device);
            }),
            py::arg("shape"), py::arg("dtype") = DType::kFloat32, py::arg("device") = Device::cpu(),
@@ -253,7 +403,6 @@ void bind_tensor(py::module_& m) {
       .def("__dlpack_device__", [](const Tensor& t) {
         return py::make_tuple(t.device().is_cpu() ? int(dlpack::kDLCPU) : int(dlpack::kDLCUDA), t.device().index);
       })
-      .def_property_readonly("shape", [](const Tensor& t) { return tuple_of(t.shape()); })
       .def_property_readonly("strides", [](const Tensor& t) { return tuple_of(t.strides()); }, "In elements.")
       .def_property_readonly("offset", &Tensor::offset, "In elements from the start of the storage.")
       .def_property_readonly("dtype", &Tensor::dtype)
@@ -281,6 +430,7 @@ void bind_tensor(py::module_& m) {
         return str("_core.Tensor(shape=", shape_str(t.shape()), ", dtype=", dtype_name(t.dtype()), ", device=",
                    t.device().str(), ")");
       });
+  bind_singa_names(m, tensor_class);
 }
 
 }  // namespace sl::bindings

@@ -177,6 +177,26 @@ char* open_segment(int fd, const std::string& name, const Layout& L, Clock::time
                       name, "') and use a fresh name"));
 }
 
+// A segment this rank did not create must be one that our own user created the way attach() does: owned by
+// our effective uid, mode 0600. Anything else is someone else's name (or a name re-created by another user
+// after our job unlinked it, readable and writable by all): joining it would hand them our data.
+void check_owner(int fd, const std::string& name) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    throw CommError(str("ShmComm: fstat of shared-memory segment '", name, "' failed: ", errno_str(err)));
+  }
+  const unsigned mode = unsigned(st.st_mode) & 07777u;
+  if (st.st_uid != geteuid() || mode != 0600u || !S_ISREG(st.st_mode)) {
+    char octal[8];
+    std::snprintf(octal, sizeof octal, "%04o", mode);
+    throw CommError(str("ShmComm: refusing to join shared-memory segment '", name, "': it belongs to uid ",
+                        st.st_uid, " with mode ", octal, ", but a segment of this job is created by uid ", geteuid(),
+                        " with mode 0600; another user may have created it to join the job. Fix: give every job "
+                        "a fresh name (a new NcclIdHolder), and remove this one if it is yours"));
+  }
+}
+
 }  // namespace
 
 Segment Segment::attach(const std::string& name, const Layout& L, Clock::time_point deadline) {
@@ -211,6 +231,7 @@ Segment Segment::attach(const std::string& name, const Layout& L, Clock::time_po
                           (err == EACCES ? "; it belongs to another user: pick another name" : "")));
     }
     try {
+      check_owner(fd, name);
       seg.base_ = open_segment(fd, name, L, deadline);
     } catch (...) {
       close(fd);

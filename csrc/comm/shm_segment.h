@@ -120,7 +120,8 @@ class Segment {
   // Creates the segment (shm_open O_CREAT|O_EXCL, mode 0600, space reserved up front) and initialises
   // its header, or opens the one another rank created and waits until that rank has initialised it.
   // Throws CommError on failure or when `deadline` passes; ValueError when the parameters differ from
-  // the creator's. A creator that fails unlinks the name again.
+  // the creator's. A creator that fails unlinks the name again. An existing segment is joined only when it
+  // belongs to this process's effective uid and has mode 0600 (CommError naming it otherwise).
   static Segment attach(const std::string& name, const Layout& layout, Clock::time_point deadline);
 
   bool mapped() const { return base_ != nullptr; }

@@ -135,7 +135,8 @@ def _create(backend, holder, rank, world_size, timeout, options, launched=False)
                          "gpu_per_node your launcher passes)")
     if not isinstance(holder, NcclIdHolder):
         raise TypeError(f"holder must be a NcclIdHolder, got {type(holder).__name__}")
-    return ShmCommunicator(holder.shm_name, rank, world_size, timeout=timeout, **options)
+    # A fresh name per use: a name seen in /dev/shm during an earlier rendezvous may have been re-created.
+    return ShmCommunicator(holder.take_shm_name(), rank, world_size, timeout=timeout, **options)
 
 
 def _auto_backend(holder) -> str:

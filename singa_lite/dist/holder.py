@@ -7,27 +7,109 @@ available, a NCCL unique id for the ``nccl`` backend (``nccl_id``; otherwise Non
 why, so the holder still serves the ``shm`` backend). Creating the id does not initialise CUDA: the parent
 can still fork workers that use the GPU. ``to_string()`` / ``from_string()`` carry it through an environment
 variable (how singa-run hands it to the ranks it starts). Everything stays on this host: the segment is
-owner-only (mode 0600) and unlinked once every rank joined, and NCCL's bootstrap listens on loopback only
-(``NCCL_SOCKET_IFNAME=lo`` unless set).
+owner-only (mode 0600; a rank refuses to join one of another owner or mode) and unlinked once every rank
+joined, and NCCL's bootstrap listens on loopback only (``NCCL_SOCKET_IFNAME=lo`` unless set).
+
+Each use of a holder in a process gets a fresh segment name (``take_shm_name()``: the first use
+``shm_name``, the k-th a name derived from a secret the holder carries but no name shows), so a second
+``dist.init(holder=h, ...)`` never reuses a name another user saw in /dev/shm during the first rendezvous.
+The ranks of one job all use their copy the same number of times, so they agree on the name: seed 001's
+pattern (one holder from the parent, one init per process) uses ``shm_name``.
+
+A segment name is ``/singa_lite_<pid>_<start>_<pidns>_<token>``: the pid, start time and pid namespace of
+the process that created the holder. A job killed during its start-up (SIGKILL to singa-run or to a
+multiprocessing job's process group, before every rank had joined) leaves its name behind; the next holder
+created on the host removes such names when they are ours (our uid), follow this pattern, and their creator
+is dead (no process with that pid and start time in our pid namespace): ``sweep_stale_segments()``.
 """
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import os
+import re
 import secrets
+import time
 
 from .. import _core
 from . import nccl
 
 
 NCCL_IFNAME_VAR = "NCCL_SOCKET_IFNAME"
+SHM_DIR = "/dev/shm"
+# /singa_lite_<pid>_<start time>_<pid namespace>_<token>[_<use>]: see the module docstring.
+_NAME = re.compile(r"singa_lite_(\d+)_(\d+)_(\d+)_[0-9a-f]{16}(?:_[0-9a-f]{16})?")
+# Names of the earlier form /singa_lite_<pid>_<token> carry no start time: removed only when their creator's
+# pid is gone and the segment is older than this (a start-up that still waits for its ranks is not).
+_OLD_NAME = re.compile(r"singa_lite_(\d+)_[0-9a-f]{16}")
+OLD_NAME_AGE_S = 3600.0
+
+
+def _start_time(pid: int):
+    """Field 22 of /proc/<pid>/stat (clock ticks after boot), or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2:].split()  # after the command name, which may hold spaces
+    return None if fields[0] in (b"Z", b"X") else int(fields[19])
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def sweep_stale_segments(directory: str = SHM_DIR) -> list:
+    """Removes the names of shared-memory segments left by killed jobs and returns them: segments of our
+    uid, named by a holder (see the module docstring) whose creating process is gone. A process with the
+    same pid but another start time is another process (the pid was reused). Names from another pid
+    namespace are left alone (their pid means nothing here), and so is everything else in the directory."""
+    removed = []
+    try:
+        entries = os.listdir(directory)
+    except OSError:  # no /dev/shm (not Linux): nothing to sweep
+        return removed
+    my_ns, now = _pid_namespace(), time.time()
+    for entry in entries:
+        new, old = _NAME.fullmatch(entry), _OLD_NAME.fullmatch(entry)
+        if not (new or old):
+            continue
+        path = os.path.join(directory, entry)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if st.st_uid != os.geteuid() or not (st.st_mode & 0o170000 == 0o100000):
+            continue
+        if new:
+            pid, start, ns = map(int, new.groups())
+            if ns != my_ns or _start_time(pid) == start:
+                continue
+        elif _start_time(int(old.group(1))) is not None or now - st.st_mtime < OLD_NAME_AGE_S:
+            continue
+        try:
+            os.unlink(path)
+            removed.append(entry)
+        except OSError:  # another process removed it first
+            pass
+    return removed
 
 
 class NcclIdHolder:
     def __init__(self):
-        # Owner-only segment with an unguessable name: another user cannot pre-create or join it.
-        self.shm_name = f"/singa_lite_{os.getpid()}_{secrets.token_hex(8)}"
+        # Leftovers of jobs killed during their start-up: this is the next start.
+        sweep_stale_segments()
+        # Owner-only segment with an unguessable name: another user cannot pre-create or join it. The
+        # creator's pid, start time and pid namespace in the name tell a later sweep when it is stale.
+        self.shm_name = (f"/singa_lite_{os.getpid()}_{_start_time(os.getpid()) or 0}_{_pid_namespace()}_"
+                         f"{secrets.token_hex(8)}")
+        self._secret = secrets.token_hex(16)  # derives the names of later uses: never part of a name
+        self._uses = (os.getpid(), 0)
         self.nccl_id, self.nccl_error = None, None
         # The ranks of a holder share this host (it travels by multiprocessing or singa-run), so NCCL's
         # bootstrap listener, opened by unique_id(), needs no interface but loopback: it stays off the network
@@ -42,23 +124,53 @@ class NcclIdHolder:
         # the name when it exits.
         atexit.register(self._cleanup)
 
+    def take_shm_name(self) -> str:
+        """The segment name for the next rendezvous of this process with this holder: ``shm_name`` the first
+        time, then a new name each time (the same sequence in every process that received the holder)."""
+        pid, uses = self._uses
+        if pid != os.getpid():  # a forked child counts its own uses, as a spawned one does
+            uses = 0
+        self._uses = (os.getpid(), uses + 1)
+        if uses == 0:
+            return self.shm_name
+        digest = hashlib.sha256(f"{self._secret}:{uses}".encode()).hexdigest()[:16]
+        return f"{self.shm_name}_{digest}"
+
     def _cleanup(self):
+        """In the process that created the holder, at its exit: removes the names of every use that a rank
+        did not remove (one that never joined)."""
+        if os.getpid() != self._owner_pid:
+            return
         unlink = getattr(_core, "shm_unlink", None)
-        if os.getpid() == self._owner_pid and unlink is not None:
+        if unlink is not None:  # where shared memory has no directory (not Linux), at least the first name
             unlink(self.shm_name)
+        prefix = self.shm_name[1:]
+        try:
+            entries = os.listdir(SHM_DIR)
+        except OSError:
+            entries = []
+        for entry in entries:
+            if entry == prefix or entry.startswith(prefix + "_"):
+                try:
+                    os.unlink(os.path.join(SHM_DIR, entry))
+                except OSError:
+                    pass
 
     def __getstate__(self):
-        return {"shm_name": self.shm_name, "nccl_id": self.nccl_id, "nccl_error": self.nccl_error}
+        return {"shm_name": self.shm_name, "nccl_id": self.nccl_id, "nccl_error": self.nccl_error,
+                "secret": self._secret}
 
     def __setstate__(self, state):
         self.shm_name, self.nccl_id = state["shm_name"], state["nccl_id"]
         self.nccl_error = state.get("nccl_error")
+        self._secret = state.get("secret") or ""
+        self._uses = (os.getpid(), 0)
         self._owner_pid = None  # a copy in a child never removes the parent's segment name
 
     def to_string(self) -> str:
         """This holder as one line of text (JSON), for an environment variable; from_string() reads it."""
         return json.dumps({"shm_name": self.shm_name, "nccl_id": self.nccl_id.hex() if self.nccl_id else None,
-                           "nccl_error": self.nccl_error}, separators=(",", ":"))
+                           "nccl_error": self.nccl_error, "secret": self._secret}, separators=(",", ":"))
 
     @classmethod
     def from_string(cls, text: str) -> "NcclIdHolder":
@@ -73,7 +185,8 @@ class NcclIdHolder:
             raise ValueError(f"NcclIdHolder.from_string: expected the text of NcclIdHolder.to_string(), got "
                              f"{text[:80]!r} ({type(e).__name__}: {e})") from None
         holder = cls.__new__(cls)
-        holder.__setstate__({"shm_name": shm_name, "nccl_id": nccl_id, "nccl_error": state.get("nccl_error")})
+        holder.__setstate__({"shm_name": shm_name, "nccl_id": nccl_id, "nccl_error": state.get("nccl_error"),
+                             "secret": state.get("secret")})
         return holder
 
     def __repr__(self):

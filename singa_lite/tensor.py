@@ -99,17 +99,38 @@ class Tensor(SingaTensorMethods):
         self.name = name
 
     # ----- what it is
+    # shape, dtype and device are read from .data. SINGA's Python tensor stores them as attributes, and its
+    # helpers set them after assigning .data (`t.data = c; t.shape = tuple(c.shape())`): the setters accept
+    # the values .data already has and refuse others, since a tensor cannot be changed by relabelling it.
     @property
     def shape(self) -> tuple:
         return self.data.shape
+
+    @shape.setter
+    def shape(self, value) -> None:
+        if tuple(value) != tuple(self.data.shape):
+            raise ValueError(f"shape is read from .data, {tuple(self.data.shape)}; it cannot be set to "
+                             f"{tuple(value)}: use reshape() or assign a new .data")
 
     @property
     def dtype(self) -> DType:
         return self.data.dtype
 
+    @dtype.setter
+    def dtype(self, value) -> None:
+        if to_dtype(value) != self.data.dtype:
+            raise ValueError(f"dtype is read from .data, {self.data.dtype.name}; it cannot be set to {value!r}: "
+                             f"use as_type() / to_type()")
+
     @property
     def device(self):
         return as_device(self.data.device)
+
+    @device.setter
+    def device(self, value) -> None:
+        if as_device(value).core != self.data.device:
+            raise ValueError(f"device is read from .data, {self.data.device}; it cannot be set to {value!r}: "
+                             f"use to_device()")
 
     def ndim(self) -> int:
         return self.data.ndim

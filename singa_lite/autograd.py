@@ -362,6 +362,9 @@ def _log_softmax(x: CTensor, axis: int) -> CTensor:
 # ---------------------------------------------------------------- operators and layers
 # Defined in operators.py / nn_ops.py / layer.py; SINGA scripts find them all here.
 from .operators import *  # noqa: E402,F401,F403
+from .ops_math import *  # noqa: E402,F401,F403
+from .ops_shape import *  # noqa: E402,F401,F403
+from .ops_loss import *  # noqa: E402,F401,F403
 # The layer classes live in layer.py, one implementation for both of SINGA's spellings; scripts written
 # against SINGA's autograd reach them here (autograd.Conv2d(1, 20, 5), autograd.Linear(800, 500), ...).
 from .layer import AvgPool2d, BatchNorm2d, Conv2d, GlobalAvgPool2d, Layer, Linear, MaxPool2d  # noqa: E402,F401

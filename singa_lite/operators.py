@@ -2,19 +2,17 @@
 
 Each operator follows the contract in ``autograd.Operator``: ``forward`` / ``backward`` on raw C++
 tensors, a function wrapper taking and returning ``tensor.Tensor``. Convolution, pooling and batch
-normalisation are in ``nn_ops``.
+normalisation are in ``nn_ops``; losses in ``ops_loss``; further element-wise math in ``ops_math``; shape
+and indexing operators in ``ops_shape``.
 """
 from __future__ import annotations
 
 import math
 import numbers
 
-import numpy as np
-
 from . import _core, tensor
 from . import autograd as _autograd
 from .autograd import CTensor, Operator, _axis, _const, _log_softmax, _reduce_to, _softmax, _swap_last, _zeros
-from .tensor import Tensor
 
 __all__ = [  # everything below: autograd re-exports it
     'Add', 'Sub', 'Mul', 'Div', 'Pow', 'add', 'sub', 'mul', 'div', 'pow', 'Matmul', 'matmul', 'AddBias',
@@ -23,20 +21,24 @@ __all__ = [  # everything below: autograd re-exports it
     'ReduceMean', 'reduce_sum', 'reduce_mean', 'ReLU', 'relu', 'LeakyRelu', 'leakyrelu', 'Elu', 'elu',
     'Sigmoid', 'sigmoid', 'Tanh', 'tanh', 'SoftPlus', 'softplus', 'Gelu', 'gelu', 'Exp', 'exp', 'Log',
     'log', 'Sqrt', 'sqrt', 'Abs', 'abs', 'Negative', 'negative', 'Identity', 'identity', 'Clip', 'clip',
-    'Cast', 'cast', 'Dropout', 'dropout', 'SoftMax', 'softmax', 'LogSoftmax', 'log_softmax', '_targets',
-    'CrossEntropy', 'cross_entropy', 'SoftMaxCrossEntropy', 'softmax_cross_entropy', 'MeanSquareError',
-    'mse_loss',
+    'Cast', 'cast', 'Dropout', 'dropout', 'SoftMax', 'softmax', 'LogSoftmax', 'log_softmax',
 ]
 
 # ---------------------------------------------------------------- element-wise binary (numpy broadcasting)
+def _as(dy: CTensor, dtype) -> CTensor:
+    """dy in the forward's dtype: SINGA scripts call op.backward(dy) themselves, e.g. with float64 dy."""
+    return dy if dy.dtype == dtype else dy.cast(dtype)
+
+
 class Add(Operator):
     aliased_grads = True
 
     def forward(self, a, b):
-        self.shapes = a.shape, b.shape
+        self.shapes, self.dtype = (a.shape, b.shape), a.dtype
         return _core.add(a, b)
 
     def backward(self, dy):
+        dy = _as(dy, self.dtype)
         return _reduce_to(dy, self.shapes[0]), _reduce_to(dy, self.shapes[1])
 
 
@@ -44,10 +46,11 @@ class Sub(Operator):
     aliased_grads = True
 
     def forward(self, a, b):
-        self.shapes = a.shape, b.shape
+        self.shapes, self.dtype = (a.shape, b.shape), a.dtype
         return _core.sub(a, b)
 
     def backward(self, dy):
+        dy = _as(dy, self.dtype)
         return _reduce_to(dy, self.shapes[0]), _core.neg(_reduce_to(dy, self.shapes[1]))
 
 
@@ -57,6 +60,7 @@ class Mul(Operator):
         return _core.mul(a, b)
 
     def backward(self, dy):
+        dy = _as(dy, self.a.dtype)
         da = _reduce_to(_core.mul(dy, self.b), self.a.shape) if self.needs_grad[0] else None
         db = _reduce_to(_core.mul(dy, self.a), self.b.shape) if self.needs_grad[1] else None
         return da, db
@@ -69,7 +73,7 @@ class Div(Operator):
         return self.y
 
     def backward(self, dy):
-        q = _core.div(dy, self.b)  # dL/da = dy / b;  dL/db = -dy * a / b^2 = -q * y
+        q = _core.div(_as(dy, self.b.dtype), self.b)  # dL/da = dy / b;  dL/db = -dy * a / b^2 = -q * y
         db = None
         if self.needs_grad[1]:
             db = _core.mul(q, self.y)
@@ -683,7 +687,7 @@ def dropout(x, ratio=0.5):
     return Dropout(ratio)(x)[0]
 
 
-# ---------------------------------------------------------------- softmax and losses
+# ---------------------------------------------------------------- softmax (the losses are in ops_loss.py)
 class SoftMax(Operator):
     def __init__(self, axis=1):
         super().__init__()
@@ -721,92 +725,3 @@ class LogSoftmax(Operator):
 
 def log_softmax(x, axis=1):
     return LogSoftmax(axis)(x)[0]
-
-
-def _targets(t: CTensor, x: CTensor, op: str):
-    """t as a (N, C) tensor in x's dtype, and whether each row is known to sum to 1.
-
-    Integer labels of shape (N,) become one-hot rows; integer or bool (N, C) tensors are one-hot already
-    (SINGA scripts pass int32 one-hot); floating (N, C) targets may be soft."""
-    if x.ndim != 2:
-        raise ValueError(f"{op}: expected (batch, classes) predictions, got shape {x.shape}")
-    integral = not t.dtype.is_floating
-    if integral and t.ndim == 1 and t.shape[0] == x.shape[0]:
-        return _core.one_hot(t, x.shape[1], x.dtype), True
-    if t.shape != x.shape:
-        raise ValueError(f"{op}: targets must be class labels of shape ({x.shape[0]},) or one-hot / "
-                         f"probability rows of shape {x.shape}; got shape {t.shape} ({t.dtype.name})")
-    return (t if t.dtype == x.dtype else t.cast(x.dtype)), integral
-
-
-class CrossEntropy(Operator):
-    """-sum(t * log(y)) / N for probabilities y of shape (N, C) and targets t (one-hot or labels)."""
-
-    def forward(self, y, t):
-        self.y = y
-        self.t = _targets(t, y, "cross_entropy")[0]
-        loss = _core.log(y)
-        _core.mul(loss, self.t, out=loss)
-        loss = _core.sum(loss)
-        return _core.mul_scalar(loss, -1.0 / y.shape[0], out=loss)
-
-    def backward(self, dy):
-        g = _core.div(self.t, self.y)
-        _core.mul_scalar(g, -1.0 / self.y.shape[0], out=g)
-        return _core.mul(g, dy, out=g), None
-
-
-def cross_entropy(y, t):
-    return CrossEntropy()(y, t)[0]
-
-
-class SoftMaxCrossEntropy(Operator):
-    """Mean over the batch of -sum(t * log_softmax(x)); x are logits (N, C); t integer labels (N,),
-    or one-hot / probability rows (N, C) of any dtype. t is a constructor argument, as in SINGA."""
-
-    def __init__(self, t):
-        super().__init__()
-        if not isinstance(t, Tensor):
-            raise TypeError(f"softmax_cross_entropy: the targets must be a tensor.Tensor, got {type(t).__name__}")
-        self.traw = t.data
-
-    def forward(self, x):
-        self.t, self.rows_sum_to_one = _targets(self.traw, x, "softmax_cross_entropy")
-        self.logp = _log_softmax(x, 1)
-        loss = _core.sum(_core.mul(self.logp, self.t))
-        return _core.mul_scalar(loss, -1.0 / x.shape[0], out=loss)
-
-    def backward(self, dy):
-        g = _core.exp(self.logp)  # (softmax * rowsum(t) - t) / N * dy
-        if not self.rows_sum_to_one:
-            _core.mul(g, _core.sum(self.t, [1], True), out=g)
-        _core.sub(g, self.t, out=g)
-        _core.mul_scalar(g, 1.0 / g.shape[0], out=g)
-        return _core.mul(g, dy, out=g)
-
-
-def softmax_cross_entropy(x, t):
-    return SoftMaxCrossEntropy(t)(x)[0]
-
-
-class MeanSquareError(Operator):
-    """SINGA's squared-error loss: sum((x - t)^2) / (2 * batch), batch = x.shape[0] (1 for a 0-d x), so
-    the gradient is (x - t) / batch. t broadcasts to x. (torch.nn.MSELoss averages over every element
-    instead: it equals 2 * mse_loss / (x.size / batch).)"""
-
-    def forward(self, x, t):
-        self.shapes = x.shape, t.shape
-        self.batch = x.shape[0] if x.ndim else 1
-        self.err = _core.sub(x, t)
-        loss = _core.sum(_core.square(self.err))
-        return _core.mul_scalar(loss, 0.5 / max(self.batch, 1), out=loss)
-
-    def backward(self, dy):
-        g = _core.mul_scalar(self.err, 1.0 / max(self.batch, 1))
-        _core.mul(g, dy, out=g)
-        dt = _core.neg(_reduce_to(g, self.shapes[1])) if self.needs_grad[1] else None
-        return _reduce_to(g, self.shapes[0]), dt
-
-
-def mse_loss(x, t):
-    return MeanSquareError()(x, t)[0]

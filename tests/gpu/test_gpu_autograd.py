@@ -109,7 +109,7 @@ def test_cnn_training_steps_match_the_cpu(gpu):
         run = []
         for _ in range(5):
             _, loss = m(tx, ty)
-            run.append(float(tensor.to_numpy(loss)))
+            run.append(tensor.to_numpy(loss)[0])
         dev.Sync()
         losses.append(run)
         weights.append({k: tensor.to_numpy(v) for k, v in m.get_params().items()})

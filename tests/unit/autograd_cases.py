@@ -46,6 +46,11 @@ def np_log_softmax(a, axis):
 
 ONEHOT = np.eye(4)[[1, 3, 0]]  # (3, 4)
 
+
+def loss(value):
+    """A loss as SINGA returns it: shape (1,)."""
+    return np.reshape(value, (1,))
+
 # (id, autograd function of Tensors, numpy reference, input shapes or (shape, generator) pairs)
 CASES = [
     ("add", autograd.add, np.add, [(3, 4), (3, 4)]),
@@ -113,18 +118,17 @@ CASES = [
     ("softmax_3d", lambda x: autograd.softmax(x, -1), lambda x: np_softmax(x, -1), [(2, 3, 4)]),
     ("log_softmax", autograd.log_softmax, lambda x: np_log_softmax(x, 1), [(3, 5)]),
     ("cross_entropy", lambda y: autograd.cross_entropy(y, tensor.from_numpy(ONEHOT)),
-     lambda y: -(ONEHOT * np.log(y)).sum() / 3, [((3, 4), positive)]),
+     lambda y: loss(-(ONEHOT * np.log(y)).sum() / 3), [((3, 4), positive)]),
     ("softmax_cross_entropy_onehot", lambda x: autograd.softmax_cross_entropy(x, tensor.from_numpy(ONEHOT)),
-     lambda x: -(ONEHOT * np_log_softmax(x, 1)).sum() / 3, [(3, 4)]),
+     lambda x: loss(-(ONEHOT * np_log_softmax(x, 1)).sum() / 3), [(3, 4)]),
     ("softmax_cross_entropy_labels",
      lambda x: autograd.softmax_cross_entropy(x, tensor.from_numpy(np.array([1, 3, 0], np.int32))),
-     lambda x: -(ONEHOT * np_log_softmax(x, 1)).sum() / 3, [(3, 4)]),
+     lambda x: loss(-(ONEHOT * np_log_softmax(x, 1)).sum() / 3), [(3, 4)]),
     ("softmax_cross_entropy_soft",
-     lambda x: autograd.softmax_cross_entropy(x, tensor.from_numpy(np.full((3, 4), 0.4))),
-     lambda x: -(0.4 * np_log_softmax(x, 1)).sum() / 3, [(3, 4)]),
-    ("mse_loss", autograd.mse_loss, lambda x, t: ((x - t) ** 2).sum() / (2 * x.shape[0]), [(3, 4), (3, 4)]),
-    ("mse_loss_broadcast", autograd.mse_loss, lambda x, t: ((x - t) ** 2).sum() / (2 * x.shape[0]),
-     [(3, 4), (4,)]),
+     lambda x: autograd.softmax_cross_entropy(x, tensor.Tensor(data=np.full((3, 4), 0.4))),
+     lambda x: loss(-(0.4 * np_log_softmax(x, 1)).sum() / 3), [(3, 4)]),
+    ("mse_loss", autograd.mse_loss, lambda x, t: loss(((x - t) ** 2).mean()), [(3, 4), (3, 4)]),
+    ("mse_loss_broadcast", autograd.mse_loss, lambda x, t: loss(((x - t) ** 2).mean()), [(3, 4), (4,)]),
     ("cast_same_dtype", lambda x: autograd.cast(x, "float64"), lambda x: x, [(3,)]),
     ("chain", lambda x, w, b: autograd.tanh(autograd.add_bias(autograd.matmul(autograd.sigmoid(x), w), b)),
      lambda x, w, b: np.tanh(1 / (1 + np.exp(-x)) @ w + b), [(3, 4), (4, 2), (2,)]),

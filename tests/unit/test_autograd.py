@@ -280,8 +280,8 @@ def test_softmax_cross_entropy_matches_numpy(kind, dtype):
     x = param(xa, dtype=dtype)
     loss = autograd.softmax_cross_entropy(x, data(t))
     tol = 1e-5 if dtype == np.float32 else 1e-12
-    assert loss.shape == () and loss.dtype == tensor.to_dtype(dtype)
-    np.testing.assert_allclose(float(npy(loss)), want_loss, rtol=tol)
+    assert loss.shape == (1,) and loss.dtype == tensor.to_dtype(dtype)  # SINGA's losses have shape (1,)
+    np.testing.assert_allclose(npy(loss)[0], want_loss, rtol=tol)
     np.testing.assert_allclose(npy(autograd.gradients(loss)[x]), want_grad, rtol=tol, atol=tol)
 
 
@@ -291,14 +291,14 @@ def test_cross_entropy_and_mse_match_numpy():
     onehot = np.eye(4)[[0, 3, 2]]
     y = param(p)
     loss = autograd.cross_entropy(y, data(onehot.astype(np.int32)))
-    np.testing.assert_allclose(float(npy(loss)), -(onehot * np.log(p)).sum() / 3)
+    np.testing.assert_allclose(npy(loss), [-(onehot * np.log(p)).sum() / 3])
     np.testing.assert_allclose(npy(autograd.gradients(loss)[y]), -onehot / p / 3)
     xa, ta = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
     x = param(xa)
     loss = autograd.mse_loss(x, data(ta))
-    # SINGA's definition: sum / (2 * batch), gradient (x - t) / batch
-    np.testing.assert_allclose(float(npy(loss)), ((xa - ta) ** 2).sum() / (2 * 3))
-    np.testing.assert_allclose(npy(autograd.gradients(loss)[x]), (xa - ta) / 3)
+    # SINGA's definition: the mean over every element, gradient 2 * (x - t) / size
+    np.testing.assert_allclose(npy(loss), [((xa - ta) ** 2).mean()])
+    np.testing.assert_allclose(npy(autograd.gradients(loss)[x]), 2 * (xa - ta) / xa.size)
 
 
 def test_loss_target_errors():
@@ -405,7 +405,7 @@ def test_nested_layers_train():
     losses = []
     for _ in range(30):
         loss = autograd.softmax_cross_entropy(model(x), t)
-        losses.append(float(npy(loss)))
+        losses.append(npy(loss)[0])
         for p, g in autograd.backward(loss):
             tensor.axpy(-0.5, g, p)
     assert losses[-1] < 0.5 * losses[0]

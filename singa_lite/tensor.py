@@ -26,7 +26,7 @@ import numpy as np
 
 from . import _core
 from .device import as_device
-from .tensor_compat import SingaTensorMethods
+from .tensor_compat import SingaTensorMethods, _call_singa_func, copy_from_numpy  # noqa: F401 - SINGA's names
 
 DType = _core.DType
 float16 = DType.float16
@@ -532,21 +532,6 @@ def from_raw_tensors(tt) -> list:
 CTensor = _core.Tensor
 PlaceHolder = Tensor
 
-
-def _call_singa_func(fn, *args) -> Tensor:
-    """Calls fn(*args), a function returning a C++ tensor, and wraps the result (SINGA's helper, which
-    SINGA's tests use with ``singa_wrap`` functions)."""
-    r = fn(*args)
-    if not isinstance(r, _core.Tensor):
-        raise TypeError(f"_call_singa_func: {getattr(fn, '__name__', fn)!r} returned {type(r).__name__}, "
-                        f"expected a C++ tensor (singa_wrap.Tensor)")
-    return Tensor(data=r)
-
-
-def copy_from_numpy(data: _core.Tensor, np_array) -> None:
-    """Copies a numpy array's values into the C++ tensor `data` (same number of elements; SINGA's function
-    form of ``Tensor.copy_from_numpy``)."""
-    Tensor(data=data).copy_from_numpy(np_array)
 
 
 def zeros_like(t: Tensor) -> Tensor:

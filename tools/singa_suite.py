@@ -49,6 +49,15 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 sys.meta_path.insert(0, _Alias())
 sys.modules["singa"] = singa_lite
+
+# SINGA's tests were written for numpy < 1.24, which still had the aliases np.int, np.float, np.bool and
+# np.object of the builtin types (test_tensor's numpy_convert uses np.int); restore them here, for SINGA's
+# code only (singa_lite itself never uses them).
+import numpy as _np
+
+for _name, _type in (("int", int), ("float", float), ("bool", bool), ("object", object)):
+    if _name not in vars(_np):
+        setattr(_np, _name, _type)
 '''
 
 

@@ -108,7 +108,7 @@ def _encode(obj, arrays: list, where: str):
         if obj.dtype.hasobject or obj.dtype.kind not in "biufc" or obj.dtype.fields is not None:
             raise CheckpointError(f"checkpoint.save: {where} is an array of dtype {obj.dtype}; only numeric "
                                   f"arrays are saved (no pickle)")
-        arrays.append(np.ascontiguousarray(obj))
+        arrays.append(np.asarray(obj, order="C"))  # (ascontiguousarray would make a 0-d array 1-d)
         return {"$array": len(arrays) - 1, "dtype": obj.dtype.str, "shape": list(obj.shape)}
     if isinstance(obj, dict):
         out = {}
@@ -308,7 +308,10 @@ class _NamedTensors:
 
     def set_states(self, states: dict) -> None:  # names, shapes and dtypes were checked by load
         for k, v in states.items():
-            self.tensors[k].copy_data(v if isinstance(v, Tensor) else tensor.from_numpy(np.asarray(v)))
+            if isinstance(v, Tensor):
+                self.tensors[k].copy_data(v)
+            else:
+                self.tensors[k].copy_from_numpy(v)  # no intermediate tensor: loading costs one copy of the data
 
 
 def _as_model(model):
@@ -485,7 +488,7 @@ def _read_settled(path: str, *args) -> dict:
 def _manifest_bytes(mpath: str):
     try:
         with open(mpath, "rb") as f:
-            return f.read(1 << 20)
+            return f.read(min(os.fstat(f.fileno()).st_size, 1 << 20))
     except OSError:
         return None
 
@@ -585,7 +588,7 @@ def _verified(path: str, entry, what: str) -> tuple:
         raise CheckpointError(f"{fpath}: missing ({what}, listed in the manifest)") from None
     try:
         h = hashlib.sha256()
-        for chunk in iter(lambda: f.read(1 << 20), b""):
+        for chunk in iter(lambda: f.read(1 << 16), b""):
             h.update(chunk)
         if h.hexdigest() != entry.get("sha256"):
             raise CheckpointError(f"{fpath}: SHA-256 differs from the manifest's: the file is corrupt ({what})")
@@ -615,7 +618,8 @@ def _check_against(path, where, staged, model, dist, plain, sampler, rng) -> Non
                 raise CheckpointError(f"{path}: model state {k!r} is {got} in the checkpoint, "
                                       f"{t.dtype.name} {tuple(t.shape)} in the model")
     if plain is not None and model is not None:  # optimizer slots are keyed by parameter names
-        params = {p.name: p for p in model.get_params().values()}
+        # slots are keyed by the parameters' names: a Model's keys, a dict model's keys or the tensors' names
+        params = {**{p.name: p for p in model.get_params().values() if p.name}, **model.get_params()}
         for slot, entries in state["optimizer"].items():
             for k, a in (entries.items() if isinstance(entries, dict) else ()):
                 if k not in params:

@@ -26,7 +26,7 @@ import numpy as np
 
 MAX_JSON_BYTES = 256 << 20  # JSON entries hold names, shapes and small states; no real one comes near
 MAX_NPY_HEADER = 1 << 16  # numpy writes headers of a few hundred bytes; it refuses past 10000 by default
-_READ_CHUNK = 1 << 20  # the one transient copy while an array is read
+_READ_CHUNK = 1 << 18  # the one transient copy while an array is read
 _NPY_MAGIC = b"\x93NUMPY"
 
 
@@ -183,7 +183,7 @@ def read_json_file(path: str, limit: int = MAX_JSON_BYTES):
     if size > limit:
         raise CheckpointError(f"{path}: {size} bytes; a JSON file here is never over {limit} bytes")
     with open(path, "rb") as f:
-        return json_loads(f.read(limit + 1), path)
+        return json_loads(f.read(size), path)  # (read(n) allocates n bytes first: never more than needed)
 
 
 def _info(zf: zipfile.ZipFile, name: str, fpath: str, stored_only: bool) -> zipfile.ZipInfo:
@@ -206,7 +206,7 @@ def read_json_entry(zf: zipfile.ZipFile, name: str, fpath: str, stored_only: boo
         raise CheckpointError(f"{fpath}: entry {name!r} declares {info.file_size} bytes; a JSON entry here is "
                               f"never over {limit} bytes")
     with _zip_errors(fpath, name), zf.open(info) as f:
-        raw = f.read(limit + 1)
+        raw = f.read(info.file_size)  # zipfile stops at the declared size, whatever the data inflates to
     return json_loads(raw, f"{fpath} ({name})")
 
 

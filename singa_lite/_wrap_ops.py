@@ -25,7 +25,7 @@ def _t(x, op: str, what: str = "tensor") -> CTensor:
     """x when it is a raw tensor; otherwise a TypeError that says what to pass."""
     if isinstance(x, CTensor):
         return x
-    hint = "; pass its .data" if hasattr(x, "data") and isinstance(getattr(x, "data"), CTensor) else ""
+    hint = "; pass its .data" if hasattr(x, "data") and isinstance(x.data, CTensor) else ""
     raise TypeError(f"{op}: {what} must be a singa_wrap.Tensor (the C++ tensor in tensor.Tensor.data), "
                     f"got {type(x).__name__}{hint}")
 
@@ -78,7 +78,6 @@ def _unary(name: str, core_fn, doc: str):
 Abs = _unary("Abs", _core.abs, "|t|, element-wise.")
 Ceil = _unary("Ceil", _core.ceil, "Rounds up, element-wise.")
 Floor = _unary("Floor", _core.floor, "Rounds down, element-wise.")
-Round = _unary("Round", _core.round, "Rounds to the nearest integer, halves away from zero (C's round).")
 Exp = _unary("Exp", _core.exp, "e ** t, element-wise.")
 Erf = _unary("Erf", _core.erf, "The error function, element-wise.")
 Log = _unary("Log", _core.log, "Natural logarithm, element-wise.")
@@ -93,20 +92,24 @@ Tanh = _unary("Tanh", _core.tanh, "Hyperbolic tangent, element-wise.")
 
 
 def RoundE(t):  # noqa: N802 - SINGA's name
-    """Rounds to the nearest integer, halves to the even neighbour (numpy.round, IEEE's default)."""
+    """Rounds to the nearest integer, halves to the even one (numpy.round); integers come back as a copy."""
     t = _t(t, "RoundE")
+    return _core.round(t) if t.dtype.is_floating else t.clone()
+
+
+def Round(t):  # noqa: N802
+    """Rounds to the nearest integer, halves away from zero (C's round, SINGA's Round; RoundE and numpy round
+    halves to even)."""
+    t = _t(t, "Round")
     if not t.dtype.is_floating:
         return t.clone()
-    lower = _core.floor(t)
-    frac = _core.sub(t, lower)
-    # lower + 1 when frac > 0.5, or when frac == 0.5 and lower is odd
-    half_of_lower = _core.floor(_core.mul_scalar(lower, 0.5))
-    lower_is_odd = _core.ne(_core.mul_scalar(half_of_lower, 2.0), lower)
-    up = _core.gt_scalar(frac, 0.5)
-    tie_up = _core.mul(_core.eq_scalar(frac, 0.5).cast(t.dtype), lower_is_odd.cast(t.dtype))
-    _core.add(lower, up.cast(t.dtype), out=lower)
-    _core.add(lower, tie_up, out=lower)
-    return lower
+    r = _core.round(t)  # halves to even
+    d = _core.sub(t, r)  # exact, in [-0.5, 0.5]
+    # a half that went toward zero (d has x's sign) goes the other way: r + 2 * d
+    moved_in = _core.mul(_core.eq_scalar(_core.abs(d), 0.5).cast(t.dtype), _core.gt_scalar(_core.mul(d, t), 0.0)
+                         .cast(t.dtype))
+    _core.mul(moved_in, _core.mul_scalar(d, 2.0), out=moved_in)
+    return _core.add(r, moved_in, out=r)
 
 
 def Tan(t):  # noqa: N802

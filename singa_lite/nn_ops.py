@@ -34,11 +34,13 @@ Which path an operator took is decided in its forward and kept for its backward.
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 from . import _core
 from . import autograd as _ag
 from .autograd import CTensor, Operator
+from .ops_host import grad_like
 from .tensor import Tensor
 
 __all__ = ["conv2d", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "globalaveragepool", "batchnorm_2d",
@@ -46,6 +48,12 @@ __all__ = ["conv2d", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "globalave
 
 
 # ---------------------------------------------------------------- argument helpers
+def _needs(op) -> tuple:
+    """Which input gradients backward computes: the engine's choice, or all of them when a script calls
+    op.backward(dy) itself (as SINGA's tests do); padded so an absent bias reads False."""
+    return tuple(op.__dict__.get("needs_grad", (True, True, True))) + (False,) * 3
+
+
 def _pair(v, what: str, op: str, minimum: int) -> list:
     """An int or a pair of ints as [h, w], each >= minimum."""
     if isinstance(v, (numbers.Integral,)) and not isinstance(v, bool):
@@ -160,7 +168,7 @@ class _Conv2d(Operator):
         OCg, K = OC // g, Kg * g
         # dy in the forward's (OC, N*L) layout; then dW, db and dcols are each one GEMM / reduction per group.
         dy2 = dy.reshape([N, OC, oh * ow]).transpose([1, 0, 2]).contiguous().reshape([OC, N * oh * ow])
-        need = tuple(self.needs_grad) + (False,) * 3
+        need = _needs(self)
         dx = dW = db = None
         if need[1]:  # dW = dy2 @ cols^T; the transposed view goes to BLAS as a flag, not a copy
             if g == 1:
@@ -188,7 +196,7 @@ class _Conv2d(Operator):
         return (dx, dW, db) if self.has_bias else (dx, dW)
 
     def _backward_cudnn(self, dy):
-        need = tuple(self.needs_grad) + (False,) * 3
+        need = _needs(self)
         args = (self.stride, self.padding, self.dilation, self.groups)
         x, W = self.x, self.W
         dx = _core.cudnn_conv2d_backward_data(W, dy, list(x.shape), *args) if need[0] else None
@@ -289,22 +297,36 @@ def avg_pool2d(x, kernel, stride=None, padding=0, count_include_pad=True):
 
 
 class GlobalAveragePool(Operator):
-    """(N, C, H, W) -> (N, C, 1, 1), the mean over H and W (SINGA's / ONNX's GlobalAveragePool)."""
+    """The mean over the spatial axes, kept with size 1: (N, C, H, W) -> (N, C, 1, 1) for data_format
+    'channels_first' (any rank >= 3: every axis after C), (N, H, W, C) -> (N, 1, 1, C) for 'channels_last'
+    (SINGA's tests spell it 'channel_last'; both are accepted). SINGA's / ONNX's GlobalAveragePool."""
+
+    def __init__(self, data_format="channels_first"):
+        super().__init__()
+        if data_format not in ("channels_first", "channels_last", "channel_last"):
+            raise ValueError(f"global_avg_pool2d: data_format must be 'channels_first' or 'channels_last', "
+                             f"got {data_format!r}")
+        self.channels_first = data_format == "channels_first"
 
     def forward(self, x):
-        _check_nchw("global_avg_pool2d", x)
-        if x.shape[2] * x.shape[3] == 0:
+        if x.ndim < 3:
+            raise ValueError(f"global_avg_pool2d: expected x of shape (N, C, spatial...) or (N, spatial..., C), "
+                             f"got {tuple(x.shape)}")
+        self.axes = list(range(2, x.ndim)) if self.channels_first else list(range(1, x.ndim - 1))
+        if math.prod(x.shape[a] for a in self.axes) == 0:
             raise ValueError(f"global_avg_pool2d: x {tuple(x.shape)} has no spatial positions")
-        self.x_shape = list(x.shape)
-        return _core.mean(x, [2, 3], True)
+        self.x_shape, self.meta = list(x.shape), (x.dtype, x.device)
+        return _core.mean(x, self.axes, True)
 
-    def backward(self, dy):
-        n = self.x_shape[2] * self.x_shape[3]
+    def backward(self, dy=None):
+        n = math.prod(self.x_shape[a] for a in self.axes)
+        out = [1 if i in self.axes else s for i, s in enumerate(self.x_shape)]
+        dy = grad_like(dy, out, *self.meta)
         return _core.mul_scalar(dy.broadcast_to(self.x_shape), 1.0 / n)
 
 
-def global_avg_pool2d(x):
-    return GlobalAveragePool()(x)[0]
+def global_avg_pool2d(x, data_format="channels_first"):
+    return GlobalAveragePool(data_format)(x)[0]
 
 
 globalaveragepool = global_avg_pool2d  # SINGA's name
@@ -393,7 +415,7 @@ class _BatchNorm2d(Operator):
 
     def backward(self, dy):
         axes, C = self.axes, self.pshape[1]
-        need = tuple(self.needs_grad) + (False,) * 3
+        need = _needs(self)
         if self.cudnn and self.training:
             x4, scale, saved_mean, saved_inv_std = self.saved
             self.saved = None

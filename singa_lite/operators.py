@@ -13,6 +13,7 @@ import numbers
 from . import _core, tensor
 from . import autograd as _autograd
 from .autograd import CTensor, Operator, _axis, _const, _log_softmax, _reduce_to, _softmax, _swap_last, _zeros
+from .ops_host import CompatError
 
 __all__ = [  # everything below: autograd re-exports it
     'Add', 'Sub', 'Mul', 'Div', 'Pow', 'add', 'sub', 'mul', 'div', 'pow', 'Matmul', 'matmul', 'AddBias',
@@ -160,12 +161,12 @@ class AddBias(Operator):
     def __init__(self, axis=0):
         super().__init__()
         if axis not in (0, 1):
-            raise ValueError(f"add_bias: axis must be 0 (rows) or 1 (columns), got {axis}")
+            raise CompatError(f"add_bias: axis must be 0 (rows) or 1 (columns), got {axis}")
         self.axis = axis
 
     def forward(self, x, b):
         if x.ndim != 2 or b.ndim != 1 or b.shape[0] != x.shape[1 - self.axis]:
-            raise ValueError(f"add_bias: expected a matrix and a vector of its {('columns', 'rows')[self.axis]} "
+            raise CompatError(f"add_bias: expected a matrix and a vector of its {('columns', 'rows')[self.axis]} "
                              f"count, got shapes {x.shape} and {b.shape} (axis={self.axis})")
         return _core.add(x, b.reshape([1, -1] if self.axis == 0 else [-1, 1]))
 

@@ -8,7 +8,7 @@ Bad shapes raise ``ops_host.CompatError``: a ValueError that is also the Asserti
 from __future__ import annotations
 
 from . import _core
-from .autograd import CTensor, Operator, _log_softmax, _reduce_to
+from .autograd import CTensor, Operator, _log_softmax
 from .ops_host import CompatError, grad_like, mask
 from .tensor import Tensor
 
@@ -103,25 +103,31 @@ def softmax_cross_entropy(x, t):
 
 class MeanSquareError(Operator):
     """mean((x - t)^2) over every element, as SINGA (and torch.nn.MSELoss); the gradient is
-    2 * (x - t) / x.size. t has x's shape or broadcasts to it; unlike SINGA, t gets a gradient too."""
+    2 * (x - t) / x.size. t is a constructor argument, as in SINGA, and gets no gradient; it has x's shape
+    or broadcasts to it."""
 
-    def forward(self, x, t):
+    def __init__(self, t):
+        super().__init__()
+        if not isinstance(t, Tensor):
+            raise TypeError(f"mse_loss: the target must be a tensor.Tensor, got {type(t).__name__}")
+        self.traw = t.data
+
+    def forward(self, x):
+        t = self.traw
         if _broadcast(x.shape, t.shape) != tuple(x.shape):
             raise CompatError(f"mse_loss: the target's shape {t.shape} must equal (or broadcast to) the "
                               f"prediction's shape {x.shape}")
-        self.tshape, self.n = t.shape, max(x.numel, 1)
-        self.err = _core.sub(x, t)
+        self.n = max(x.numel, 1)
+        self.err = _core.sub(x, t if t.dtype == x.dtype else t.cast(x.dtype))
         return _loss(_core.sum(_core.square(self.err)), 1.0 / self.n)
 
     def backward(self, dy=None):
         g = _core.mul_scalar(self.err, 2.0 / self.n)
-        _core.mul(g, _dy(dy, g), out=g)
-        dt = _core.neg(_reduce_to(g, self.tshape)) if self.needs_grad[1] else None
-        return g, dt
+        return _core.mul(g, _dy(dy, g), out=g)
 
 
 def mse_loss(x, t):
-    return MeanSquareError()(x, t)[0]
+    return MeanSquareError(t)(x)[0]
 
 
 class BinaryCrossEntropy(Operator):

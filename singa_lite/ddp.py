@@ -302,6 +302,13 @@ class DistributedOptimizer:
                                "not used; call step() to apply them, or reset_grad() to drop them, first")
         self._pending = self._dist.backward(loss, self.threshold)
 
+    def synchronize(self) -> list:
+        """Waits for the exchange of the last ``backward``; returns the averaged ``(param, grad)`` pairs that
+        ``step()`` then applies (change them in place to change the update; every rank calls it)."""
+        if self._pending is None:
+            raise RuntimeError("ddp.DistributedOptimizer.synchronize: no gradients; call opt.backward(loss) first")
+        return self._pending.synchronize()
+
     def step(self, loss=None) -> None:
         """Applies the averaged gradients of the last ``backward`` (of `loss` first, when given)."""
         if loss is not None:

@@ -245,7 +245,28 @@ def scenario_states_round_trip(comm):
     return "ok"
 
 
+def scenario_ddp_optimizer_between_the_phases(comm):
+    # ddp.DistributedOptimizer is the same two phases: synchronize() between backward() and step() gives the
+    # averaged gradients, and what step() applies is them as changed
+    from singa_lite import ddp
+
+    params = make_params(0)
+    dopt = ddp.DistributedOptimizer(opt.SGD(lr=0.5), communicator=comm)
+    assert isinstance(dopt.dist_opt, opt.DistOpt)
+    expect(RuntimeError, "no gradients", dopt.synchronize)
+    dopt.step(shard_loss(comm, params, 0))
+    before = values(params)
+    dopt.backward(shard_loss(comm, params, 1))
+    for _, g in dopt.synchronize():
+        g.set_value(2.0)
+    dopt.step()
+    for k in before:
+        np.testing.assert_allclose(values(params)[k], before[k] - 1.0, rtol=0, atol=1e-6, err_msg=k)
+    return "ok"
+
+
 SCENARIOS = {
+    "ddp_optimizer_between_the_phases": scenario_ddp_optimizer_between_the_phases,
     "two_phases_equal_backward_and_update": scenario_two_phases_equal_backward_and_update,
     "averaged_gradients_between_the_phases": scenario_averaged_gradients_between_the_phases,
     "misuse_is_refused": scenario_misuse_is_refused,

@@ -17,6 +17,7 @@ from dist_cases import run_ranks  # noqa: E402
     ("nonfinite_between_the_phases", 2),
     ("states_round_trip", 2),
     ("states_round_trip", 1),
+    ("ddp_optimizer_between_the_phases", 2),
 ])
 def test_scenario(name, world_size):
     out, _, _ = run_ranks(distopt_public_cases.run, world_size, timeout=180, args=(name,))

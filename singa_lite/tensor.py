@@ -542,11 +542,12 @@ def ones_like(t: Tensor) -> Tensor:
     return Tensor(t.shape, t.device, t.dtype).set_value(1)
 
 
-def zeros(shape, dtype=float32, device=None) -> Tensor:
+# SINGA's order: the device comes second (``tensor.zeros(shape, dev)``); the dtype is a keyword extension.
+def zeros(shape, device=None, dtype=float32) -> Tensor:
     return Tensor(shape, device, dtype)
 
 
-def ones(shape, dtype=float32, device=None) -> Tensor:
+def ones(shape, device=None, dtype=float32) -> Tensor:
     return Tensor(shape, device, dtype).set_value(1)
 
 
@@ -576,16 +577,16 @@ def sizeof(dtype) -> int:
     return to_dtype(dtype).itemsize
 
 
-def reshape(t: Tensor, s) -> Tensor:
-    return t.reshape(s)
+def reshape(tensor: Tensor, shape) -> Tensor:  # SINGA's parameter names
+    return tensor.reshape(shape)
 
 
 def transpose(t: Tensor, axes=None) -> Tensor:
     return t.transpose(axes)
 
 
-def contiguous(t: Tensor) -> Tensor:
-    return t.contiguous()
+def contiguous(tensor: Tensor) -> Tensor:
+    return tensor.contiguous()
 
 
 def copy_data_to_from(dst: Tensor, src: Tensor, size: int, dst_offset: int = 0, src_offset: int = 0) -> None:

@@ -239,3 +239,16 @@ def test_random_fills_inplace_flag(fill):
     r = fill(z, False)
     assert r is not z and r.shape == (50,) and tensor.to_numpy(r).any()
     assert not tensor.to_numpy(z).any(), "inplace=False leaves the tensor as it was"
+
+
+def test_module_functions_take_singas_argument_order_and_names():
+    from singa_lite import device
+
+    dev = device.get_default_device()
+    z, o = tensor.zeros((2, 3), dev), tensor.ones((2,), dev)  # SINGA: the device is the second argument
+    assert z.device is dev and not tensor.to_numpy(z).any() and z.dtype == tensor.float32
+    assert tensor.to_numpy(o).tolist() == [1.0, 1.0]
+    assert tensor.zeros((2,), dtype=tensor.int32).dtype == tensor.int32
+    t = t_of(np.arange(6, dtype=np.float32))
+    assert tensor.reshape(tensor=t, shape=(2, 3)).shape == (2, 3)
+    assert tensor.contiguous(tensor=t.reshape((2, 3)).transpose()).is_contiguous()

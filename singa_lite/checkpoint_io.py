@@ -113,19 +113,33 @@ def _unlink(path: str) -> None:
 
 
 class DirectoryLock:
-    """One writer at a time in a checkpoint directory: an exclusive ``flock`` on ``<directory>/.lock``,
-    waited for up to `timeout` seconds (CheckpointError after that, naming the process that holds it).
+    """One writer at a time in a checkpoint directory: an exclusive ``flock`` on the directory itself (so
+    the checkpoint gains no file), waited for up to `timeout` seconds, then CheckpointError. Where the
+    file system cannot lock a directory (NFS emulates flock with byte-range locks, which need a file open
+    for writing), the lock is ``<directory>/.lock`` instead, and holds its holder's pid for the message.
     The kernel releases the lock when its holder dies, so a killed save never blocks the next one."""
 
     NAME = ".lock"
 
     def __init__(self, directory: str, timeout: float, what: str):
-        self.path = os.path.join(directory, self.NAME)
-        self.timeout, self.what = float(timeout), what
+        self.directory, self.timeout, self.what = directory, float(timeout), what
         self.fd = None
 
     def __enter__(self):
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # can this file system lock a directory at all?
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            lock_file = None
+        except BlockingIOError:  # yes, and a writer holds it
+            lock_file = None
+        except OSError as e:
+            if e.errno not in (errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                os.close(fd)
+                raise
+            os.close(fd)
+            lock_file = os.path.join(self.directory, self.NAME)
+            fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o600)
         deadline = time.monotonic() + self.timeout
         delay = 0.005
         while True:
@@ -134,22 +148,23 @@ class DirectoryLock:
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    holder = _read_small(fd)
+                    holder = _read_small(fd) if lock_file else ""
                     os.close(fd)
                     raise CheckpointError(
-                        f"{self.what}: another save to {os.path.dirname(self.path)} is in progress (it holds "
-                        f"{self.path}: {holder or 'unknown process'}) and did not finish within "
-                        f"{self.timeout:g} s; wait for it, pass a longer lock_timeout, or save elsewhere") from None
+                        f"{self.what}: another save to {self.directory} is in progress (it holds the directory's "
+                        f"lock{': ' + holder if holder else ''}) and did not finish within {self.timeout:g} s; "
+                        f"wait for it, pass a longer lock_timeout, or save elsewhere") from None
                 time.sleep(delay)
                 delay = min(delay * 2, 0.2)
             except BaseException:
                 os.close(fd)
                 raise
-        try:  # who holds it, for the message above (informative only: the lock is the flock)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
-        except OSError:
-            pass
+        if lock_file:  # who holds it, for the message above (informative only: the lock is the flock)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
+            except OSError:
+                pass
         self.fd = fd
         return self
 

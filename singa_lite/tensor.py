@@ -41,10 +41,17 @@ _TO_NUMPY = {float16: np.float16, float32: np.float32, float64: np.float64, int3
 _FROM_NUMPY = {np.dtype(v): k for k, v in _TO_NUMPY.items()}
 
 
+# SINGA's as_type('int') / as_type('float') mean its kInt and kFloat32 (numpy would read int64 and float64).
+_SINGA_NAMES = {"int": DType.int32, "float": DType.float32}
+
+
 def to_dtype(dtype) -> DType:
-    """Accepts a singa_lite dtype, a numpy dtype or type, or a name such as 'float32'."""
+    """Accepts a singa_lite dtype, a numpy dtype or type, or a name such as 'float32' ('int' and 'float' are
+    int32 and float32, as in SINGA)."""
     if isinstance(dtype, DType):
         return dtype
+    if isinstance(dtype, str) and dtype in _SINGA_NAMES:
+        return _SINGA_NAMES[dtype]
     try:
         npd = np.dtype(dtype)
     except TypeError:

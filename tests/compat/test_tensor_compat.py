@@ -252,3 +252,11 @@ def test_module_functions_take_singas_argument_order_and_names():
     t = t_of(np.arange(6, dtype=np.float32))
     assert tensor.reshape(tensor=t, shape=(2, 3)).shape == (2, 3)
     assert tensor.contiguous(tensor=t.reshape((2, 3)).transpose()).is_contiguous()
+
+
+def test_as_type_int_and_float_names_mean_int32_and_float32():
+    t = t_of(np.array([1.7, -2.2], np.float32))
+    i = t.as_type("int")
+    assert i.dtype == tensor.int32 and tensor.to_numpy(i).tolist() == [1, -2]
+    assert i.as_type("float").dtype == tensor.float32
+    assert Tensor((2,)).to_type("int").dtype == tensor.int32

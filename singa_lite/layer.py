@@ -552,3 +552,7 @@ class Reshape(Layer):
 
     def forward(self, x, shape):
         return autograd.reshape(x, shape)
+
+
+# SINGA's RNN, LSTM, Gemm and Embedding layers live in layer_extra.py (added by the operator work).
+from .layer_extra import LSTM, RNN, Embedding, Gemm  # noqa: E402,F401

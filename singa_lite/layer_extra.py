@@ -1,0 +1,181 @@
+"""SINGA's layers RNN, LSTM, Gemm and Embedding (re-exported by ``layer``; RNN and LSTM by ``autograd`` too).
+
+RNN and LSTM are SINGA's step-by-step recurrences written with autograd operators (matmul, add_bias,
+tanh / relu / sigmoid), so they run on any device and their gradients come from the operators':
+
+    rnn = layer.RNN(input_size, hidden_size)           # tanh(x Wx + h Wh + b)
+    hs, h = rnn([x0, x1, x2], h0)                      # xs: a list of (batch, input_size) tensors
+    lstm = layer.LSTM(input_size, hidden_size)
+    hs, h, c = lstm([x0, x1, x2], (h0, c0))
+
+Parameters are created on the first call (as SINGA does), on the first input's device. Only SINGA's
+single-layer, unidirectional form is supported: num_layers > 1, bidirectional, batch_first and dropout are
+refused by name.
+"""
+from __future__ import annotations
+
+import math
+
+from . import autograd
+from .layer import Layer
+from .tensor import Tensor
+
+__all__ = ["RNN", "LSTM", "Gemm", "Embedding"]
+
+
+def _seq(xs, what: str) -> list:
+    if isinstance(xs, Tensor) or not isinstance(xs, (list, tuple)) or not xs:
+        raise TypeError(f"{what}: the inputs must be a non-empty list of (batch, features) tensors, one per "
+                        f"time step, got {type(xs).__name__}")
+    for i, x in enumerate(xs):
+        if not isinstance(x, Tensor) or x.ndim() != 2:
+            raise ValueError(f"{what}: step {i} must be a 2-d (batch, features) Tensor, got "
+                             f"{getattr(x, 'shape', type(x).__name__)}")
+        if x.shape[0] != xs[0].shape[0]:
+            raise ValueError(f"{what}: step {i} has batch {x.shape[0]}, step 0 has {xs[0].shape[0]}")
+    return list(xs)
+
+
+def _refuse_unsupported(what, num_layers, bias, batch_first, dropout, bidirectional):
+    bad = {k: v for k, v in (("num_layers", num_layers != 1), ("bias", not bias), ("batch_first", batch_first),
+                             ("dropout", dropout != 0), ("bidirectional", bidirectional)) if v}
+    if bad:
+        raise NotImplementedError(f"{what}: only SINGA's single-layer, unidirectional recurrence with bias is "
+                                  f"implemented; remove {sorted(bad)}")
+
+
+class RNN(Layer):
+    """h_t = nonlinearity(x_t Wx + h_{t-1} Wh + b); Wx (input_size, hidden_size) and Wh ~ N(0, 1), b = 0
+    (SINGA's initialisation). ``forward(xs, h0)`` returns ``(hs, h_last)``."""
+
+    def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True,
+                 batch_first=False, dropout=0, bidirectional=False):
+        super().__init__()
+        _refuse_unsupported("RNN", num_layers, bias, batch_first, dropout, bidirectional)
+        if nonlinearity not in ("tanh", "relu"):
+            raise ValueError(f"RNN: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+        self.input_size, self.hidden_size, self.nonlinearity = int(input_size), int(hidden_size), nonlinearity
+
+    def initialize(self, xs, h0):
+        dev = _seq(xs, "RNN")[0].device
+        self._param((self.input_size, self.hidden_size), "Wx").to_device(dev).gaussian(0.0, 1.0)
+        self._param((self.hidden_size, self.hidden_size), "Wh").to_device(dev).gaussian(0.0, 1.0)
+        self._param((self.hidden_size,), "b").to_device(dev)
+
+    def forward(self, xs, h0):
+        xs = _seq(xs, "RNN")
+        self.device_check(xs[0])
+        h, hs = h0, []
+        for x in xs:
+            h = self.step_forward(x, h, self.Wx, self.Wh, self.b)
+            hs.append(h)
+        return hs, h
+
+    def step_forward(self, x, h, Wx, Wh, b):  # noqa: N803 - SINGA's names
+        y = autograd.add_bias(autograd.add(autograd.matmul(h, Wh), autograd.matmul(x, Wx)), b, axis=0)
+        return autograd.tanh(y) if self.nonlinearity == "tanh" else autograd.relu(y)
+
+
+_GATES = ("i", "f", "o", "g")  # input, forget and output gates, candidate
+
+
+class LSTM(Layer):
+    """SINGA's LSTM step: i, f, o = sigmoid(x Wx_* + Bx_* + h Wh_* + Bh_*), g = tanh(same with *_g),
+    c_t = f * c_{t-1} + i * g, h_t = o * tanh(c_t). Weights ~ N(0, 0.01), biases 0, one (Wx, Wh, Bx, Bh)
+    per gate named as SINGA's (Wx_i, ..., Bh_g). ``forward(xs, (h0, c0))`` returns ``(hs, h_last, c_last)``."""
+
+    def __init__(self, input_size, hidden_size, nonlinearity="tanh", num_layers=1, bias=True,
+                 batch_first=False, dropout=0, bidirectional=False):
+        super().__init__()
+        _refuse_unsupported("LSTM", num_layers, bias, batch_first, dropout, bidirectional)
+        self.input_size, self.hidden_size = int(input_size), int(hidden_size)
+
+    def initialize(self, xs, h0_c0):
+        dev = _seq(xs, "LSTM")[0].device
+        for g in _GATES:
+            self._param((self.input_size, self.hidden_size), f"Wx_{g}").to_device(dev).gaussian(0.0, 0.01)
+            self._param((self.hidden_size, self.hidden_size), f"Wh_{g}").to_device(dev).gaussian(0.0, 0.01)
+        for g in _GATES:
+            self._param((self.hidden_size,), f"Bx_{g}").to_device(dev)
+            self._param((self.hidden_size,), f"Bh_{g}").to_device(dev)
+
+    def forward(self, xs, h0_c0):
+        xs = _seq(xs, "LSTM")
+        if not isinstance(h0_c0, (tuple, list)) or len(h0_c0) != 2:
+            raise TypeError("LSTM: the state must be a pair (h0, c0)")
+        self.device_check(xs[0])
+        (h, c), hs = h0_c0, []
+        for x in xs:
+            h, c = self.step_forward(x, h, c)
+            hs.append(h)
+        return hs, h, c
+
+    def _gate(self, x, h, g):
+        p = self.__dict__
+        y1 = autograd.add_bias(autograd.matmul(x, p[f"Wx_{g}"]), p[f"Bx_{g}"], axis=0)
+        y2 = autograd.add_bias(autograd.matmul(h, p[f"Wh_{g}"]), p[f"Bh_{g}"], axis=0)
+        return autograd.add(y1, y2)
+
+    def step_forward(self, x, h, c):
+        i, f, o = (autograd.sigmoid(self._gate(x, h, g)) for g in "ifo")
+        g = autograd.tanh(self._gate(x, h, "g"))
+        c = autograd.add(autograd.mul(f, c), autograd.mul(i, g))
+        return autograd.mul(o, autograd.tanh(c)), c
+
+
+class Gemm(Layer):
+    """y = alpha * x' W' + beta * b (ONNX Gemm with the weight W and bias b as parameters); x' = x.T when
+    transA, W' = W.T when transB (then W is (nb_kernels, in_features), SINGA's default). W ~ N(0, 2 / (in +
+    out)), b = 0 of shape bias_shape (default (1, nb_kernels))."""
+
+    def __init__(self, nb_kernels, alpha=1.0, beta=1.0, transA=False, transB=True, bias=True,  # noqa: N803
+                 bias_shape=None):
+        super().__init__()
+        self.nb_kernels, self.alpha, self.beta = int(nb_kernels), float(alpha), float(beta)
+        self.transA, self.transB, self.bias = int(bool(transA)), int(bool(transB)), bool(bias)
+        self.bias_shape = tuple(bias_shape) if bias_shape else (1, self.nb_kernels)
+
+    def initialize(self, x):
+        self.in_features = x.shape[0] if self.transA else x.shape[-1]
+        shape = (self.nb_kernels, self.in_features) if self.transB else (self.in_features, self.nb_kernels)
+        self._param(shape, "W").to_device(x.device).gaussian(
+            0.0, math.sqrt(2.0 / (self.in_features + self.nb_kernels)))
+        if self.bias:
+            self._param(self.bias_shape, "b").to_device(x.device)
+
+    def forward(self, x):
+        got = x.shape[0] if self.transA else x.shape[-1]
+        if got != self.in_features:
+            raise ValueError(f"Gemm: expects {self.in_features} input features, got {got} (input shape {x.shape})")
+        return autograd.gemm(x, self.W, self.b if self.bias else None, self.alpha, self.beta, self.transA,
+                             self.transB)
+
+
+class Embedding(Layer):
+    """Rows of a (input_dim, output_dim) table W picked by integer ids: (..., ) -> (..., output_dim).
+    W ~ N(0, 1) (initializer 'gaussian', SINGA's default) or U(-1, 1) ('uniform')."""
+
+    def __init__(self, input_dim, output_dim, initializer="gaussian"):
+        super().__init__()
+        if initializer not in ("gaussian", "uniform"):
+            raise ValueError(f"Embedding: initializer must be 'gaussian' or 'uniform', got {initializer!r}")
+        self.input_dim, self.output_dim, self.initializer = int(input_dim), int(output_dim), initializer
+
+    def initialize(self, x):
+        w = self._param((self.input_dim, self.output_dim), "W").to_device(x.device)
+        if self.initializer == "uniform":
+            w.uniform(-1.0, 1.0)
+        else:
+            w.gaussian(0.0, 1.0)
+
+    def from_pretrained(self, W, freeze=True):  # noqa: N803
+        """Copies W into the table (creating it if needed); freeze=True stops it from training."""
+        if "W" not in self.__dict__:
+            self._param((self.input_dim, self.output_dim), "W")
+            object.__setattr__(self, "_initialized", True)
+        self.set_params({"W": W})
+        self.W.requires_grad = not freeze
+        self.W.stores_grad = not freeze
+
+    def forward(self, x):
+        return autograd.embedding(x, self.W)

@@ -366,6 +366,7 @@ class Tensor(SingaTensorMethods):
         if x is None or isinstance(x, (Tensor, _core.Tensor)):
             return self is not x
         return _binary("ne", self, x)
+
     def __neg__(self): return self._derive(_core.neg(self.data))
     def __abs__(self): return self._derive(_core.abs(self.data))
 
@@ -538,7 +539,6 @@ def from_raw_tensors(tt) -> list:
 # SINGA's names: the C++ tensor class, and PlaceHolder, an alias SINGA's ONNX examples use for inputs.
 CTensor = _core.Tensor
 PlaceHolder = Tensor
-
 
 
 def zeros_like(t: Tensor) -> Tensor:

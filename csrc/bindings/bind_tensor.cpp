@@ -288,8 +288,20 @@ class Shape(tuple):
 )", ns);
   py::object shape_type = ns["Shape"];
   m.attr("Shape") = shape_type;
-  cls.def_property_readonly("shape", [shape_type](const Tensor& t) { return shape_type(tuple_of(t.shape())); },
-                            "A Shape: a tuple that SINGA's code may also call, t.shape() or t.shape(i).");
+  // Filled in place like a tuple (what tuple.__new__ does for a subclass): calling the type from here cost
+  // about as much again as the whole plain-tuple property, and `shape` is read on every op.
+  auto* shape_tp = reinterpret_cast<PyTypeObject*>(shape_type.release().ptr());  // kept alive by the module
+  cls.def_property_readonly("shape", [shape_tp](const Tensor& t) {
+        const Shape& s = t.shape();
+        py::object out = py::reinterpret_steal<py::object>(shape_tp->tp_alloc(shape_tp, Py_ssize_t(s.size())));
+        if (!out) throw py::error_already_set();
+        for (size_t i = 0; i < s.size(); ++i) {
+          PyObject* d = PyLong_FromLongLong(s[i]);
+          if (!d) throw py::error_already_set();
+          PyTuple_SET_ITEM(out.ptr(), Py_ssize_t(i), d);
+        }
+        return out;
+      }, "A Shape: a tuple that SINGA's code may also call, t.shape() or t.shape(i).");
 
   cls.def(py::init([](const Shape& shape, const py::object& device, DType dtype) {
             return Tensor::empty(shape, dtype, device_arg(device));

@@ -190,8 +190,7 @@ class Tensor(SingaTensorMethods):
         return self._derive(self.data.transpose(list(axes) if axes is not None else []))
 
     def T(self) -> Tensor:
-        if self.ndim() != 2:
-            raise ValueError(f"T(): expected a 2-D tensor, got shape {self.shape}; use transpose(axes)")
+        """A view with the axes reversed (a matrix's transpose), for any number of axes as in SINGA."""
         return self.transpose()
 
     def contiguous(self) -> Tensor:

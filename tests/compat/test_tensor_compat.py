@@ -260,3 +260,10 @@ def test_as_type_int_and_float_names_mean_int32_and_float32():
     assert i.dtype == tensor.int32 and tensor.to_numpy(i).tolist() == [1, -2]
     assert i.as_type("float").dtype == tensor.float32
     assert Tensor((2,)).to_type("int").dtype == tensor.int32
+
+
+def test_T_reverses_the_axes_of_any_tensor():
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    np.testing.assert_array_equal(tensor.to_numpy(t_of(a).T()), a.T)
+    np.testing.assert_array_equal(tensor.to_numpy(t_of(a[0]).T()), a[0].T)
+    assert t_of(a[0, 0]).T().shape == (4,)

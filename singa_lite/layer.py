@@ -554,5 +554,13 @@ class Reshape(Layer):
         return autograd.reshape(x, shape)
 
 
-# SINGA's RNN, LSTM, Gemm and Embedding layers live in layer_extra.py (added by the operator work).
-from .layer_extra import LSTM, RNN, Embedding, Gemm  # noqa: E402,F401
+_EXTRA = ("RNN", "LSTM", "Gemm", "Embedding")
+
+
+def __getattr__(name):
+    # SINGA's RNN, LSTM, Gemm and Embedding live in layer_extra.py (which imports this module): resolved on
+    # first use so the import graph stays one way.
+    if name in _EXTRA:
+        from . import layer_extra
+        return getattr(layer_extra, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

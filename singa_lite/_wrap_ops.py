@@ -130,6 +130,28 @@ def Cosh(t):  # noqa: N802
     return _core.mul_scalar(_core.add(_core.exp(t), _core.exp(_core.neg(t))), 0.5)
 
 
+def Asinh(t):  # noqa: N802
+    """Inverse hyperbolic sine: sign(t) * log1p(|t| + t^2 / (1 + sqrt(t^2 + 1))), exact near 0 and far from it."""
+    t = _t(t, "Asinh")
+    a = _core.abs(t)
+    sq = _core.square(a)
+    root = _core.add_scalar(_core.sqrt(_core.add_scalar(sq, 1.0)), 1.0)
+    return _core.mul(_core.sign(t), _core.log1p(_core.add(a, _core.div(sq, root))))
+
+
+def Acosh(t):  # noqa: N802
+    """Inverse hyperbolic cosine (t >= 1): log(t + sqrt(t^2 - 1)); nan below 1."""
+    t = _t(t, "Acosh")
+    return _core.log(_core.add(t, _core.sqrt(_core.sub_scalar(_core.square(t), 1.0))))
+
+
+def Atanh(t):  # noqa: N802
+    """Inverse hyperbolic tangent (|t| < 1): log1p(2t / (1 - t)) / 2."""
+    t = _t(t, "Atanh")
+    ratio = _core.div(_core.mul_scalar(t, 2.0), _core.sub_scalar(t, 1.0, True))
+    return _core.mul_scalar(_core.log1p(ratio), 0.5)
+
+
 def ReLUBackward(dy, x):  # noqa: N802
     """The gradient of ReLU: dy where x > 0, else 0."""
     dy, x = _t(dy, "ReLUBackward", "dy"), _t(x, "ReLUBackward", "x")

@@ -169,6 +169,15 @@ def test_log_sqrt_erf():
     np.testing.assert_allclose(npy(sw.Erf(ct(a - 1))), [erf(v) for v in a - 1], rtol=1e-5, atol=1e-6)
 
 
+def test_inverse_hyperbolic():
+    a = np.array([-30.0, -2.0, -1e-4, 0.0, 3e-5, 0.5, 4.0, 1e3], np.float32)
+    np.testing.assert_allclose(npy(sw.Asinh(ct(a))), np.arcsinh(a), rtol=1e-5)
+    b = np.array([1.0, 1.5, 10.0, 1e4], np.float32)
+    np.testing.assert_allclose(npy(sw.Acosh(ct(b))), np.arccosh(b), rtol=1e-5, atol=1e-6)
+    c = np.array([-0.99, -0.5, -1e-5, 0.0, 2e-4, 0.9], np.float32)
+    np.testing.assert_allclose(npy(sw.Atanh(ct(c))), np.arctanh(c), rtol=1e-5)
+
+
 def test_round_and_round_half_even():
     q = np.array([0.1, 0.5, 0.9, 1.5, 2.5, 3.5, -0.5, -1.5, -2.5, -2.6, 4.0, -0.2], np.float32)
     np.testing.assert_array_equal(npy(sw.RoundE(ct(q))), np.round(q))  # numpy rounds halves to even

@@ -77,27 +77,29 @@ def _np_supported(arr: np.ndarray) -> np.ndarray:
 class Tensor(SingaTensorMethods):
     """A multi-dimensional array on a device.
 
-    ``Tensor(shape=(), device=None, dtype=float32, data=None, requires_grad=True, stores_grad=False,
-    creator=None, name=None)``. ``data`` may be a numpy array (copied), a C++ tensor (wrapped) or
-    None (zeros of ``shape``). ``requires_grad``, ``stores_grad``, ``creator`` and ``name`` are used
-    by autograd.
+    ``Tensor(shape=(), device=None, dtype=None, data=None, requires_grad=True, stores_grad=False,
+    creator=None, name=None)``. ``data`` may be a numpy array (copied, converted to ``dtype`` when given,
+    else keeping its own), a C++ tensor (wrapped) or None (zeros of ``shape`` and ``dtype``, float32 by
+    default). ``requires_grad``, ``stores_grad``, ``creator`` and ``name`` are used by autograd.
     """
 
     __array_priority__ = 100  # numpy defers to our operators in `ndarray + Tensor`
     _grad_hooks = None  # {handle id: hook} once register_hook is called; None keeps autograd's fast path
 
-    def __init__(self, shape=(), device=None, dtype=float32, data=None, requires_grad=True, stores_grad=False,
+    def __init__(self, shape=(), device=None, dtype=None, data=None, requires_grad=True, stores_grad=False,
                  creator=None, name=None):
         if isinstance(data, _core.Tensor):  # first: autograd wraps every op's output this way
             self.data = data
         elif data is None:
-            self.data = _core.Tensor(_shape_tuple(shape), to_dtype(dtype), as_device(device).core)
+            dt = float32 if dtype is None else to_dtype(dtype)
+            self.data = _core.Tensor(_shape_tuple(shape), dt, as_device(device).core)
             _core.fill_(self.data, 0)
         elif isinstance(data, Tensor):
             self.data = data.data
         else:
             dev = as_device(device)
-            arr = _np_supported(np.asarray(data))
+            arr = np.asarray(data) if dtype is None else np.asarray(data, _TO_NUMPY[to_dtype(dtype)])
+            arr = _np_supported(arr)
             self.data = _core.Tensor(arr.shape, _FROM_NUMPY[arr.dtype], dev.core)
             _core.copy_(self.data, _core.Tensor.from_buffer(np.ascontiguousarray(arr).reshape(arr.shape)))
         self.requires_grad = requires_grad

@@ -267,3 +267,12 @@ def test_T_reverses_the_axes_of_any_tensor():
     np.testing.assert_array_equal(tensor.to_numpy(t_of(a).T()), a.T)
     np.testing.assert_array_equal(tensor.to_numpy(t_of(a[0]).T()), a[0].T)
     assert t_of(a[0, 0]).T().shape == (4,)
+
+
+def test_constructor_converts_numpy_data_to_an_explicit_dtype():
+    a = np.array([1.5, 2.5])  # float64
+    assert Tensor(data=a).dtype == tensor.float64, "without dtype the array keeps its own"
+    t = Tensor(data=a, dtype=tensor.float32)
+    assert t.dtype == tensor.float32 and tensor.to_numpy(t).tolist() == [1.5, 2.5]
+    assert Tensor(data=np.array([1, 2], np.int64), dtype="float").dtype == tensor.float32
+    assert Tensor((2,)).dtype == tensor.float32 and Tensor((2,), None, tensor.float16).dtype == tensor.float16

@@ -151,19 +151,23 @@ def _read_tensor_dict(fpath: str, zf: zipfile.ZipFile, specs: dict) -> dict:
                               f"{bound} that the states {STATES_ATTR_FILENAME} declares can take: refused unread")
     where = f"{fpath} ({TENSOR_DICT_FILENAME})"
     try:
-        with zf.open(info) as stream, zipfile.ZipFile(stream) as npz:
-            members = {i.filename: i for i in npz.infolist()}
-            expected = {f"{k}.npy": k for k in specs}
-            if set(members) != set(expected):
-                missing = sorted(set(expected) - set(members))
-                unknown = sorted(set(members) - set(expected))
-                raise CheckpointError(f"{where}: does not hold exactly the states {STATES_ATTR_FILENAME} declares: "
-                                      f"missing {missing[:8]}, undeclared {unknown[:8]}")
-            arrays = {}
-            for member in sorted(members.values(), key=lambda i: i.header_offset):
-                k = expected[member.filename]
-                _, dt, shape = specs[k]
-                arrays[k] = read_npy_entry(npz, member.filename, where, dt, shape)
+        with zf.open(info) as stream:
+            # zipfile seeks in this stream by decompressing and dropping up to MAX_SEEK_READ bytes at a
+            # time (16 MiB): smaller steps keep a seek's transient memory small
+            stream.MAX_SEEK_READ = 1 << 16
+            with zipfile.ZipFile(stream) as npz:
+                members = {i.filename: i for i in npz.infolist()}
+                expected = {f"{k}.npy": k for k in specs}
+                if set(members) != set(expected):
+                    missing = sorted(set(expected) - set(members))
+                    unknown = sorted(set(members) - set(expected))
+                    raise CheckpointError(f"{where}: does not hold exactly the states {STATES_ATTR_FILENAME} declares: "
+                                          f"missing {missing[:8]}, undeclared {unknown[:8]}")
+                arrays = {}
+                for member in sorted(members.values(), key=lambda i: i.header_offset):
+                    k = expected[member.filename]
+                    _, dt, shape = specs[k]
+                    arrays[k] = read_npy_entry(npz, member.filename, where, dt, shape)
     except CheckpointError:
         raise
     except (zipfile.BadZipFile, zlib.error, struct.error, EOFError, OSError, ValueError, NotImplementedError,

@@ -18,7 +18,8 @@ statistics); the optimizer's states (per-parameter slots and the step counter, f
 schedules are evaluated, so their position comes back with it); DistOpt's own state (partial-update
 counter, skipped steps, the error-feedback residuals of sparse updates); the sampler's epoch and position
 in the epoch; the random generator of every device (``Device.get_rng_state``) and, if given, a numpy
-``Generator``; and ``extra``, the caller's JSON data and numpy arrays (rank 0's).
+``Generator``; and ``extra``, the caller's JSON data and numpy arrays (rank 0's; numpy scalars, and 0-d
+arrays, come back as Python numbers).
 
 Layout. `path` is a directory::
 
@@ -31,7 +32,17 @@ A save writes new files under a fresh random token, waits for every rank, and on
 ``manifest.json`` (atomically); files of older tokens are removed after that. Until the new manifest is
 in place the old one names the old files, which are untouched, so a process killed at any moment of a
 save leaves the previous checkpoint loadable; files no manifest names (an interrupted save's) are never
-read. One directory rather than one file per rank so that a checkpoint can be moved, listed and deleted
+read.
+
+Concurrent saves to one directory (two jobs, or a job started twice) take turns: rank 0 holds an
+exclusive ``flock`` on the directory (``<path>/.lock`` where the file system cannot lock a directory)
+from before any file is written until the manifest is in place and old files are removed, and waits
+`lock_timeout` seconds for it before a CheckpointError. So a save never removes files another save's
+manifest names, and whatever the interleaving the last complete save is there. A reader takes no lock:
+if a save replaces the checkpoint while it reads (its files vanish), it reads the new one, and it gives
+up with a CheckpointError only if that keeps happening.
+
+One directory rather than one file per rank so that a checkpoint can be moved, listed and deleted
 as one thing, and rather than one file so that no rank sends its state to rank 0. With several hosts,
 `path` must be on a file system every rank sees.
 
@@ -42,9 +53,12 @@ between partial updates) keeps that part in its own file too. So loading on N ra
 
 Format: every file is written atomically (:func:`atomic_write`: a temporary file, fsync, rename, fsync of
 the directory; owner-only permissions). A ``.slckpt`` is a zip of ``header.json`` (magic, format
-version, rank, token), ``state.json`` (the state as JSON, arrays referenced by number) and
-``arrays/<k>.npy``. No pickle anywhere: arrays are read with ``allow_pickle=False``, so loading never
-runs code, and object arrays are refused on save and on load. :func:`load` checks everything -- the
+version, rank, token), ``state.json`` (the state as JSON, arrays referenced as ``{"$array": k, "dtype":
+"<f4", "shape": [..]}``; format 1 had only the number) and ``arrays/<k>.npy``, all stored (not
+compressed). No pickle anywhere, so loading never runs code, and object arrays are refused on save and on
+load. A file is untrusted: only the entries ``state.json`` references are read, each checked against its
+declared dtype and shape before its data (:mod:`singa_lite.checkpoint_io`), so a load's memory stays
+within about twice the declared data whatever the file holds. :func:`load` checks everything -- the
 manifest, sizes and SHA-256 of the files this rank reads, headers, the world size, names, shapes and
 dtypes against the model -- on every rank before it changes anything, and raises :class:`CheckpointError`
 (a ValueError) naming the file and what is wrong; with a DistOpt, every rank raises when any rank fails.

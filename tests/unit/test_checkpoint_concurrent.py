@@ -195,7 +195,8 @@ def test_where_directories_cannot_be_locked_a_lock_file_is_used(tmp_path, monkey
     checkpoint.save(path, {"W": W}, extra={"n": 1})
     assert os.path.isfile(os.path.join(path, ".lock"))
     with DirectoryLock(path, 1.0, "test"):
-        with pytest.raises(CheckpointError, match=r"in progress \(it holds the directory's lock: pid %d on " % os.getpid()):
+        holder = r"in progress \(it holds the directory's lock: pid %d on " % os.getpid()
+        with pytest.raises(CheckpointError, match=holder):
             checkpoint.save(path, {"W": W}, extra={"n": 2}, lock_timeout=0.1)
     checkpoint.save(path, {"W": W}, extra={"n": 3})
     assert checkpoint.load(path, {"W": W}) == {"n": 3}

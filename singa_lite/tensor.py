@@ -671,26 +671,12 @@ def _unary(name):
     return op
 
 
-exp = _unary("exp")
-log = _unary("log")
-sigmoid = _unary("sigmoid")
-sign = _unary("sign")
-sqrt = _unary("sqrt")
-square = _unary("square")
-tanh = _unary("tanh")
-relu = _unary("relu")
-abs = _unary("abs")  # noqa: A001
-neg = _unary("neg")
-reciprocal = _unary("reciprocal")
-sin = _unary("sin")
-cos = _unary("cos")
-floor = _unary("floor")
-ceil = _unary("ceil")
-round = _unary("round")  # noqa: A001
-log1p = _unary("log1p")
-expm1 = _unary("expm1")
-erf = _unary("erf")
-softplus = _unary("softplus")
+# One function per element-wise unary op of the core's list (csrc/ops/elementwise_ops.h): exp, log, sigmoid,
+# sign, sqrt, square, tanh, relu, abs, neg, reciprocal, sin, cos, floor, ceil, round, log1p, expm1, erf,
+# softplus, ... A new op there appears here without an edit.
+for _name, _domain in _core.unary_ops():
+    globals()[_name] = _unary(_name)
+del _name, _domain
 
 
 def clip(t: Tensor, min=None, max=None, out=None) -> Tensor:  # noqa: A002

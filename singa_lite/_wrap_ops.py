@@ -271,12 +271,12 @@ def _rows(t: CTensor, axis: int, op: str) -> CTensor:
     return t.reshape([_product(t.shape[:a]), _product(t.shape[a:])])
 
 
-def SoftMax(t, axis=1):  # noqa: N802
+def SoftMax(t, axis=None):  # noqa: N802
     """Softmax over all the axes from `axis` on (SINGA's and ONNX opset < 13's meaning): t is seen as a matrix
-    of prod(shape[:axis]) rows, each normalised. A 1-D tensor is one row."""
+    of prod(shape[:axis]) rows, each normalised. Without an axis: 1 (each row of a batch), 0 for a 1-D t."""
     t = _t(t, "SoftMax")
-    if t.ndim == 1:
-        axis = 0
+    if axis is None:
+        axis = 0 if t.ndim == 1 else 1
     rows = _rows(t, axis, "SoftMax")
     shifted = _core.sub(rows, _core.max(rows, [1], True))
     e = _core.exp(shifted, out=shifted)

@@ -257,6 +257,7 @@ void copy_from_host(const Tensor& t, const py::object& src, int64_t offset, DTyp
   check_defined(t, op, "tensor");
   SL_CHECK(t.dtype() == dtype, TypeError, op, ": the tensor holds ", dtype_name(t.dtype()), ", this call writes ",
            dtype_name(dtype), "; use the Copy...DataFromHostPtr of the tensor's type or AsType() first");
+  SL_CHECK(!src.is_none(), TypeError, op, ": src is None; pass a list or a numpy array of values");
   py::array arr = py::module_::import("numpy").attr("ascontiguousarray")(src, py::arg("dtype") = buffer_format(dtype));
   arr = arr.attr("reshape")(-1);
   const int64_t num = int64_t(arr.size());

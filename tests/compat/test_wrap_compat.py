@@ -102,6 +102,8 @@ def test_copy_data_from_host():
         t.CopyFloatDataFromHostPtr([1, 2, 3], 4)
     with pytest.raises(ValueError, match="non-contiguous"):
         t.transpose([1, 0]).CopyFloatDataFromHostPtr([1])
+    with pytest.raises(TypeError, match="None"):
+        t.CopyFloatDataFromHostPtr(None)
 
 
 def test_copy_data_same_size():
@@ -264,6 +266,14 @@ def _softmax_rows(x, axis):
 def test_softmax_over_the_trailing_axes(shape, axis):
     x = randn(*shape) + 100
     np.testing.assert_allclose(npy(sw.SoftMax(ct(x), axis)), _softmax_rows(x, axis), rtol=1e-5, atol=1e-7)
+
+
+def test_softmax_default_axis_and_bad_axis():
+    x, v = randn(3, 4, 2), randn(5)
+    np.testing.assert_allclose(npy(sw.SoftMax(ct(x))), _softmax_rows(x, 1), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(npy(sw.SoftMax(ct(v))), _softmax_rows(v, 0), rtol=1e-5, atol=1e-7)
+    with pytest.raises(IndexError, match="out of range"):
+        sw.SoftMax(ct(v), 1)
 
 
 def test_softmax_backward_and_relu_backward():

@@ -366,7 +366,8 @@ def mean(*l):
 
 
 class ReduceSum(Operator):
-    """Sum over `axes` (all when None); keepdims=1 keeps them with size 1 (SINGA's default)."""
+    """Sum over `axes` (all when None); keepdims=1 keeps them with size 1 (SINGA's default); reducing every
+    axis with keepdims=0 gives shape (1,), as in SINGA."""
     aliased_grads = True  # the gradient is a broadcast view of dy
 
     def __init__(self, axes=None, keepdims=1):
@@ -380,6 +381,8 @@ class ReduceSum(Operator):
         axes = None if self.axes is None else [_axis(int(a), x.ndim) for a in self.axes]
         self.kshape = [1 if axes is None or i in axes else s for i, s in enumerate(x.shape)]
         y = _core.sum(x, axes, self.keepdims)
+        if y.ndim == 0:  # a full reduction without keepdims: shape (1,), as SINGA's (it has no 0-d results)
+            y = y.reshape([1])
         self.n = max(x.numel // max(y.numel, 1), 1)
         return _core.mul_scalar(y, 1.0 / self.n, out=y) if self.scale else y
 

@@ -275,6 +275,17 @@ def test_losses_have_shape_1_as_singa():
         assert float(loss) == v == loss.item()
 
 
+def test_full_reduction_without_keepdims_has_shape_1():
+    rng = np.random.default_rng(12)
+    a = rng.normal(size=(3, 4))
+    y = check_grads(lambda x: autograd.reduce_sum(x, None, 0), [a], rng)
+    assert y.shape == (1,)
+    np.testing.assert_allclose(npy(y), [a.sum()])
+    y = check_grads(lambda x: autograd.reduce_mean(x, [0, 1], 0), [a], rng)
+    assert y.shape == (1,)
+    assert autograd.reduce_sum(const(a)).shape == (1, 1)  # keepdims=1 (the default) keeps every axis
+
+
 def test_mse_loss_is_the_element_mean_and_backward_takes_no_dy():
     rng = np.random.default_rng(6)
     y, t = rng.random((10, 12)).astype(np.float32), rng.random((10, 12)).astype(np.float32)

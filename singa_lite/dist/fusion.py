@@ -75,8 +75,9 @@ class Fuser:
         threshold."""
         if self._cap is not None:
             raise RuntimeError("fusion: a pass is already under way; finish() it before beginning another")
-        self._threshold = check_threshold(threshold, self.buff_elems, "fusion")
-        self._cap = min(self._threshold, check_first_bucket(first_bucket, "fusion") or self._threshold)
+        threshold = check_threshold(threshold, self.buff_elems, "fusion")
+        first_bucket = check_first_bucket(first_bucket, "fusion")
+        self._threshold, self._cap = threshold, min(threshold, first_bucket or threshold)
 
     @property
     def in_pass(self) -> bool:

@@ -48,6 +48,32 @@ __all__ = ["conv2d", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "globalave
 
 
 # ---------------------------------------------------------------- argument helpers
+def _odd(v, op: str) -> tuple | None:
+    """SINGA's odd_padding (top, bottom, left, right): extra rows / columns on one side only, added to the
+    symmetric padding (SAME_UPPER / SAME_LOWER with an odd total). None when all are zero."""
+    if (not isinstance(v, (tuple, list)) or len(v) != 4
+            or not all(isinstance(e, numbers.Integral) and not isinstance(e, bool) and e >= 0 for e in v)):
+        raise ValueError(f"{op}: odd_padding must be four ints >= 0 (top, bottom, left, right), got {v!r}")
+    return tuple(int(e) for e in v) if any(v) else None
+
+
+def _pad_edges(x: CTensor, odd: tuple, value: float) -> CTensor:
+    """x (N, C, H, W) inside a new tensor with `odd` extra rows / columns filled with value."""
+    t, b, l, r = odd
+    N, C, H, W = x.shape
+    out = CTensor([N, C, H + t + b, W + l + r], x.dtype, x.device)
+    _core.fill_(out, value)
+    _core.copy_(out.slice(2, t, t + H, 1).slice(3, l, l + W, 1), x)
+    return out
+
+
+def _crop_edges(dx: CTensor, odd: tuple) -> CTensor:
+    """The gradient of _pad_edges: dx without the extra rows / columns."""
+    t, b, l, r = odd
+    H, W = dx.shape[2] - t - b, dx.shape[3] - l - r
+    return dx.slice(2, t, t + H, 1).slice(3, l, l + W, 1).contiguous()
+
+
 def _needs(op) -> tuple:
     """Which input gradients backward computes: the engine's choice, or all of them when a script calls
     op.backward(dy) itself (as SINGA's tests do); padded so an absent bias reads False."""
@@ -95,8 +121,10 @@ def _use_cudnn(x: CTensor, *numels: int) -> bool:
 class _Conv2d(Operator):
     """y = conv(x, W) (+ b): inputs (x, W) or (x, W, b); see the module docstring for the algorithm."""
 
-    def __init__(self, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, name=None):
+    def __init__(self, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, name=None,
+                 odd_padding=(0, 0, 0, 0)):
         super().__init__(name)
+        self.odd = _odd(odd_padding, "conv2d")
         self.stride = _pair(stride, "stride", "conv2d", 1)
         self.padding = _pair(padding, "padding", "conv2d", 0)
         self.dilation = _pair(dilation, "dilation", "conv2d", 1)
@@ -130,6 +158,9 @@ class _Conv2d(Operator):
         return oh, ow
 
     def forward(self, x, W, b=None):
+        if self.odd:  # zero rows / columns on one side; backward crops dx back to x's shape
+            _check_nchw("conv2d", x)
+            x = _pad_edges(x, self.odd, 0.0)
         oh, ow = self._check(x, W, b)
         N = x.shape[0]
         OC, Cg, kh, kw = W.shape
@@ -160,8 +191,12 @@ class _Conv2d(Operator):
         return y2.reshape([OC, N, oh * ow]).transpose([1, 0, 2]).contiguous().reshape([N, OC, oh, ow])
 
     def backward(self, dy):
-        if self.cudnn:
-            return self._backward_cudnn(dy)
+        grads = self._backward_cudnn(dy) if self.cudnn else self._backward_im2col(dy)
+        if self.odd and grads[0] is not None:
+            grads = (_crop_edges(grads[0], self.odd),) + tuple(grads[1:])
+        return grads
+
+    def _backward_im2col(self, dy):
         N, OC, oh, ow = dy.shape
         Kg = self.W2.shape[1]  # C/groups * kh * kw; cols have K = groups * Kg rows
         g = self.groups
@@ -206,10 +241,11 @@ class _Conv2d(Operator):
         return (dx, dW, db) if self.has_bias else (dx, dW)
 
 
-def conv2d(x, W, b=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):
+def conv2d(x, W, b=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, odd_padding=(0, 0, 0, 0)):
     """2-D convolution (cross-correlation, as every framework): x (N, C, H, W), W (OC, C/groups, kh, kw),
-    b (OC,) or None -> (N, OC, OH, OW). stride / padding / dilation: an int or an (h, w) pair."""
-    op = _Conv2d(stride, padding, dilation, groups)
+    b (OC,) or None -> (N, OC, OH, OW). stride / padding / dilation: an int or an (h, w) pair; odd_padding
+    (top, bottom, left, right) adds zero rows / columns on one side only (SINGA's SAME_UPPER / SAME_LOWER)."""
+    op = _Conv2d(stride, padding, dilation, groups, odd_padding=odd_padding)
     return (op(x, W) if b is None else op(x, W, b))[0]
 
 
@@ -234,11 +270,15 @@ class _MaxPool2d(Operator):
     """Max over each kernel window; padded positions never win. The gradient goes to each window's maximum
     (the first one on ties)."""
 
-    def __init__(self, kernel, stride=None, padding=0, name=None):
+    def __init__(self, kernel, stride=None, padding=0, name=None, odd_padding=(0, 0, 0, 0)):
         super().__init__(name)
         self.kernel, self.stride, self.padding = _pool_args("max_pool2d", kernel, stride, padding)
+        self.odd = _odd(odd_padding, "max_pool2d")
 
     def forward(self, x):
+        if self.odd:  # -inf rows / columns never win a window
+            _check_nchw("max_pool2d", x)
+            x = _pad_edges(x, self.odd, float("-inf"))
         oh, ow = _check_pool_input("max_pool2d", x, self.kernel, self.stride, self.padding)
         self.cudnn = _use_cudnn(x, x.numel, x.shape[0] * x.shape[1] * oh * ow)
         if self.cudnn:  # cuDNN's backward finds each window's maximum again from x and y
@@ -253,27 +293,46 @@ class _MaxPool2d(Operator):
         if self.cudnn:
             dx = _core.cudnn_pool2d_backward(self.x, self.y, dy, "max", self.kernel, self.stride, self.padding)
             self.x = self.y = None
-            return dx
-        return _core.max_pool2d_backward(dy, self.argmax, self.x_shape)
+        else:
+            dx = _core.max_pool2d_backward(dy, self.argmax, self.x_shape)
+        return _crop_edges(dx, self.odd) if self.odd else dx
 
 
-def max_pool2d(x, kernel, stride=None, padding=0):
-    """Max pooling; stride defaults to the kernel. kernel / stride / padding: an int or an (h, w) pair."""
-    return _MaxPool2d(kernel, stride, padding)(x)[0]
+def max_pool2d(x, kernel, stride=None, padding=0, odd_padding=(0, 0, 0, 0)):
+    """Max pooling; stride defaults to the kernel. kernel / stride / padding: an int or an (h, w) pair;
+    odd_padding (top, bottom, left, right): extra padding on one side only (SINGA's SAME_UPPER / LOWER)."""
+    return _MaxPool2d(kernel, stride, padding, odd_padding=odd_padding)(x)[0]
 
 
 class _AvgPool2d(Operator):
     """Mean over each kernel window; with count_include_pad the divisor is the full kernel size, else the
-    number of positions inside the input."""
+    number of positions inside the input. odd_padding (top, bottom, left, right) pads one side more."""
 
-    def __init__(self, kernel, stride=None, padding=0, count_include_pad=True, name=None):
+    def __init__(self, kernel, stride=None, padding=0, count_include_pad=True, name=None,
+                 odd_padding=(0, 0, 0, 0)):
         super().__init__(name)
         self.kernel, self.stride, self.padding = _pool_args("avg_pool2d", kernel, stride, padding)
         self.count_include_pad = bool(count_include_pad)
+        self.odd = _odd(odd_padding, "avg_pool2d")
 
     def forward(self, x):
+        self.counts = None
+        if self.odd:
+            _check_nchw("avg_pool2d", x)
+            if not self.count_include_pad:
+                # the kernels would count the extra zeros as input: divide the padded-included mean by the
+                # share of each window that lies inside x instead
+                ones = CTensor([1, 1, x.shape[2], x.shape[3]], x.dtype, x.device)
+                _core.fill_(ones, 1.0)
+                self.counts = _core.avg_pool2d(_pad_edges(ones, self.odd, 0.0), self.kernel, self.stride,
+                                               self.padding, True)
+            x = _pad_edges(x, self.odd, 0.0)
         oh, ow = _check_pool_input("avg_pool2d", x, self.kernel, self.stride, self.padding)
         self.x_shape = list(x.shape)
+        if self.counts is not None:
+            self.cudnn = False
+            y = _core.avg_pool2d(x, self.kernel, self.stride, self.padding, True)
+            return _core.div(y, self.counts, out=y)
         self.cudnn = _use_cudnn(x, x.numel, x.shape[0] * x.shape[1] * oh * ow)
         if self.cudnn:  # cuDNN's backward takes the forward's x and y as well
             self.mode = "avg_include_pad" if self.count_include_pad else "avg_exclude_pad"
@@ -286,14 +345,19 @@ class _AvgPool2d(Operator):
         if self.cudnn:
             dx = _core.cudnn_pool2d_backward(self.x, self.y, dy, self.mode, self.kernel, self.stride, self.padding)
             self.x = self.y = None
-            return dx
-        return _core.avg_pool2d_backward(dy, self.x_shape, self.kernel, self.stride, self.padding,
-                                         self.count_include_pad)
+        elif self.counts is not None:
+            dx = _core.avg_pool2d_backward(_core.div(dy, self.counts), self.x_shape, self.kernel, self.stride,
+                                           self.padding, True)
+        else:
+            dx = _core.avg_pool2d_backward(dy, self.x_shape, self.kernel, self.stride, self.padding,
+                                           self.count_include_pad)
+        return _crop_edges(dx, self.odd) if self.odd else dx
 
 
-def avg_pool2d(x, kernel, stride=None, padding=0, count_include_pad=True):
-    """Average pooling; stride defaults to the kernel. kernel / stride / padding: an int or an (h, w) pair."""
-    return _AvgPool2d(kernel, stride, padding, count_include_pad)(x)[0]
+def avg_pool2d(x, kernel, stride=None, padding=0, count_include_pad=True, odd_padding=(0, 0, 0, 0)):
+    """Average pooling; stride defaults to the kernel. kernel / stride / padding: an int or an (h, w) pair;
+    odd_padding (top, bottom, left, right): extra padding on one side only (SINGA's SAME_UPPER / LOWER)."""
+    return _AvgPool2d(kernel, stride, padding, count_include_pad, odd_padding=odd_padding)(x)[0]
 
 
 class GlobalAveragePool(Operator):

@@ -422,3 +422,36 @@ def test_gemm_and_embedding_layers():
     emb2.from_pretrained(np.arange(8.0).reshape(4, 2).astype(np.float32), freeze=True)
     np.testing.assert_array_equal(npy(emb2(const([3], np.int32))), [[6.0, 7.0]])
     assert emb2.get_params() == {}  # frozen: not trained
+
+
+# ---------------------------------------------------------------- SINGA's odd_padding (SAME_UPPER / SAME_LOWER)
+ODD = [  # (name, function of (x, W) or (x,), reference built from numpy padding)
+    ("conv2d", lambda x, w: autograd.conv2d(x, w, None, 1, (0, 1), odd_padding=(1, 0, 0, 1)),
+     lambda x, w: autograd.conv2d(const(np.pad(x, [(0, 0), (0, 0), (1, 0), (1, 2)])), const(w), None, 1, 0)),
+    ("avg_pool2d", lambda x: autograd.avg_pool2d(x, (2, 3), 1, (0, 1), True, odd_padding=(1, 0, 0, 1)),
+     lambda x: autograd.avg_pool2d(const(np.pad(x, [(0, 0), (0, 0), (1, 0), (1, 2)])), (2, 3), 1, 0)),
+    ("max_pool2d", lambda x: autograd.max_pool2d(x, (2, 2), 1, 0, odd_padding=(0, 1, 1, 0)),
+     lambda x: autograd.max_pool2d(const(np.pad(x, [(0, 0), (0, 0), (0, 1), (1, 0)], constant_values=-1e9)),
+                                   (2, 2), 1, 0)),
+]
+
+
+@pytest.mark.parametrize("name,fn,ref", ODD, ids=[o[0] for o in ODD])
+def test_odd_padding_pads_one_side_more(name, fn, ref):
+    rng = np.random.default_rng(13)
+    arrays = [rng.normal(size=(2, 2, 4, 5))] + ([rng.normal(size=(3, 2, 2, 3))] if name == "conv2d" else [])
+    y = check_grads(fn, arrays, rng)
+    np.testing.assert_allclose(npy(y), npy(ref(*arrays)), rtol=1e-12, atol=1e-12)
+
+
+def test_avg_pool_odd_padding_without_counting_pads():
+    rng = np.random.default_rng(14)
+    a = rng.normal(size=(1, 2, 3, 4))
+    y = check_grads(lambda x: autograd.avg_pool2d(x, 2, 1, 0, False, odd_padding=(1, 0, 1, 0)), [a], rng)
+    xp = np.pad(a, [(0, 0), (0, 0), (1, 0), (1, 0)])
+    mp = np.pad(np.ones((3, 4)), [(1, 0), (1, 0)])
+    want = np.array([[[[xp[0, c, i:i + 2, j:j + 2].sum() / mp[i:i + 2, j:j + 2].sum() for j in range(4)]
+                       for i in range(3)] for c in range(2)]])
+    np.testing.assert_allclose(npy(y), want)
+    with pytest.raises(ValueError, match="odd_padding"):
+        autograd.max_pool2d(const(a), 2, odd_padding=(1, 0))

@@ -18,7 +18,7 @@ What is here:
   (:mod:`singa_lite._wrap_handles`; the cuDNN-named ones in CUDA builds only, as in SINGA).
 
 Not provided: SINGA's 8-bit dtypes ``kChar`` / ``kUChar`` (singa_lite has no 8-bit integer type; asking for
-them says so), ``Tensor.Repeat`` / ``RepeatData``, ``Acos`` / ``Asin`` / ``Atan`` (the core has no arctangent kernel),
+them says so), ``Tensor.RepeatData``, ``Acos`` / ``Asin`` / ``Atan`` (the core has no arctangent kernel),
 and the cuDNN RNN (``CudnnRNNHandle``, ``GpuRNN*``).
 """
 from __future__ import annotations

@@ -274,6 +274,41 @@ double host_scalar(const Tensor& t) {
   return *host.data<double>();
 }
 
+// SINGA's Tensor::Repeat, numpy.repeat's meaning: one count for every element, or one count per index of `axis`.
+// No axis (None, or SINGA's Noaxis 9999) repeats the flattened tensor.
+Tensor repeat(const Tensor& t, const std::vector<int64_t>& repeats, std::optional<int64_t> axis) {
+  check_defined(t, "Repeat", "tensor");
+  constexpr int64_t kNoAxis = 9999;
+  Tensor src = t;
+  int64_t ax = 0;
+  if (!axis || *axis == kNoAxis) {
+    src = t.reshape({-1});
+  } else {
+    ax = *axis < 0 ? *axis + t.ndim() : *axis;
+    SL_CHECK(ax >= 0 && ax < t.ndim(), IndexError, "Repeat: axis ", *axis, " is out of range for ", t.ndim(),
+             " dimensions");
+  }
+  SL_CHECK(!repeats.empty(), ValueError, "Repeat: repeats is empty; give one count, or one per index of the axis");
+  for (int64_t r : repeats) SL_CHECK(r >= 0, ValueError, "Repeat: counts must be >= 0, got ", r);
+  if (repeats.size() == 1) {  // a broadcast view, copied once into the merged shape
+    Shape target = src.shape(), merged = src.shape();
+    target.insert(target.begin() + ax + 1, repeats[0]);
+    merged[ax] *= repeats[0];
+    return src.unsqueeze(ax + 1).broadcast_to(target).contiguous().view(merged);
+  }
+  SL_CHECK(int64_t(repeats.size()) == src.shape()[ax], ValueError, "Repeat: ", repeats.size(),
+           " counts for an axis of size ", src.shape()[ax]);
+  std::vector<Tensor> pieces;
+  for (int64_t i = 0; i < int64_t(repeats.size()); ++i)
+    for (int64_t k = 0; k < repeats[i]; ++k) pieces.push_back(src.slice(ax, i, i + 1, 1));
+  if (pieces.empty()) {
+    Shape shape = src.shape();
+    shape[ax] = 0;
+    return Tensor::empty(shape, src.dtype(), src.device());
+  }
+  return sl::concat(pieces, ax);
+}
+
 void bind_singa_names(py::module_& m, py::class_<Tensor>& cls) {
   // A tuple subclass defined in Python source: the same type any tuple method and isinstance check accept.
   py::dict ns;
@@ -347,6 +382,8 @@ class Shape(tuple):
                       ") needs this tensor contiguous, it is a strided view of shape ", shape_str(t.shape()));
              sl::copy_(t.view({-1}), src.reshape({-1}));  // element by element in row-major order, as SINGA
            }, py::arg("src"), py::call_guard<py::gil_scoped_release>())
+      .def("Repeat", &repeat, py::arg("repeats"), py::arg("axis") = py::none(),
+           py::call_guard<py::gil_scoped_release>())
       .def("SetFloatValue", [](const Tensor& t, double x) { sl::fill_(t, x); }, py::arg("x"),
            py::call_guard<py::gil_scoped_release>())
       .def("GetFloatValue", [](const Tensor& t, int64_t num) {

@@ -144,6 +144,23 @@ def test_to_device_to_host_reset_like_clone():
     np.testing.assert_array_equal(npy(t), [0, 0, 0])
 
 
+def test_repeat_as_numpy():
+    a = randn(2, 3)
+    t = ct(a)
+    np.testing.assert_array_equal(npy(t.Repeat([2])), np.repeat(a, 2))  # no axis: flattened
+    np.testing.assert_array_equal(npy(t.Repeat([2], 9999)), np.repeat(a, 2))  # SINGA's Noaxis
+    np.testing.assert_array_equal(npy(t.Repeat([3], 1)), np.repeat(a, 3, axis=1))
+    np.testing.assert_array_equal(npy(t.Repeat([1, 0, 2], -1)), np.repeat(a, [1, 0, 2], axis=1))
+    np.testing.assert_array_equal(npy(t.transpose([1, 0]).Repeat([2], 0)), np.repeat(a.T, 2, axis=0))
+    assert t.Repeat([0, 0], 0).shape == (0, 3)
+    with pytest.raises(ValueError, match="2 counts for an axis of size 3"):
+        t.Repeat([1, 2], 1)
+    with pytest.raises(ValueError, match=">= 0"):
+        t.Repeat([-1])
+    with pytest.raises(IndexError, match="out of range"):
+        t.Repeat([2], 2)
+
+
 def test_norms_are_divided_by_the_size():
     a = randn(3, 4)
     t = ct(a)

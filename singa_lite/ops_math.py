@@ -14,6 +14,7 @@ import numpy as np
 
 from . import _core
 from .autograd import CTensor, Operator, _const, _reduce_to
+from .operators import Sum
 from .ops_host import from_host, grad_like, mask, to_host, zeros
 from .tensor import Tensor
 
@@ -35,6 +36,7 @@ __all__ = [
     'Greater',
     'HardSigmoid',
     'Less',
+    'add_all',
     'Max',
     'Min',
     'Not',
@@ -515,3 +517,10 @@ class CosSim(Operator):
 
 def cossim(a, b):
     return CosSim()(a, b)[0]
+
+
+def add_all(*xs):
+    """a + b + ... of two or more tensors (broadcasting), as one recorded n-ary sum."""
+    if len(xs) < 2:
+        raise ValueError(f"add_all: needs at least two tensors, got {len(xs)}")
+    return Sum()(*xs)[0]

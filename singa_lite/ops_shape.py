@@ -36,7 +36,7 @@ __all__ = [
     'Tile',
     'Unsqueeze',
     'UpSample',
-    'constant_of_shape',
+    'constant_of_shape', 'axis_helper', 'back_broadcast', 'ctensor2numpy',
     'depth_to_space',
     'embedding',
     'expand',
@@ -508,3 +508,25 @@ class Gemm(Operator):
 def gemm(A, B, C=None, alpha=1.0, beta=1.0, transA=0, transB=0):
     xs = (A, B) if C is None else (A, B, C)
     return Gemm(alpha, beta, transA, transB)(*xs)[0]
+
+
+# ---------------------------------------------------------------- SINGA's broadcasting helpers
+def axis_helper(y_shape, x_shape):
+    """The axes of y_shape along which a tensor of x_shape was broadcast (x aligned to the right)."""
+    y_shape, x_shape = tuple(y_shape), tuple(x_shape)
+    lead = len(y_shape) - len(x_shape)
+    return tuple(i for i in range(len(y_shape)) if i < lead or x_shape[i - lead] != y_shape[i])
+
+
+def back_broadcast(y_shape, x_shape, x):
+    """A raw tensor x of y_shape summed back to x_shape (the gradient of broadcasting x_shape to y_shape)."""
+    if tuple(y_shape) == tuple(x_shape):
+        return x
+    if tuple(x.shape) != tuple(y_shape):
+        raise ValueError(f"back_broadcast: x has shape {tuple(x.shape)}, expected y_shape {tuple(y_shape)}")
+    return _core.sum(x, list(axis_helper(y_shape, x_shape))).reshape(list(x_shape))
+
+
+def ctensor2numpy(x):
+    """A numpy copy of a raw tensor's values."""
+    return np.array(to_host(x), copy=True)

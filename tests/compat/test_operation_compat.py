@@ -455,3 +455,19 @@ def test_avg_pool_odd_padding_without_counting_pads():
     np.testing.assert_allclose(npy(y), want)
     with pytest.raises(ValueError, match="odd_padding"):
         autograd.max_pool2d(const(a), 2, odd_padding=(1, 0))
+
+
+def test_singa_helpers_axis_helper_back_broadcast_add_all_ctensor2numpy():
+    assert autograd.axis_helper((2, 3, 4), (3, 1)) == (0, 2)
+    assert autograd.axis_helper((2, 3), (2, 3)) == ()
+    g = autograd.back_broadcast((2, 3, 4), (3, 1), const(np.ones((2, 3, 4))).data)
+    np.testing.assert_array_equal(np.asarray(g), np.full((3, 1), 8.0))
+    a, b, c = param([1.0, 2.0]), param([3.0, 4.0]), param([[10.0], [20.0]])
+    y = autograd.add_all(a, b, c)
+    np.testing.assert_array_equal(npy(y), [[14.0, 16.0], [24.0, 26.0]])
+    assert npy(autograd.gradients(y)[c]).tolist() == [[2.0], [2.0]]
+    with pytest.raises(ValueError, match="add_all"):
+        autograd.add_all(a)
+    arr = autograd.ctensor2numpy(a.data)
+    arr[0] = 99.0  # a copy
+    assert npy(a)[0] == 1.0

@@ -515,7 +515,7 @@ def _read(path: str, rank: int, world: int, model, dist, plain, sampler, rng, re
                               f"Model.save_states files are read with Model.load_states)")
     if not os.path.isfile(mpath):
         raise CheckpointError(f"{mpath}: missing; {path} holds no complete checkpoint")
-    manifest = read_json_file(mpath)
+    manifest = read_json_file(mpath, limit=16 << 20)  # about 150 bytes per rank
     if not isinstance(manifest, dict):
         raise CheckpointError(f"{mpath}: not a singa_lite checkpoint manifest")
     _check_header(mpath, manifest, {})

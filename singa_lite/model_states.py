@@ -51,7 +51,7 @@ AUX_STATE_TYPE = 1
 
 # SINGA's DataType enum (src/proto/core.proto), as states_attr.json of SINGA's files holds it.
 SINGA_DTYPES = {0: "float32", 1: "float16", 2: "int32", 3: "int8", 4: "float64", 5: "uint8"}
-_MAX_ATTR_BYTES = 64 << 20  # about 100 bytes per state: far more states than any model has
+_MAX_ATTR_BYTES = 16 << 20  # about 100 bytes per state: 160,000 states, far more than any model has
 _ZIP_OVERHEAD = 256  # per entry of tensor_dict.npz: local and central headers (besides the name, twice)
 
 

@@ -221,3 +221,14 @@ def test_a_member_declaring_more_than_its_shape_is_refused_unread(tmp_path):
     outcome, peak = load_peak(path)
     assert outcome.startswith("CheckpointError") and "refused unread" in outcome, outcome
     assert peak < 2 * DECLARED + 64 * 1024, peak
+
+
+def test_a_states_attr_json_bomb_is_refused_unread(tmp_path):
+    """32 MiB of JSON whitespace, deflated to a few KiB: refused on its declared size."""
+    arrays = good_arrays()
+    attrs = json.dumps(attrs_of(arrays)).encode() + b" " * (32 << 20)
+    path = states_file(tmp_path / "attrs.zip", arrays, attrs)
+    outcome, peak = load_peak(path)
+    assert outcome.startswith("CheckpointError") and "(states_attr.json)" not in outcome, outcome
+    assert f"{path}: entry 'states_attr.json' declares 3355" in outcome and "never over 16777216 bytes" in outcome
+    assert peak < 2 * DECLARED, peak

@@ -1,4 +1,4 @@
-"""SINGA's layers RNN, LSTM, Gemm and Embedding (re-exported by ``layer``; RNN and LSTM by ``autograd`` too).
+"""SINGA's layers RNN, LSTM, Gemm and Embedding (``layer.RNN`` etc. resolve here on first use).
 
 RNN and LSTM are SINGA's step-by-step recurrences written with autograd operators (matmul, add_bias,
 tanh / relu / sigmoid), so they run on any device and their gradients come from the operators':

@@ -13,17 +13,8 @@ from .ops_host import CompatError, grad_like, mask
 from .tensor import Tensor
 
 __all__ = [
-    'BinaryCrossEntropy',
-    'CrossEntropy',
-    'MeanSquareError',
-    'RankingLoss',
-    'SoftMaxCrossEntropy',
-    '_targets',
-    'binary_cross_entropy',
-    'cross_entropy',
-    'mse_loss',
-    'ranking_loss',
-    'softmax_cross_entropy',
+    'BinaryCrossEntropy', 'CrossEntropy', 'MeanSquareError', 'RankingLoss', 'SoftMaxCrossEntropy', '_targets',
+    'binary_cross_entropy', 'cross_entropy', 'mse_loss', 'ranking_loss', 'softmax_cross_entropy',
 ]
 
 

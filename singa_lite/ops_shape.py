@@ -356,8 +356,8 @@ class Shape(_Constant):
         return from_host(np.array(x.shape, dtype=np.int64), x.device)
 
     def backward(self, dy=None):
-        if dy is not None:  # SINGA hands back the shape of dy when called directly
-            return list(dy.shape)
+        if dy is not None and "needs_grad" not in self.__dict__:  # called by a script, not by the engine:
+            return list(dy.shape)  # SINGA hands back dy's shape
         return super().backward()
 
 

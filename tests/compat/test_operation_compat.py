@@ -471,3 +471,11 @@ def test_singa_helpers_axis_helper_back_broadcast_add_all_ctensor2numpy():
     arr = autograd.ctensor2numpy(a.data)
     arr[0] = 99.0  # a copy
     assert npy(a)[0] == 1.0
+
+
+def test_integer_valued_ops_inside_a_graph_pass_a_zero_gradient():
+    x = Tensor(data=np.ones((2, 3), np.float32), requires_grad=True, stores_grad=True)
+    y = autograd.add(x, autograd.constant_of_shape(autograd.shape(x), 1.0))  # shape(x) feeds a graph
+    y = autograd.add(y, autograd.mul(x, x))
+    np.testing.assert_array_equal(npy(autograd.gradients(y)[x]), np.full((2, 3), 3.0))
+    assert autograd.shape(x).creator.backward(const(np.zeros(5)).data) == [5]  # SINGA's direct call

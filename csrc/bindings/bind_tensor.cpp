@@ -269,6 +269,13 @@ void copy_from_host(const Tensor& t, const py::object& src, int64_t offset, DTyp
   sl::copy_(t.view({-1}).slice(0, offset, offset + num, 1), values);
 }
 
+// f() run without the GIL (a copy or a cast may take long), its result returned with the GIL held again.
+template <class F>
+Tensor released(F&& f) {
+  py::gil_scoped_release release;
+  return f();
+}
+
 double host_scalar(const Tensor& t) {
   Tensor host = t.to(Device::cpu()).cast(DType::kFloat64);
   return *host.data<double>();
@@ -353,23 +360,26 @@ class Shape(tuple):
       // SINGA's AsType always returns a new tensor, a copy when the dtype is already `dtype`
       .def("AsType", [](const Tensor& t, DType dtype) { return t.dtype() == dtype ? t.clone() : t.cast(dtype); },
            py::arg("dtype"), py::call_guard<py::gil_scoped_release>())
-      // The in-place conversions rebind this tensor to new storage; other views of the old storage keep it.
+      // The in-place conversions rebind this tensor to new storage; other views of the old storage keep it. The
+      // new tensor is made without the GIL and swapped in with it, so no other Python thread sees a half-assigned one.
       .def("ToType", [](py::object self, DType dtype) {
              Tensor& t = self.cast<Tensor&>();
-             if (t.dtype() != dtype) t = t.cast(dtype);
+             if (t.dtype() != dtype) t = released([&] { return t.cast(dtype); });
              return self;
            }, py::arg("dtype"))
       .def("ToDevice", [](Tensor& t, const py::object& device) {
              Device d = device_arg(device);
-             py::gil_scoped_release release;
-             t = t.to(d);
+             t = released([&] { return t.to(d); });
            }, py::arg("device"))
-      .def("ToHost", [](Tensor& t) { t = t.to(Device::cpu()); }, py::call_guard<py::gil_scoped_release>())
+      .def("ToHost", [](Tensor& t) { t = released([&] { return t.to(Device::cpu()); }); })
       .def("ResetLike", [](Tensor& t, const Tensor& like) {
              check_defined(like, "ResetLike", "tensor");
-             t = Tensor::empty(like.shape(), like.dtype(), like.device());
-             sl::fill_(t, 0.0);  // zeros, as singa_lite's other fresh tensors (SINGA leaves them uninitialised)
-           }, py::arg("t"), py::call_guard<py::gil_scoped_release>())
+             t = released([&] {
+               Tensor fresh = Tensor::empty(like.shape(), like.dtype(), like.device());
+               sl::fill_(fresh, 0.0);  // zeros, as singa_lite's other fresh tensors (SINGA leaves them uninitialised)
+               return fresh;
+             });
+           }, py::arg("t"))
       .def("CopyData", [](const Tensor& t, const Tensor& src) {
              check_defined(t, "CopyData", "tensor");
              check_defined(src, "CopyData", "source");

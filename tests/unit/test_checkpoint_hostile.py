@@ -253,3 +253,25 @@ def test_numpy_scalars_in_extra_come_back_as_python_numbers(tmp_path):
     assert isinstance(extra["arr"], np.ndarray) and extra["arr"].tolist() == [0, 1, 2]
     # what examples/dist_training.py does with it when it resumes a finished run
     assert f"final test accuracy {[tuple(h) for h in extra['history']][-1][2]:.4f}" == "final test accuracy 0.8750"
+
+
+def test_a_format_1_checkpoint_still_loads(tmp_path):
+    """Format 1 references gave only the array's number; such files load, each entry checked against its
+    own .npy header."""
+    path = saved_dir(tmp_path, lr=np.array([0.5], np.float32))
+
+    def to_format_1(es):
+        state = json.loads(es["state.json"])
+        state["model"]["W"] = {"$array": state["model"]["W"]["$array"]}
+        state["extra"]["lr"] = {"$array": state["extra"]["lr"]["$array"]}
+        header = {**json.loads(es["header.json"]), "format_version": 1}
+        return [(k, json.dumps(state).encode() if k == "state.json" else json.dumps(header).encode()
+                 if k == "header.json" else v, zipfile.ZIP_STORED) for k, v in es.items()]
+    rewrite_shard(path, to_format_1)
+    mpath = os.path.join(path, "manifest.json")
+    m = json.load(open(mpath))
+    m["format_version"] = 1
+    json.dump(m, open(mpath, "w"))
+    W = tensor.from_numpy(np.zeros((N, N), np.float32))
+    extra = checkpoint.load(path, {"W": W})
+    assert (tensor.to_numpy(W) == 1).all() and extra["lr"].tolist() == [0.5]

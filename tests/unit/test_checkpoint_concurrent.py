@@ -200,3 +200,19 @@ def test_where_directories_cannot_be_locked_a_lock_file_is_used(tmp_path, monkey
             checkpoint.save(path, {"W": W}, extra={"n": 2}, lock_timeout=0.1)
     checkpoint.save(path, {"W": W}, extra={"n": 3})
     assert checkpoint.load(path, {"W": W}) == {"n": 3}
+
+
+def test_exclusive_write_without_hard_links_still_refuses_an_existing_path(tmp_path, monkeypatch):
+    import errno
+
+    from singa_lite.checkpoint_io import exclusive_write
+
+    def no_links(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+    monkeypatch.setattr(os, "link", no_links)
+    target = str(tmp_path / "f.zip")
+    exclusive_write(target, b"first", "test")
+    with pytest.raises(FileExistsError, match="test: .*f.zip already exists"):
+        exclusive_write(target, b"second", "test")
+    assert open(target, "rb").read() == b"first"
+    assert os.stat(target).st_mode & 0o777 == 0o600 and os.listdir(tmp_path) == ["f.zip"]

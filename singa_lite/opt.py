@@ -278,6 +278,16 @@ class Optimizer:
                       DeprecationWarning, stacklevel=2)
         self.apply(self._name_of(param), param, grad)
 
+    def device_check(self, *inputs: Tensor) -> None:
+        """Moves every tensor to the first one's device, in place (SINGA's helper for optimizer states)."""
+        if not inputs or not all(isinstance(t, Tensor) for t in inputs):
+            raise TypeError(f"{type(self).__name__}.device_check: expected Tensors, got "
+                            f"{[type(t).__name__ for t in inputs]}")
+        dev = inputs[0].device
+        for t in inputs[1:]:
+            if t.device != dev:
+                t.to_device(dev)
+
     def _name_of(self, param: Tensor):
         """The parameter's name; an unnamed parameter is named (for good) ``param<k>``, k counting up in the
         order this optimizer meets them, so the names, and checkpoints, repeat from one run to the next."""

@@ -259,3 +259,16 @@ def test_dtype_check_casts_to_the_first_dtype():
     a, b = rand(2), t([1, 2], np.int32)
     layer.Layer().dtype_check(a, b)
     assert b.dtype == a.dtype == tensor.float32
+
+
+def test_optimizer_device_check_moves_tensors_to_the_first_ones_device():
+    a, b = rand(2), rand(2, seed=1)
+    sgd = opt.SGD(lr=0.1)
+    sgd.device_check(a, b)  # all on the CPU already: nothing moves
+    assert b.device == a.device
+    if device.cuda_is_available():
+        g = rand(2).to_device(device.create_cuda_gpu())
+        sgd.device_check(g, b)
+        assert b.device == g.device
+    with pytest.raises(TypeError, match="device_check: expected Tensors"):
+        sgd.device_check(a, np.zeros(2))

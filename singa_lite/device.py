@@ -123,6 +123,23 @@ class Device:
         times stored in it)."""
         self._profile = _Profile()
 
+    def Reset(self) -> None:
+        """SINGA's Device::Reset: graph off, queued work finished, graph and profile forgotten, verbosity 0 and
+        the skip count back to 5. The random generator keeps its state (SINGA's keeps it too)."""
+        self._graph_enabled = False
+        self.Sync()
+        self.ResetGraph()
+        self._skip_iteration = 5
+        self.SetVerbosity(0)
+
+    def host(self) -> Device:
+        """The host (CPU) device that this device copies through."""
+        return create_cpu_device()
+
+    @staticmethod
+    def EnableLazyAlloc(enable: bool) -> None:  # SINGA: a static method of Device
+        enable_lazy_alloc(enable)
+
     # ----- time profiling
     def SetVerbosity(self, verbosity: int) -> None:
         """0: no profiling (default); 1: forward / backward / other time per iteration; 2 or more: also

@@ -213,3 +213,17 @@ def test_cuda_devices_are_refused_by_name_without_a_gpu():
                  lambda: device.create_cuda_gpus_on([0])):
         with pytest.raises(CudaError, match="cannot create cuda:0"):
             make()
+
+
+def test_reset_returns_the_device_to_its_start_state(cpu):
+    cpu.EnableGraph(True)
+    cpu.SetVerbosity(2)
+    cpu.SetSkipIteration(0)
+    cpu.RunGraph()
+    cpu.Reset()
+    assert not cpu.graph_enabled() and cpu.verbosity() == 0 and cpu.skip_iteration() == 5
+    assert cpu.time_profile()["iterations"] == 0 and autograd._timer is None
+    assert cpu.host() is device.create_cpu_device()
+    device.Device.EnableLazyAlloc(True)  # nothing to switch here (memory is allocated at creation)
+    with pytest.raises(TypeError, match="enable_lazy_alloc"):
+        device.enable_lazy_alloc("on")

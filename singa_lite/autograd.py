@@ -368,4 +368,4 @@ from .ops_loss import *  # noqa: E402,F401,F403
 # The layer classes live in layer.py, one implementation for both of SINGA's spellings; scripts written
 # against SINGA's autograd reach them here (autograd.Conv2d(1, 20, 5), autograd.Linear(800, 500), ...).
 from .layer import AvgPool2d, BatchNorm2d, Conv2d, GlobalAvgPool2d, Layer, Linear, MaxPool2d  # noqa: E402,F401
-from .nn_ops import (GlobalAveragePool, _AvgPool2d, _BatchNorm2d, _Conv2d, _MaxPool2d, avg_pool2d, batchnorm_2d, conv2d, global_avg_pool2d, globalaveragepool, max_pool2d)  # noqa: E402,F401,E501
+from .nn_ops import (GlobalAveragePool, _AvgPool2d, _BatchNorm2d, _Conv2d, _MaxPool2d, avg_pool2d, batchnorm_2d, conv2d, global_avg_pool2d, globalaveragepool, max_pool2d, pooling_2d)  # noqa: E402,F401,E501

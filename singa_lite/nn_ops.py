@@ -39,12 +39,13 @@ import numbers
 
 from . import _core
 from . import autograd as _ag
+from ._wrap_handles import BatchNormHandle, ConvHandle, PoolingHandle
 from .autograd import CTensor, Operator
 from .ops_host import grad_like
 from .tensor import Tensor
 
 __all__ = ["conv2d", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "globalaveragepool", "batchnorm_2d",
-           "_Conv2d", "_MaxPool2d", "_AvgPool2d", "GlobalAveragePool", "_BatchNorm2d"]
+           "pooling_2d", "_Conv2d", "_MaxPool2d", "_AvgPool2d", "GlobalAveragePool", "_BatchNorm2d"]
 
 
 # ---------------------------------------------------------------- argument helpers
@@ -241,12 +242,32 @@ class _Conv2d(Operator):
         return (dx, dW, db) if self.has_bias else (dx, dW)
 
 
-def conv2d(x, W, b=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, odd_padding=(0, 0, 0, 0)):
-    """2-D convolution (cross-correlation, as every framework): x (N, C, H, W), W (OC, C/groups, kh, kw),
-    b (OC,) or None -> (N, OC, OH, OW). stride / padding / dilation: an int or an (h, w) pair; odd_padding
-    (top, bottom, left, right) adds zero rows / columns on one side only (SINGA's SAME_UPPER / SAME_LOWER)."""
+def conv2d(*args, **kwargs):
+    """2-D convolution (cross-correlation, as every framework), in two spellings:
+
+    ``conv2d(x, W, b=None, stride=1, padding=0, dilation=1, groups=1, odd_padding=(0, 0, 0, 0))``: x (N, C, H,
+    W), W (OC, C/groups, kh, kw), b (OC,) or None -> (N, OC, OH, OW); stride / padding / dilation an int or an
+    (h, w) pair; odd_padding (top, bottom, left, right) adds zero rows / columns on one side only (SINGA's
+    SAME_UPPER / SAME_LOWER).
+
+    ``conv2d(handle, x, W, b=None, odd_padding=(0, 0, 0, 0))``: SINGA's, the geometry taken from a
+    ``singa_wrap.ConvHandle``."""
+    if args and isinstance(args[0], ConvHandle):
+        return _conv2d_with_handle(*args, **kwargs)
+    return _conv2d(*args, **kwargs)
+
+
+def _conv2d(x, W, b=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, odd_padding=(0, 0, 0, 0)):
     op = _Conv2d(stride, padding, dilation, groups, odd_padding=odd_padding)
     return (op(x, W) if b is None else op(x, W, b))[0]
+
+
+def _conv2d_with_handle(handle, x, W, b=None, odd_padding=(0, 0, 0, 0)):
+    if tuple(W.shape[2:]) != (handle.kernel_h, handle.kernel_w):
+        raise ValueError(f"conv2d: W {W.shape} has a {tuple(W.shape[2:])} kernel, the handle "
+                         f"{(handle.kernel_h, handle.kernel_w)}")
+    return _conv2d(x, W, b, (handle.stride_h, handle.stride_w), (handle.pad_h, handle.pad_w), 1, handle.group,
+                   odd_padding)
 
 
 # ---------------------------------------------------------------- pooling
@@ -358,6 +379,17 @@ def avg_pool2d(x, kernel, stride=None, padding=0, count_include_pad=True, odd_pa
     """Average pooling; stride defaults to the kernel. kernel / stride / padding: an int or an (h, w) pair;
     odd_padding (top, bottom, left, right): extra padding on one side only (SINGA's SAME_UPPER / LOWER)."""
     return _AvgPool2d(kernel, stride, padding, count_include_pad, odd_padding=odd_padding)(x)[0]
+
+
+def pooling_2d(handle, x, odd_padding=(0, 0, 0, 0)):
+    """SINGA's pooling with a ``singa_wrap.PoolingHandle``: max, or average over the positions inside the
+    input (padding not counted), with the handle's kernel, stride and padding."""
+    if not isinstance(handle, PoolingHandle):
+        raise TypeError(f"pooling_2d: expected a singa_wrap.PoolingHandle, got {type(handle).__name__}")
+    geometry = (handle.kernel_h, handle.kernel_w), (handle.stride_h, handle.stride_w), (handle.pad_h, handle.pad_w)
+    if handle.is_max_pooling:
+        return max_pool2d(x, *geometry, odd_padding=odd_padding)
+    return avg_pool2d(x, *geometry, False, odd_padding=odd_padding)
 
 
 class GlobalAveragePool(Operator):
@@ -509,13 +541,22 @@ class _BatchNorm2d(Operator):
         return (dx, dscale.reshape([C]) if need[1] else None, dbias.reshape([C]) if need[2] else None)
 
 
-def batchnorm_2d(x, scale, bias, running_mean, running_var, momentum=0.9, eps=1e-5):
+def batchnorm_2d(x, scale, bias, running_mean, running_var, momentum=0.9, eps=1e-5, *more):
     """Batch normalisation of x (N, C, H, W) (or (N, C)) per channel with scale / bias (C,).
+    SINGA's spelling ``batchnorm_2d(handle, x, scale, bias, running_mean, running_var)`` takes momentum and
+    eps from a ``singa_wrap.BatchNormHandle``.
 
     While ``autograd.training`` is true: normalises with the batch mean and biased variance and updates
     running_mean / running_var (C,) in place as SINGA does, running = (1 - momentum) * running +
     momentum * batch_stat, the variance taken unbiased; otherwise the affine map with the running statistics.
     running_* get no gradient."""
+    if isinstance(x, BatchNormHandle):  # SINGA's (handle, x, scale, bias, running_mean, running_var)
+        if more:
+            raise TypeError(f"batchnorm_2d: SINGA's form takes 6 arguments, got {6 + len(more)}")
+        handle, (x, scale, bias, running_mean, running_var) = x, (scale, bias, running_mean, running_var, momentum)
+        momentum, eps = handle.factor, handle.epsilon
+    elif more:
+        raise TypeError(f"batchnorm_2d: at most 7 arguments, got {7 + len(more)}")
     for what, t in (("running_mean", running_mean), ("running_var", running_var)):
         if not isinstance(t, Tensor):
             raise TypeError(f"batchnorm_2d: {what} must be a tensor.Tensor, got {type(t).__name__}")

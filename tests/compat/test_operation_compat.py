@@ -479,3 +479,31 @@ def test_integer_valued_ops_inside_a_graph_pass_a_zero_gradient():
     y = autograd.add(y, autograd.mul(x, x))
     np.testing.assert_array_equal(npy(autograd.gradients(y)[x]), np.full((2, 3), 3.0))
     assert autograd.shape(x).creator.backward(const(np.zeros(5)).data) == [5]  # SINGA's direct call
+
+
+# ---------------------------------------------------------------- SINGA's handle spellings
+def test_conv_pooling_and_batchnorm_with_singa_handles():
+    from singa_lite import singa_wrap
+    rng = np.random.default_rng(15)
+    a, w, b = rng.normal(size=(2, 3, 5, 6)), rng.normal(size=(4, 3, 3, 3)), rng.normal(size=(4,))
+    x = const(a)
+    h = singa_wrap.ConvHandle(x.data, (3, 3), (2, 1), (1, 0), 3, 4, True)
+    y = autograd.conv2d(h, x, const(w), const(b), (0, 1, 0, 0))
+    want = autograd.conv2d(x, const(w), const(b), (2, 1), (1, 0), odd_padding=(0, 1, 0, 0))
+    np.testing.assert_allclose(npy(y), npy(want))
+    with pytest.raises(ValueError, match="kernel"):
+        autograd.conv2d(h, x, const(w[:, :, :2]))
+    ph = singa_wrap.PoolingHandle(x.data, (2, 2), (2, 2), (1, 1), False)  # average without the padding
+    np.testing.assert_allclose(npy(autograd.pooling_2d(ph, x)), npy(autograd.avg_pool2d(x, 2, 2, 1, False)))
+    ph = singa_wrap.PoolingHandle(x.data, (3, 3), (1, 1), (0, 0), True)
+    np.testing.assert_allclose(npy(autograd.pooling_2d(ph, x)), npy(autograd.max_pool2d(x, 3, 1, 0)))
+    with pytest.raises(TypeError, match="PoolingHandle"):
+        autograd.pooling_2d(h, x)
+    bh = singa_wrap.BatchNormHandle(0.25, x.data)
+    rm, rv = const(np.zeros(3)), const(np.ones(3))
+    scale, bias = const(np.ones(3)), const(np.zeros(3))
+    y = autograd.batchnorm_2d(bh, x, scale, bias, rm, rv)  # training mode: batch statistics, running updated
+    mean = a.mean((0, 2, 3))
+    np.testing.assert_allclose(npy(y), (a - mean[:, None, None]) / np.sqrt(a.var((0, 2, 3)) + 1e-5)[:, None, None],
+                               rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(npy(rm), 0.25 * mean)

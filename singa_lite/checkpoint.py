@@ -254,7 +254,7 @@ def _parts(optimizer):
     """(DistOpt or None, the plain Optimizer or None, the communicator or None)."""
     from .dist.optimizer import DistOpt
 
-    inner = getattr(optimizer, "_dist", None)  # ddp.DistributedOptimizer wraps a DistOpt
+    inner = getattr(optimizer, "dist_opt", None)  # ddp.DistributedOptimizer wraps a DistOpt
     if isinstance(inner, DistOpt):
         optimizer = inner
     if isinstance(optimizer, DistOpt):
@@ -268,24 +268,25 @@ def _devices() -> list:
     return [device.create_cpu_device()] + [device.as_device(f"cuda:{i}") for i in range(_core.cuda_device_count())]
 
 
-def _replicated(model, dist, plain) -> dict:
-    """The parts that are usually the same on every rank: {name: state}."""
+def _replicated(model, dist_states, plain) -> dict:
+    """The parts that are usually the same on every rank: {name: state}. dist_states: DistOpt.get_states()."""
     parts = {}
     if model is not None:
         parts["model"] = {k: tensor.to_numpy(v) for k, v in model.get_states().items()}
-    if plain is not None:
+    if dist_states is not None:
+        parts["optimizer"] = dist_states["opt"]
+        parts["distopt"] = {"partial": int(dist_states["partial"]), "skipped_steps": int(dist_states["skipped_steps"]),
+                            "synced": bool(dist_states["synced"])}
+    elif plain is not None:
         parts["optimizer"] = plain.get_states()
-    if dist is not None:
-        parts["distopt"] = {"partial": int(dist.partial), "skipped_steps": int(dist.skipped_steps),
-                            "synced": bool(dist._synced)}
     return parts
 
 
-def _own(dist, sampler, rng, position) -> dict:
+def _own(dist_states, sampler, rng, position) -> dict:
     """The parts that belong to one rank."""
     own = {"generators": {str(d): list(d.get_rng_state()) for d in _devices()}}
-    if dist is not None:  # residuals are keyed by tuples of parameter names: stored as a list
-        own["residuals"] = [{"names": list(k), "values": np.array(_host(v))} for k, v in dist._residuals.items()]
+    if dist_states is not None:  # residuals are keyed by tuples of parameter names: stored as a list
+        own["residuals"] = [{"names": list(k), "values": np.asarray(v)} for k, v in dist_states["residuals"].items()]
     if sampler is not None:
         s = sampler.state_dict()
         if position is not None:
@@ -298,10 +299,6 @@ def _own(dist, sampler, rng, position) -> dict:
     if rng is not None:
         own["numpy_rng"] = rng.bit_generator.state
     return own
-
-
-def _host(t):
-    return np.asarray(t if t.device.is_cpu() else t.to(_core.Device("cpu")))
 
 
 # ---------------------------------------------------------------- save
@@ -361,10 +358,11 @@ def _save(path, model, optimizer, sampler, rng, extra, position, communicator, l
             os.makedirs(path, mode=0o700, exist_ok=True)
             held.enter_context(DirectoryLock(path, lock_timeout, f"checkpoint.save({path!r})"))
         replicated = {}
-        for name, state in _replicated(model, dist, plain).items():
+        dist_states = dist.get_states() if dist is not None else None  # once: it copies the optimizer's slots
+        for name, state in _replicated(model, dist_states, plain).items():
             arrays = []
             replicated[name] = (state, _digest(_encode(state, arrays, name), arrays))
-        own = _own(dist, sampler, rng, position)
+        own = _own(dist_states, sampler, rng, position)
         first = {"token": secrets.token_hex(8), "digests": {k: d for k, (_, d) in replicated.items()}}
     except Exception as e:
         error = _failure(comm, e, "save", path)
@@ -686,8 +684,11 @@ def _apply(staged, model, dist, plain, sampler, rng, comm, path) -> None:
         try:
             if dist is not None:
                 residuals = {tuple(r["names"]): r["values"] for r in own.get("residuals", [])}
+                # synced as saved: resumed replicas start as they were, since broadcasting rank 0's parameters at
+                # the first step would undo per-rank states (partial updates) the uninterrupted run keeps.
                 dist.set_states({"opt": state["optimizer"], "partial": state["distopt"]["partial"],
-                                 "skipped_steps": state["distopt"]["skipped_steps"], "residuals": residuals})
+                                 "skipped_steps": state["distopt"]["skipped_steps"], "residuals": residuals,
+                                 "synced": bool(state["distopt"].get("synced", False))})
             else:
                 plain.set_states(state["optimizer"])
         except (TypeError, ValueError, KeyError) as e:
@@ -699,10 +700,6 @@ def _apply(staged, model, dist, plain, sampler, rng, comm, path) -> None:
             if error is None:  # another rank's optimizer refused: put this one's back as it was
                 (dist or plain).set_states(before)
             raise
-        if dist is not None:
-            # Resumed replicas start as they were saved: broadcasting rank 0's parameters at the first step
-            # would undo per-rank states (partial updates) the uninterrupted run keeps.
-            dist._synced = bool(state["distopt"].get("synced", False))
     if model is not None:
         model.set_states(state["model"])
     if sampler is not None:

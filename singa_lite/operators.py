@@ -167,7 +167,7 @@ class AddBias(Operator):
     def forward(self, x, b):
         if x.ndim != 2 or b.ndim != 1 or b.shape[0] != x.shape[1 - self.axis]:
             raise CompatError(f"add_bias: expected a matrix and a vector of its {('columns', 'rows')[self.axis]} "
-                             f"count, got shapes {x.shape} and {b.shape} (axis={self.axis})")
+                              f"count, got shapes {x.shape} and {b.shape} (axis={self.axis})")
         return _core.add(x, b.reshape([1, -1] if self.axis == 0 else [-1, 1]))
 
     def backward(self, dy):

@@ -28,6 +28,14 @@ ABORT_GRACE_S = 1.0
 # After a mismatch was found, how long to wait for the mismatched data collectives to end (they were started
 # together with the check): those that match as MPI collectives (same kind) end; others may never.
 MISMATCH_DRAIN_S = 2.0
+# Every call's signature check is an all-gather of a fixed slot per rank: the signature (6 int64) and room for
+# FUSE_BYTES of data. An all_reduce that fits travels in that same all-gather and is reduced locally (in rank
+# order, so every rank computes the same bits): the check then costs no collective of its own. Bigger calls
+# start their data collective next to the check. The room moves with every call (a barrier's too), so it
+# shrinks with the number of ranks: P * room stays within FUSE_TOTAL_BYTES.
+FUSE_BYTES = 4096
+FUSE_TOTAL_BYTES = 64 << 10
+_SIG_BYTES = 6 * 8
 _KINDS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter", "barrier")
 _KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
 _DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
@@ -112,9 +120,9 @@ def abort_on_uncaught_exception(comm, abort) -> None:
 class _Mismatch(Exception):
     """The ranks' call signatures differ (raised to the caller as ValueError)."""
 
-    def __init__(self, message: str, same_kind: bool):
+    def __init__(self, message: str, paired: bool):
         super().__init__(message)
-        self.same_kind = same_kind
+        self.paired = paired
 
 
 def _fp16_op(MPI, name: str):
@@ -160,15 +168,20 @@ class MpiCommunicator(Communicator):
                        tensor.int64: MPI.INT64_T, tensor.float16: MPI.INT16_T}
         self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD, "avg": MPI.SUM}
         self._fp16_ops = {}
-        self._descriptor = np.zeros(6, np.int64)
-        self._descriptors = np.zeros((self.world_size, 6), np.int64)
-        self._descriptor_bytes = memoryview(self._descriptor).cast("B")
+        # The check's slot (see FUSE_BYTES): this rank's, and every rank's after the all-gather.
+        self._fuse_bytes = min(FUSE_BYTES, FUSE_TOTAL_BYTES // self.world_size) // 8 * 8
+        self._slot = np.zeros((_SIG_BYTES + self._fuse_bytes) // 8, np.int64)
+        self._slots = np.zeros((self.world_size, self._slot.size), np.int64)
+        self._slot_u8 = self._slot.view(np.uint8)
+        self._slots_u8 = self._slots.view(np.uint8)
+        self._descriptor = self._slot[:6]
+        self._descriptors = self._slots[:, :6]
+        self._descriptor_bytes = memoryview(self._slot_u8)
         self._check = None  # (request, kind) of the signature all-gather in flight with the current call
-        # The signature all-gather as a persistent collective (MPI-4): set up once, each call only starts it.
-        # That costs ~1 us of this rank's time against ~5 us for a new Iallgather (measured, mpi4py 4.1 and
-        # MPICH 5), which is what keeps the check cheap next to a small all_reduce.
+        # The all-gather as a persistent collective (MPI-4): set up once, each call only starts it. That costs
+        # ~1 us of this rank's time against ~5 us for a new Iallgather (measured, mpi4py 4.1 and MPICH 5).
         try:
-            self._check_request = self._comm.Allgather_init(self._descriptor, self._descriptors)
+            self._check_request = self._comm.Allgather_init(self._slot, self._slots)
         except (AttributeError, NotImplementedError, MPI.Exception):  # mpi4py < 4 or an MPI-3 library
             self._check_request = None
         # The arrival board: entry = number of operations this rank has entered.
@@ -203,7 +216,7 @@ class MpiCommunicator(Communicator):
             self._fp16_ops[name] = _fp16_op(self._MPI, name)
         return self._fp16_ops[name]
 
-    def _enter(self, kind: str, t=None, root: int = -1, op: str = "") -> None:
+    def _enter(self, kind: str, t=None, root: int = -1, op: str = "", payload=None) -> None:
         """Counts the operation on the arrival board, then starts the check that every rank called the same
         collective with the same dtype, size, root and op (see ``verify``): mismatched calls are undefined
         behaviour in MPI (garbage, a hang or a truncated message), so they raise ValueError on every rank.
@@ -217,13 +230,13 @@ class MpiCommunicator(Communicator):
         if self.verify is False or self.world_size == 1:
             return
         if self._check is not None:  # the previous call failed between its check and its data collective
-            try:
-                self._finish_check()
-            except _Mismatch:  # that call raised already; this one is checked on its own
-                pass
+            self._check[0].Wait()  # (that call raised already: its signatures do not matter any more)
+            self._check = None
         struct.pack_into("6q", self._descriptor_bytes, 0, _KIND_CODE[kind],
                          -1 if t is None else _DTYPE_CODE[t.dtype], -1 if t is None else t.numel, root,
                          _OP_CODE.get(op, -1), int(self._entered[0]))
+        if payload is not None:  # a fused all_reduce: its data rides in the check's slot
+            self._slot_u8[_SIG_BYTES:_SIG_BYTES + payload.nbytes] = payload.reshape(-1).view(np.uint8)
         # Every call starts with this all-gather, whatever its kind: the ranks' checks always pair up as MPI
         # collectives (same type and size), even when the calls themselves do not.
         if self._check_request is not None:
@@ -232,14 +245,26 @@ class MpiCommunicator(Communicator):
         else:
             self._check = (self._comm.Iallgather(self._descriptor, self._descriptors), kind)
 
-    def _finish_check(self) -> None:
-        """Completes the signature all-gather of the current call and compares the ranks' signatures."""
-        request, kind = self._check
-        self._check = None
-        self._wait(request, kind)
+    def _compare(self, kind: str):
+        """None when every rank's signature equals this rank's, else the _Mismatch to raise. `paired` (the same
+        on every rank, computed from the signatures alone): every rank called the same kind of collective and
+        either every one or none fused its data into the check, so the data collectives pair up in MPI."""
         every = self._descriptors
-        if every.tobytes() != self._descriptor.tobytes() * self.world_size:
-            raise _Mismatch(self._mismatch_message(kind, every), same_kind=bool((every[:, 0] == every[0, 0]).all()))
+        if every.tobytes() == self._descriptor.tobytes() * self.world_size:
+            return None
+        fused = {self._fused_signature(row) for row in every}
+        return _Mismatch(self._mismatch_message(kind, every),
+                         paired=bool((every[:, 0] == every[0, 0]).all()) and len(fused) == 1)
+
+    def _fusable(self, dtype, count: int) -> bool:
+        return self._check_request is not None and self._check is None and self.verify is not False \
+            and self.world_size > 1 and count * dtype.itemsize <= self._fuse_bytes
+
+    def _fused_signature(self, row) -> bool:
+        """Whether the rank whose signature is `row` sent its all_reduce inside the check (see _fusable)."""
+        kind, dtype, count = int(row[0]), int(row[1]), int(row[2])
+        return (kind == _KIND_CODE["all_reduce"] and 0 <= dtype < len(DTYPES) and self._check_request is not None
+                and count * DTYPES[dtype].itemsize <= self._fuse_bytes)
 
     def _mismatch_message(self, kind: str, every: np.ndarray) -> str:
         def says(r):
@@ -253,25 +278,46 @@ class MpiCommunicator(Communicator):
                 + ". Every rank must make the same collective calls in the same order")
 
     def _complete(self, request, name: str) -> None:
-        """Waits for a nonblocking MPI operation, at most the timeout; first for the call's signature check
-        when one is in flight (see _enter). On a mismatch the data collective, started together with the
-        check, is given MISMATCH_DRAIN_S to end when every rank called the same kind of collective (its result is
-        garbage; the tensor's contents are undefined): then ValueError on every rank (the signatures are the
-        same on every rank, so every rank sees the mismatch). The communicator is broken when the kinds
-        differ or the data collective did not end."""
-        if self._check is not None:
-            try:
-                self._finish_check()
-            except _Mismatch as e:
-                # The same collective with other arguments still pairs up in MPI: let it end, and the
-                # communicator goes on. Different collectives may or may not pair up (MPICH pairs an
-                # all_reduce with a barrier, not with a broadcast): the communicator is broken either way,
-                # the same on every rank.
-                if not (e.same_kind and self._drain(request)):
-                    self._broken = CommError(f"mpi communicator of rank {self.rank}: unusable after a mismatched "
-                                             f"call whose data collectives did not pair up ({e})")
-                raise ValueError(str(e)) from None
-        self._wait(request, name)
+        """Waits for a nonblocking MPI operation, at most the timeout, together with the call's signature check
+        when one is in flight (see _enter): one polling loop for both (each Test drives all of MPI's progress),
+        the check's verdict taken as soon as it is done. On a mismatch the data collective, started together
+        with the check, is given MISMATCH_DRAIN_S to end when every rank called the same kind of collective
+        (its result is garbage; the tensor's contents are undefined): then ValueError on every rank (the
+        signatures are the same on every rank, so every rank sees the mismatch). The communicator is broken
+        when the kinds differ or the data collective did not end."""
+        if self._check is None:
+            self._wait(name, request.Test, request.Wait)
+            return
+        check, kind = self._check
+        self._check = None
+        verdict = []  # [None] once the signatures matched, [_Mismatch] when they did not
+
+        def settled() -> bool:
+            if not verdict:
+                if not check.Test():
+                    return False
+                verdict.append(self._compare(kind))
+                if verdict[0] is not None:
+                    return True
+            return request.Test()
+
+        def block() -> None:
+            check.Wait()
+            verdict.append(self._compare(kind))
+            if verdict[0] is None:
+                request.Wait()
+
+        self._wait(name, settled, block)
+        mismatch = verdict[0]
+        if mismatch is None:
+            return
+        # The same collective with other arguments still pairs up in MPI: let it end, and the communicator
+        # goes on. Different collectives may or may not pair up (MPICH pairs an all_reduce with a barrier, not
+        # with a broadcast): the communicator is broken either way, the same on every rank.
+        if not (mismatch.paired and self._drain(request)):
+            self._broken = CommError(f"mpi communicator of rank {self.rank}: unusable after a mismatched call whose "
+                                     f"data collectives did not pair up ({mismatch})")
+        raise ValueError(str(mismatch))
 
     def _drain(self, request) -> bool:
         """Whether a (mismatched) request ended within MISMATCH_DRAIN_S; MPI's own errors count as ended."""
@@ -285,21 +331,21 @@ class MpiCommunicator(Communicator):
             time.sleep(1e-4)
         return False
 
-    def _wait(self, request, name: str) -> None:
-        """Waits for a nonblocking MPI operation, at most the timeout. Polls Test (which drives MPI's
-        progress) continuously for the first SPIN_S seconds, then with growing sleeps so that a rank waiting
-        for a slow peer leaves the CPU to the others."""
+    def _wait(self, name: str, settled, block) -> None:
+        """Waits until settled() (which Tests MPI requests) is true, at most the timeout. Polls continuously
+        for the first SPIN_S seconds, then with growing sleeps so that a rank waiting for a slow peer leaves
+        the CPU to the others. block(): the same wait inside MPI, used on the background thread."""
         if self._runner.is_current():
             # On the background thread (asynchronous work, overlapping the caller's computation): block in
             # MPI with the GIL released rather than poll from Python, which would hold the GIL between polls
             # and slow the caller down. Whoever waits on the work applies the timeout.
-            request.Wait()
+            block()
             return
-        if request.Test():
+        if settled():
             return
         start = time.monotonic()
         nap = 1e-5
-        while not request.Test():
+        while not settled():
             waited = time.monotonic() - start
             if waited > self.timeout:
                 raise self._on_timeout(name)
@@ -317,6 +363,8 @@ class MpiCommunicator(Communicator):
 
     # ----- hooks
     def _all_reduce(self, t, op):
+        if self._fusable(t.dtype, t.numel):
+            return self._all_reduce_fused(t, op)
         self._enter("all_reduce", t, op=op)
         if t.dtype == tensor.float16 and op in ("sum", "avg") and self.world_size <= FP16_GATHER_MAX_RANKS:
             return self._all_reduce_fp16_by_gather(t, op)
@@ -325,6 +373,33 @@ class MpiCommunicator(Communicator):
         self._complete(self._comm.Iallreduce(self._MPI.IN_PLACE, self._buf(t), op=self._op(op, t.dtype)), "all_reduce")
         if op == "avg" and t.dtype != tensor.float16:
             np.asarray(t)[...] /= self.world_size
+
+    def _all_reduce_fused(self, t, op):
+        """A small all_reduce inside the signature check's all-gather (see FUSE_BYTES): one collective, then
+        every rank reduces the gathered rows in rank order (float16 in float32, rounded once)."""
+        a = np.asarray(t)
+        self._enter("all_reduce", t, op=op, payload=a)
+        check, kind = self._check
+        self._check = None
+        self._wait("all_reduce", check.Test, check.Wait)
+        mismatch = self._compare(kind)
+        if mismatch is not None:
+            if not mismatch.paired:  # some rank started a data collective that nothing here pairs with
+                self._broken = CommError(f"mpi communicator of rank {self.rank}: unusable after a mismatched call "
+                                         f"whose data collectives did not pair up ({mismatch})")
+            raise ValueError(str(mismatch))
+        rows = self._slots_u8[:, _SIG_BYTES:_SIG_BYTES + a.nbytes].view(a.dtype)
+        out = a.reshape(-1)
+        if a.dtype == np.float16 and op in ("sum", "avg", "prod"):
+            rows = rows.astype(np.float32)
+        ufunc = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[op]
+        if rows.dtype == out.dtype and op != "avg":
+            ufunc.reduce(rows, axis=0, out=out)
+            return
+        reduced = ufunc.reduce(rows, axis=0)
+        if op == "avg":
+            reduced /= self.world_size
+        out[...] = reduced
 
     def _all_reduce_fp16_by_gather(self, t, op):
         """float16 sum / average without a Python reduction callback: all-gather the ranks' vectors, then

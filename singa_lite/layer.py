@@ -24,9 +24,10 @@ from .tensor import Tensor
 
 __all__ = ["Layer", "Linear", "Conv2d", "SeparableConv2d", "Pooling2d", "MaxPool2d", "AvgPool2d", "MaxPool1d",
            "AvgPool1d", "GlobalAvgPool2d", "BatchNorm2d", "ReLU", "Sigmoid", "Tanh", "Gelu", "Flatten", "Dropout",
-           "SoftMax", "SoftMaxCrossEntropy", "MeanSquareError", "CrossEntropy", "Add", "Cat", "Reshape"]
+           "SoftMax", "SoftMaxCrossEntropy", "MeanSquareError", "CrossEntropy", "BinaryCrossEntropy", "Add", "Cat",
+           "Reshape"]
 
-# SINGA's padding modes: explicit padding, or "same" output size with the odd pixel after / before.
+# SINGA's padding modes: explicit padding, or "same" output size with an odd pixel after / before.
 PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 ACTIVATIONS = ("NOTSET", "RELU")
 
@@ -40,15 +41,17 @@ def _pair(v, what: str) -> tuple:
 
 
 def _padding(v, layer: str) -> tuple:
-    """SINGA's padding: an int, (h, w), or ONNX's (top, bottom, left, right). The kernels pad both sides
-    alike, so a 4-tuple must be symmetric."""
-    if isinstance(v, (tuple, list)) and len(v) == 4 and all(isinstance(i, int) for i in v):
+    """SINGA's padding: an int, (h, w), or ONNX's (top, bottom, left, right). Returns ((h, w), extra): the
+    kernels pad both sides of an axis alike by (h, w); `extra` = (top, bottom, left, right) is what an
+    uneven 4-tuple adds on one side, padded explicitly before the kernel (SINGA's "odd padding")."""
+    if isinstance(v, (tuple, list)) and len(v) == 4 and all(isinstance(i, int) and i >= 0 for i in v):
         top, bottom, left, right = v
-        if top != bottom or left != right:
-            raise NotImplementedError(f"{layer}: padding={tuple(v)} pads (top, bottom, left, right) unevenly; "
-                                      f"singa_lite pads both sides of an axis alike, give (h, w) or an int")
-        return (top, left)
-    return _pair(v, f"{layer}: padding")
+        h, w = min(top, bottom), min(left, right)
+        return (h, w), (top - h, bottom - h, left - w, right - w)
+    return _pair(v, f"{layer}: padding"), NO_EXTRA
+
+
+NO_EXTRA = (0, 0, 0, 0)
 
 
 def _choice(v, allowed: tuple, what: str) -> str:
@@ -57,22 +60,24 @@ def _choice(v, allowed: tuple, what: str) -> str:
     return v.upper()
 
 
-def _same_padding(layer: str, pad_mode: str, size, kernel, stride, dilation=(1, 1)) -> tuple:
-    """The (h, w) padding giving output size ceil(size / stride), SINGA's SAME_UPPER / SAME_LOWER. The
-    kernels pad both sides alike: a mode needing an odd total padding on an axis (where UPPER and LOWER
-    differ) is refused rather than run with a different output size."""
-    pads = []
+def _same_padding(pad_mode: str, size, kernel, stride, dilation=(1, 1)) -> tuple:
+    """SINGA's SAME_UPPER / SAME_LOWER: the padding giving output size ceil(size / stride), as
+    ((h, w), extra) like :func:`_padding`; an odd total puts the extra pixel at the end (UPPER) or the
+    beginning (LOWER) of the axis."""
+    sym, extra = [], [0, 0, 0, 0]
     for axis, (n, k, st, d) in enumerate(zip(size, kernel, stride, dilation)):
         out = -(-n // st)
         total = max((out - 1) * st + (k - 1) * d + 1 - n, 0)
+        sym.append(total // 2)
         if total % 2:
-            raise NotImplementedError(
-                f"{layer}: pad_mode={pad_mode!r} needs {total} pixel(s) of padding on axis {axis + 2} of an input "
-                f"of spatial size {tuple(size)} (kernel {tuple(kernel)}, stride {tuple(stride)}): an odd total "
-                f"pads one side more, which singa_lite's kernels do not do; pick sizes with an even total or "
-                f"explicit padding")
-        pads.append(total // 2)
-    return tuple(pads)
+            extra[2 * axis + (1 if pad_mode == "SAME_UPPER" else 0)] = 1
+    return tuple(sym), tuple(extra)
+
+
+def _pad_extra(x, extra: tuple, fill: float = 0.0):
+    """x (NCHW) padded by extra = (top, bottom, left, right) with `fill`, through the autograd pad operator."""
+    top, bottom, left, right = extra
+    return autograd.pad(x, "constant", [0, 0, top, left, 0, 0, bottom, right], fill)
 
 
 def _no_extra_kwargs(layer: str, kwargs: dict, accepted: dict) -> None:
@@ -290,9 +295,9 @@ class Conv2d(Layer):
     activation="NOTSET")`` infers in_channels from the first input; ``Conv2d(in_channels, nb_kernels,
     kernel_size[, stride[, padding]], ...)`` creates the parameters at once.
 
-    padding: an int, (h, w), or a symmetric (top, bottom, left, right). pad_mode ``SAME_UPPER`` /
-    ``SAME_LOWER`` computes the padding from the first input so the output is ceil(input / stride) (refused
-    when that needs more padding on one side), ``VALID`` means none. activation ``RELU`` applies a ReLU to
+    padding: an int, (h, w), or ONNX's (top, bottom, left, right); an uneven part is padded with zeros before
+    the kernel, as SINGA does. pad_mode ``SAME_UPPER`` / ``SAME_LOWER`` computes the padding from the first
+    input so the output is ceil(input / stride), an odd pixel going after / before; ``VALID`` means none. activation ``RELU`` applies a ReLU to
     the output. cuDNN tuning keywords (``cudnn_prefer``, ``workspace_MB_limit``) are accepted at SINGA's
     defaults only. W ~ N(0, 2 / (fan_in + fan_out)), b = 0."""
 
@@ -312,12 +317,13 @@ class Conv2d(Layer):
         if len(args) > 2:
             padding = args[2]
         self.nb_kernels, self.kernel_size = nb_kernels, _pair(kernel_size, "kernel_size")
-        self.stride, self.padding = _pair(stride, "stride"), _padding(padding, "Conv2d")
+        self.stride = _pair(stride, "stride")
+        self.padding, self.odd_padding = _padding(padding, "Conv2d")
         self.dilation, self.group, self.bias = _pair(dilation, "dilation"), group, bias
         self.pad_mode = _choice(pad_mode, PAD_MODES, "Conv2d: pad_mode")
         self.activation = _choice(activation, ACTIVATIONS, "Conv2d: activation")
         if self.pad_mode == "VALID":
-            self.padding = (0, 0)
+            self.padding, self.odd_padding = (0, 0), NO_EXTRA
         if group < 1 or nb_kernels % group:
             raise ValueError(f"Conv2d: group {group} must be >= 1 and divide nb_kernels {nb_kernels}")
         self.in_channels = in_channels
@@ -329,8 +335,8 @@ class Conv2d(Layer):
         if x.ndim() != 4:
             raise ValueError(f"{self.name}: expected NCHW input, got shape {x.shape}")
         if self.pad_mode.startswith("SAME"):
-            self.padding = _same_padding(self.name, self.pad_mode, x.shape[2:], self.kernel_size, self.stride,
-                                         self.dilation)
+            self.padding, self.odd_padding = _same_padding(self.pad_mode, x.shape[2:], self.kernel_size,
+                                                           self.stride, self.dilation)
         self._create(x.shape[1])
 
     def _create(self, in_channels: int):
@@ -346,6 +352,8 @@ class Conv2d(Layer):
             self._param((self.nb_kernels,), "b")
 
     def forward(self, x):
+        if self.odd_padding != NO_EXTRA:
+            x = _pad_extra(x, self.odd_padding)
         y = autograd.conv2d(x, self.W, self.b if self.bias else None, self.stride, self.padding,
                             self.dilation, self.group)
         return autograd.relu(y) if self.activation == "RELU" else y
@@ -369,7 +377,8 @@ class SeparableConv2d(Layer):
         if len(args) > 2:
             padding = args[2]
         self.nb_kernels, self.kernel_size = nb_kernels, _pair(kernel_size, "kernel_size")
-        self.stride, self.padding, self.bias = _pair(stride, "stride"), _padding(padding, "SeparableConv2d"), bias
+        _padding(padding, "SeparableConv2d")  # checked here, applied by the depthwise Conv2d
+        self.stride, self.padding, self.bias = _pair(stride, "stride"), padding, bias
 
     def initialize(self, x):
         if x.ndim() != 4:
@@ -426,7 +435,9 @@ class BatchNorm2d(Layer):
 class Pooling2d(Layer):
     """Max (``is_max=True``) or average pooling, SINGA's ``Pooling2d(kernel_size, stride=None, padding=0,
     is_max=True, pad_mode="NOTSET")``; stride defaults to the kernel. padding and pad_mode as in
-    :class:`Conv2d`. Average pooling counts the padded zeros (``count_include_pad=True``) unless told."""
+    :class:`Conv2d`; an uneven part is padded before the kernel, with -inf for max pooling (padding never
+    wins) and zeros for average pooling, which counts padded zeros (``count_include_pad=True``) unless told
+    (then uneven padding is refused)."""
 
     def __init__(self, kernel_size, stride=None, padding=0, is_max: bool = True, pad_mode: str = "NOTSET",
                  count_include_pad: bool = True, name: str | None = None):
@@ -434,17 +445,29 @@ class Pooling2d(Layer):
         what = type(self).__name__
         self.kernel_size = _pair(kernel_size, f"{what}: kernel_size")
         self.stride = self.kernel_size if stride is None else _pair(stride, f"{what}: stride")
-        self.padding = _padding(padding, what)
+        self.padding, self.odd_padding = _padding(padding, what)
         self.is_max, self.count_include_pad = bool(is_max), count_include_pad
         self.pad_mode = _choice(pad_mode, PAD_MODES, f"{what}: pad_mode")
         if self.pad_mode == "VALID":
-            self.padding = (0, 0)
+            self.padding, self.odd_padding = (0, 0), NO_EXTRA
+        self._check_extra()
 
     def initialize(self, x):
         if self.pad_mode.startswith("SAME"):
-            self.padding = _same_padding(self.name, self.pad_mode, x.shape[2:], self.kernel_size, self.stride)
+            self.padding, self.odd_padding = _same_padding(self.pad_mode, x.shape[2:], self.kernel_size,
+                                                           self.stride)
+            self._check_extra()
+
+    def _check_extra(self):
+        # Padded zeros are averaged in (count_include_pad=True) but must not be without it, and the kernel
+        # could not tell them from data: refused rather than computed differently.
+        if self.odd_padding != NO_EXTRA and not self.is_max and not self.count_include_pad:
+            raise NotImplementedError(f"{type(self).__name__}: uneven padding {self.odd_padding} with "
+                                      f"count_include_pad=False is not supported; pad evenly or count the padding")
 
     def forward(self, x):
+        if self.odd_padding != NO_EXTRA:  # max pooling pads with -inf so the padding never wins
+            x = _pad_extra(x, self.odd_padding, -math.inf if self.is_max else 0.0)
         if self.is_max:
             return autograd.max_pool2d(x, self.kernel_size, self.stride, self.padding)
         return autograd.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.count_include_pad)
@@ -525,6 +548,8 @@ MeanSquareError = _function_layer("MeanSquareError", "mse_loss", "loss(predictio
 
 CrossEntropy = _function_layer("CrossEntropy", "cross_entropy",
                                "loss(probabilities, target): -sum(target * log(p)) / batch, as SINGA.")
+BinaryCrossEntropy = _function_layer("BinaryCrossEntropy", "binary_cross_entropy",
+                                     "loss(probabilities, target): -sum(t log(p) + (1 - t) log(1 - p)) / batch.")
 
 
 class Add(Layer):

@@ -170,8 +170,27 @@ def test_conv2d_positional_stride_and_padding_and_padding_forms():
     assert (a.stride, a.padding) == ((2, 2), (1, 1)) and a(x).shape == (1, 4, 4, 4)
     b = layer.Conv2d(4, 3, padding=(1, 1, 2, 2))  # ONNX's (top, bottom, left, right), symmetric
     assert b.padding == (1, 2) and b(x).shape == (1, 4, 7, 9)
-    with pytest.raises(NotImplementedError, match=r"padding=\(1, 0, 1, 1\)"):
-        layer.Conv2d(4, 3, padding=(1, 0, 1, 1))
+
+
+def conv_reference(x, W, pads):
+    """Cross-correlation of x (1, C, H, W) with W (O, C, k, k) after numpy zero padding, stride 1."""
+    xp = np.pad(x, ((0, 0), (0, 0), pads[:2], pads[2:]))
+    k = W.shape[-1]
+    oh, ow = xp.shape[2] - k + 1, xp.shape[3] - k + 1
+    out = np.zeros((1, W.shape[0], oh, ow), np.float64)
+    for i in range(oh):
+        for j in range(ow):
+            out[0, :, i, j] = np.tensordot(W, xp[0, :, i:i + k, j:j + k], axes=3)
+    return out
+
+
+def test_conv2d_uneven_padding_pads_the_extra_side_first():
+    x = rand(1, 2, 6, 5)
+    c = layer.Conv2d(3, 2, padding=(1, 0, 0, 2), bias=False)  # top 1, bottom 0, left 0, right 2
+    y = tensor.to_numpy(c(x))
+    want = conv_reference(tensor.to_numpy(x), tensor.to_numpy(c.W), (1, 0, 0, 2))
+    assert y.shape == want.shape == (1, 3, 6, 6)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["SAME_UPPER", "SAME_LOWER"])
@@ -181,10 +200,29 @@ def test_conv2d_and_pooling_same_padding_keep_the_size(mode):
     assert layer.Conv2d(3, 3, stride=3, pad_mode=mode)(x).shape == (1, 3, 3, 3)
     assert layer.MaxPool2d(3, 1, pad_mode=mode)(x).shape == (1, 2, 9, 9)
     assert layer.Conv2d(3, 3, padding=4, pad_mode="VALID")(x).shape == (1, 3, 7, 7)
-    with pytest.raises(NotImplementedError, match=f"pad_mode='{mode}' needs 1 pixel"):
-        layer.Conv2d(3, 2, pad_mode=mode)(rand(1, 2, 8, 8))  # an even kernel: 1 pixel in all
+    # an even kernel needs one pixel on one side: after (UPPER) or before (LOWER), as ONNX / SINGA
+    x8 = rand(1, 2, 8, 8)
+    c = layer.Conv2d(3, 2, pad_mode=mode, bias=False)
+    y = tensor.to_numpy(c(x8))
+    pads = (0, 1, 0, 1) if mode == "SAME_UPPER" else (1, 0, 1, 0)
+    np.testing.assert_allclose(y, conv_reference(tensor.to_numpy(x8), tensor.to_numpy(c.W), pads),
+                               rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="pad_mode must be one of"):
         layer.MaxPool2d(2, pad_mode="SAME")
+
+
+def test_pooling_uneven_padding_never_lets_the_padding_win():
+    x = t(-np.arange(1, 17, dtype=np.float32).reshape(1, 1, 4, 4))  # all negative: zero padding would win
+    y = tensor.to_numpy(layer.MaxPool2d(2, 1, padding=(0, 1, 0, 1))(x))
+    xn = tensor.to_numpy(x)[0, 0]
+    xp = np.pad(xn, ((0, 1), (0, 1)), constant_values=-np.inf)
+    want = np.array([[xp[i:i + 2, j:j + 2].max() for j in range(4)] for i in range(4)])
+    np.testing.assert_array_equal(y[0, 0], want)
+    avg = tensor.to_numpy(layer.AvgPool2d(2, 1, padding=(1, 0, 1, 0))(x))[0, 0]
+    zp = np.pad(xn, ((1, 0), (1, 0)))
+    np.testing.assert_allclose(avg, [[zp[i:i + 2, j:j + 2].mean() for j in range(4)] for i in range(4)], rtol=1e-6)
+    with pytest.raises(NotImplementedError, match="count_include_pad=False"):
+        layer.AvgPool2d(2, 1, padding=(1, 0, 1, 0), count_include_pad=False)
 
 
 def test_conv2d_cudnn_keywords_only_at_their_defaults():
@@ -237,6 +275,8 @@ def test_small_layers_add_cat_reshape_cross_entropy():
     p = t([[0.25, 0.75], [0.5, 0.5]])
     np.testing.assert_allclose(tensor.to_numpy(layer.CrossEntropy()(p, t([[0, 1], [1, 0]]))).item(),
                                -(np.log(0.75) + np.log(0.5)) / 2, rtol=1e-6)
+    bce = tensor.to_numpy(layer.BinaryCrossEntropy()(p, t([[0, 1], [1, 0]]))).item()
+    np.testing.assert_allclose(bce, -(np.log(0.75) * 2 + np.log(0.5) * 2) / 2, rtol=1e-6)
 
 
 def test_register_layers_names_sublayers_as_singa_does():

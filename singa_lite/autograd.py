@@ -33,6 +33,11 @@ How backward works
    backward pass, and consumers still only ever see final gradients. Parameters without hooks cost the
    pass one attribute test each.
 
+Time profiling (``Device.SetVerbosity``): while some device profiles, ``autograd._timer`` is set and the
+engine calls ``_timer.forward(op, raw_inputs)`` / ``_timer.backward(op, dys)`` in place of ``op.forward`` /
+``op.backward``, which times them per operator type (see ``device.py``); otherwise ``_timer`` is None and
+each operator call pays one global test.
+
 Broadcasting: binary operators broadcast like numpy; their backward sums the gradient over the axes an input
 was broadcast along (``_reduce_to``: the leading axes it lacks and the axes where it has size 1).
 

@@ -43,7 +43,7 @@ def _pair(v, what: str) -> tuple:
 def _padding(v, layer: str) -> tuple:
     """SINGA's padding: an int, (h, w), or ONNX's (top, bottom, left, right). Returns ((h, w), extra): the
     kernels pad both sides of an axis alike by (h, w); `extra` = (top, bottom, left, right) is what an
-    uneven 4-tuple adds on one side, padded explicitly before the kernel (SINGA's "odd padding")."""
+    uneven 4-tuple adds on one side (SINGA's "odd padding", which the operators take as ``odd_padding``)."""
     if isinstance(v, (tuple, list)) and len(v) == 4 and all(isinstance(i, int) and i >= 0 for i in v):
         top, bottom, left, right = v
         h, w = min(top, bottom), min(left, right)
@@ -72,12 +72,6 @@ def _same_padding(pad_mode: str, size, kernel, stride, dilation=(1, 1)) -> tuple
         if total % 2:
             extra[2 * axis + (1 if pad_mode == "SAME_UPPER" else 0)] = 1
     return tuple(sym), tuple(extra)
-
-
-def _pad_extra(x, extra: tuple, fill: float = 0.0):
-    """x (NCHW) padded by extra = (top, bottom, left, right) with `fill`, through the autograd pad operator."""
-    top, bottom, left, right = extra
-    return autograd.pad(x, "constant", [0, 0, top, left, 0, 0, bottom, right], fill)
 
 
 def _no_extra_kwargs(layer: str, kwargs: dict, accepted: dict) -> None:
@@ -295,8 +289,8 @@ class Conv2d(Layer):
     activation="NOTSET")`` infers in_channels from the first input; ``Conv2d(in_channels, nb_kernels,
     kernel_size[, stride[, padding]], ...)`` creates the parameters at once.
 
-    padding: an int, (h, w), or ONNX's (top, bottom, left, right); an uneven part is padded with zeros before
-    the kernel, as SINGA does. pad_mode ``SAME_UPPER`` / ``SAME_LOWER`` computes the padding from the first
+    padding: an int, (h, w), or ONNX's (top, bottom, left, right); an uneven part is padded with zeros on
+    its side (the operator's ``odd_padding``), as SINGA does. pad_mode ``SAME_UPPER`` / ``SAME_LOWER`` computes the padding from the first
     input so the output is ceil(input / stride), an odd pixel going after / before; ``VALID`` means none. activation ``RELU`` applies a ReLU to
     the output. cuDNN tuning keywords (``cudnn_prefer``, ``workspace_MB_limit``) are accepted at SINGA's
     defaults only. W ~ N(0, 2 / (fan_in + fan_out)), b = 0."""
@@ -352,10 +346,8 @@ class Conv2d(Layer):
             self._param((self.nb_kernels,), "b")
 
     def forward(self, x):
-        if self.odd_padding != NO_EXTRA:
-            x = _pad_extra(x, self.odd_padding)
         y = autograd.conv2d(x, self.W, self.b if self.bias else None, self.stride, self.padding,
-                            self.dilation, self.group)
+                            self.dilation, self.group, odd_padding=self.odd_padding)
         return autograd.relu(y) if self.activation == "RELU" else y
 
 
@@ -435,9 +427,8 @@ class BatchNorm2d(Layer):
 class Pooling2d(Layer):
     """Max (``is_max=True``) or average pooling, SINGA's ``Pooling2d(kernel_size, stride=None, padding=0,
     is_max=True, pad_mode="NOTSET")``; stride defaults to the kernel. padding and pad_mode as in
-    :class:`Conv2d`; an uneven part is padded before the kernel, with -inf for max pooling (padding never
-    wins) and zeros for average pooling, which counts padded zeros (``count_include_pad=True``) unless told
-    (then uneven padding is refused)."""
+    :class:`Conv2d` (an uneven part is the operator's ``odd_padding``: max pooling never picks padding).
+    Average pooling counts padded zeros (``count_include_pad=True``) unless told."""
 
     def __init__(self, kernel_size, stride=None, padding=0, is_max: bool = True, pad_mode: str = "NOTSET",
                  count_include_pad: bool = True, name: str | None = None):
@@ -450,27 +441,17 @@ class Pooling2d(Layer):
         self.pad_mode = _choice(pad_mode, PAD_MODES, f"{what}: pad_mode")
         if self.pad_mode == "VALID":
             self.padding, self.odd_padding = (0, 0), NO_EXTRA
-        self._check_extra()
 
     def initialize(self, x):
         if self.pad_mode.startswith("SAME"):
             self.padding, self.odd_padding = _same_padding(self.pad_mode, x.shape[2:], self.kernel_size,
                                                            self.stride)
-            self._check_extra()
-
-    def _check_extra(self):
-        # Padded zeros are averaged in (count_include_pad=True) but must not be without it, and the kernel
-        # could not tell them from data: refused rather than computed differently.
-        if self.odd_padding != NO_EXTRA and not self.is_max and not self.count_include_pad:
-            raise NotImplementedError(f"{type(self).__name__}: uneven padding {self.odd_padding} with "
-                                      f"count_include_pad=False is not supported; pad evenly or count the padding")
 
     def forward(self, x):
-        if self.odd_padding != NO_EXTRA:  # max pooling pads with -inf so the padding never wins
-            x = _pad_extra(x, self.odd_padding, -math.inf if self.is_max else 0.0)
         if self.is_max:
-            return autograd.max_pool2d(x, self.kernel_size, self.stride, self.padding)
-        return autograd.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.count_include_pad)
+            return autograd.max_pool2d(x, self.kernel_size, self.stride, self.padding, odd_padding=self.odd_padding)
+        return autograd.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.count_include_pad,
+                                   odd_padding=self.odd_padding)
 
 
 class MaxPool2d(Pooling2d):

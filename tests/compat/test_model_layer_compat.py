@@ -221,8 +221,10 @@ def test_pooling_uneven_padding_never_lets_the_padding_win():
     avg = tensor.to_numpy(layer.AvgPool2d(2, 1, padding=(1, 0, 1, 0))(x))[0, 0]
     zp = np.pad(xn, ((1, 0), (1, 0)))
     np.testing.assert_allclose(avg, [[zp[i:i + 2, j:j + 2].mean() for j in range(4)] for i in range(4)], rtol=1e-6)
-    with pytest.raises(NotImplementedError, match="count_include_pad=False"):
-        layer.AvgPool2d(2, 1, padding=(1, 0, 1, 0), count_include_pad=False)
+    excl = tensor.to_numpy(layer.AvgPool2d(2, 1, padding=(1, 0, 1, 0), count_include_pad=False)(x))[0, 0]
+    inside = np.pad(np.ones((4, 4)), ((1, 0), (1, 0)))  # 1 where a window position holds data
+    want = [[zp[i:i + 2, j:j + 2].sum() / inside[i:i + 2, j:j + 2].sum() for j in range(4)] for i in range(4)]
+    np.testing.assert_allclose(excl, want, rtol=1e-6)
 
 
 def test_conv2d_cudnn_keywords_only_at_their_defaults():

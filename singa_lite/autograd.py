@@ -207,9 +207,32 @@ def backward(y: Tensor, dy=None):
         yield node, _resolve(node, grad)
 
 
-def gradients(y: Tensor, dy=None) -> dict:
-    """{param: grad} for every parameter y depends on."""
-    return {p: g for p, g in backward(y, dy)}
+class Gradients(dict):
+    """What :func:`gradients` returns: ``{param: grad}``, also readable by ``id(param)`` as SINGA keys it
+    (``grads[id(w)]``, ``id(w) in grads``); iterating gives the parameters."""
+
+    def __missing__(self, key):
+        if isinstance(key, int) and not isinstance(key, bool):
+            for p, g in self.items():
+                if id(p) == key:
+                    return g
+        raise KeyError(key)
+
+    def __contains__(self, key):
+        if isinstance(key, int) and not isinstance(key, bool):
+            return any(id(p) == key for p in self.keys())
+        return dict.__contains__(self, key)
+
+    def get(self, key, default=None):
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+
+def gradients(y: Tensor, dy=None) -> Gradients:
+    """{param: grad} for every parameter y depends on (readable by ``id(param)`` too, see Gradients)."""
+    return Gradients((p, g) for p, g in backward(y, dy))
 
 
 # ---------------------------------------------------------------- gradient hooks

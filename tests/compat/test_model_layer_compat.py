@@ -314,3 +314,17 @@ def test_optimizer_device_check_moves_tensors_to_the_first_ones_device():
         assert b.device == g.device
     with pytest.raises(TypeError, match="device_check: expected Tensors"):
         sgd.device_check(a, np.zeros(2))
+
+
+# ---------------------------------------------------------------- autograd.gradients keys
+def test_gradients_are_readable_by_parameter_and_by_its_id_as_singa_keys_them():
+    autograd.training = True
+    lin = layer.Linear(3, 2)
+    grads = autograd.gradients(autograd.reduce_sum(lin(rand(4, 3))))
+    assert set(grads) == {lin.W, lin.b}
+    for p in (lin.W, lin.b):
+        assert grads[id(p)] is grads[p] and id(p) in grads and grads.get(id(p)) is grads[p]
+    other = rand(2)
+    assert id(other) not in grads and grads.get(id(other)) is None
+    with pytest.raises(KeyError):
+        grads[id(other)]

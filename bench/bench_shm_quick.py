@@ -40,7 +40,8 @@ def time_per_call(fn, barrier, nbytes: int, reps: int = 7) -> float:
 def report(label: str, P: int, nbytes: int, t: float) -> str:
     algbw = nbytes / t / 1e9
     busbw = algbw * 2 * (P - 1) / P
-    return f"{label:13s} P={P} {nbytes / 1024:>9.0f} KiB  {t * 1e6:>10.1f} us  algbw {algbw:6.2f} GB/s  busbw {busbw:6.2f} GB/s"
+    return (f"{label:13s} P={P} {nbytes / 1024:>9.0f} KiB  {t * 1e6:>10.1f} us  "
+            f"algbw {algbw:6.2f} GB/s  busbw {busbw:6.2f} GB/s")
 
 
 def shm_worker(rank: int, P: int, name: str, sizes, slot_bytes: int, dtype: str, q):

@@ -167,7 +167,8 @@ def main(argv=None) -> int:
             progress(f"epoch {epoch}", step + 1, steps, f"loss {loss_sum / (step + 1):.4f}", show)
         elapsed = time.perf_counter() - start
         test_loss, test_acc = evaluate(model, test_x, test_y, 256, dev)
-        print(f"epoch {epoch:3d}  train loss {loss_sum / steps:.4f}  train acc {correct / (steps * args.batch_size):.4f}"
+        train_acc = correct / (steps * args.batch_size)
+        print(f"epoch {epoch:3d}  train loss {loss_sum / steps:.4f}  train acc {train_acc:.4f}"
               f"  test loss {test_loss:.4f}  test acc {test_acc:.4f}  "
               f"({elapsed:.2f} s, {1e3 * elapsed / steps:.1f} ms/step)", flush=True)
     print(f"final test accuracy {test_acc:.4f}")

@@ -60,19 +60,19 @@ def _odd(v, op: str) -> tuple | None:
 
 def _pad_edges(x: CTensor, odd: tuple, value: float) -> CTensor:
     """x (N, C, H, W) inside a new tensor with `odd` extra rows / columns filled with value."""
-    t, b, l, r = odd
+    top, bottom, left, right = odd
     N, C, H, W = x.shape
-    out = CTensor([N, C, H + t + b, W + l + r], x.dtype, x.device)
+    out = CTensor([N, C, H + top + bottom, W + left + right], x.dtype, x.device)
     _core.fill_(out, value)
-    _core.copy_(out.slice(2, t, t + H, 1).slice(3, l, l + W, 1), x)
+    _core.copy_(out.slice(2, top, top + H, 1).slice(3, left, left + W, 1), x)
     return out
 
 
 def _crop_edges(dx: CTensor, odd: tuple) -> CTensor:
     """The gradient of _pad_edges: dx without the extra rows / columns."""
-    t, b, l, r = odd
-    H, W = dx.shape[2] - t - b, dx.shape[3] - l - r
-    return dx.slice(2, t, t + H, 1).slice(3, l, l + W, 1).contiguous()
+    top, bottom, left, right = odd
+    H, W = dx.shape[2] - top - bottom, dx.shape[3] - left - right
+    return dx.slice(2, top, top + H, 1).slice(3, left, left + W, 1).contiguous()
 
 
 def _needs(op) -> tuple:

@@ -341,8 +341,8 @@ class Sum(Operator):
         return tuple(_reduce_to(dy, s) for s in self.shapes)
 
 
-def sum(*l):  # noqa: A001 - SINGA's name
-    return Sum()(*l)[0]
+def sum(*xs):  # noqa: A001 - SINGA's name
+    return Sum()(*xs)[0]
 
 
 class Mean(Operator):
@@ -361,8 +361,8 @@ class Mean(Operator):
         return tuple(_reduce_to(g, s) for s in self.shapes)
 
 
-def mean(*l):
-    return Mean()(*l)[0]
+def mean(*xs):
+    return Mean()(*xs)[0]
 
 
 class ReduceSum(Operator):

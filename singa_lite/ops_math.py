@@ -395,12 +395,12 @@ class Min(Max):
     _keep_first = staticmethod(_core.le)
 
 
-def max(*l):
-    return Max()(*l)[0]
+def max(*xs):
+    return Max()(*xs)[0]
 
 
-def min(*l):
-    return Min()(*l)[0]
+def min(*xs):
+    return Min()(*xs)[0]
 
 
 class Where(Operator):

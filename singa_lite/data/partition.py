@@ -89,9 +89,10 @@ class DistributedSampler:
     position)``; :meth:`load_state_dict` (or ``set_epoch(epoch, position=k)``) makes the next pass start
     at the k-th index of the share, once: the pass after it is whole again. ``set_epoch`` with the epoch
     already set keeps a pending start, so the usual loop ``for epoch in range(sampler.epoch, epochs):
-    sampler.set_epoch(epoch)`` resumes where the checkpoint was taken. The permutation is an argsort of raw PCG64 output seeded by ``SeedSequence([seed, epoch])``:
-    numpy guarantees PCG64's stream for a fixed seed across versions (``Generator.permutation`` carries
-    no such promise), so ranks on hosts with different numpy versions still agree.
+    sampler.set_epoch(epoch)`` resumes where the checkpoint was taken. The permutation is an argsort of raw
+    PCG64 output seeded by ``SeedSequence([seed, epoch])``: numpy guarantees PCG64's stream for a fixed seed
+    across versions (``Generator.permutation`` carries no such promise), so ranks on hosts with different
+    numpy versions still agree.
     """
 
     def __init__(self, num_samples, rank, world_size, shuffle=True, seed=0, drop_last=False):

@@ -198,7 +198,8 @@ def test_argmax_argmin_ties_first(gpu, dtype):
 @pytest.mark.parametrize("shapes", [((64, 48), (48, 80)), ((3, 17, 5), (3, 5, 9)), ((2, 1, 4, 6), (5, 6, 7)),
                                     ((7,), (7, 3)), ((4, 7), (7,)), ((5, 0), (0, 3))])
 def test_matmul(gpu, dtype, shapes):
-    (ca, cb), (ga, gb) = both(gpu, data(shapes[0], dtype, 13, low=-2, high=2), data(shapes[1], dtype, 14, low=-2, high=2))
+    (ca, cb), (ga, gb) = both(gpu, data(shapes[0], dtype, 13, low=-2, high=2),
+                              data(shapes[1], dtype, 14, low=-2, high=2))
     check(_core.matmul(ga, gb), _core.matmul(ca, cb), dtype, scale=100)
 
 
@@ -225,7 +226,8 @@ def test_im2col_col2im(gpu, dtype, geom):
     (cx,), (gx,) = both(gpu, data(shape, dtype, 19))
     cc, gc = _core.im2col(cx, kernel, stride, pad, dil), _core.im2col(gx, kernel, stride, pad, dil)
     check(gc, cc, dtype)
-    check(_core.col2im(gc, list(shape), kernel, stride, pad, dil), _core.col2im(cc, list(shape), kernel, stride, pad, dil),
+    check(_core.col2im(gc, list(shape), kernel, stride, pad, dil),
+          _core.col2im(cc, list(shape), kernel, stride, pad, dil),
           dtype, scale=10)
 
 

@@ -164,7 +164,7 @@ def test_yielded_grads_do_not_alias_each_other_or_the_graph():
     a, b = param(np.ones(3)), param(np.ones(3))
     y = autograd.reduce_sum(autograd.mul(autograd.add(a, b), data(np.array([1.0, 2.0, 3.0]))))
     seen = []
-    for p, g in autograd.backward(y):
+    for _p, g in autograd.backward(y):
         np.testing.assert_allclose(npy(g), [1.0, 2.0, 3.0])
         assert not any(g.data.shares_storage(other.data) for other in seen)
         _core.fill_(g.data, 100.0)  # clobber it at once

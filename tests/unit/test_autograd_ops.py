@@ -33,7 +33,7 @@ def test_forward_and_gradient(name, fn, ref, specs):
     grads = autograd.gradients(y, tensor.Tensor(data=R, requires_grad=False))
     assert set(grads) == set(params)
     autograd.training = False
-    for p, a, num in zip(params, arrays, numeric_grads(fn, arrays, R)):
+    for p, _a, num in zip(params, arrays, numeric_grads(fn, arrays, R)):
         g = grads[p]
         assert g.shape == p.shape and g.dtype == tensor.float64
         np.testing.assert_allclose(tensor.to_numpy(g), num, rtol=RTOL, atol=ATOL)

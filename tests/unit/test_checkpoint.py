@@ -259,7 +259,8 @@ def test_a_pickled_object_array_is_refused_without_running_it(saved, tmp_path):
     m = json.load(open(os.path.join(path, "manifest.json")))
     m["shared"].update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
     rewrite_manifest(path, shared=m["shared"])
-    refuse(path, f"{shared}: entry 'arrays/0.npy' (holds dtype object; only numeric arrays are read|declares .* refused unread)")
+    refuse(path, f"{shared}: entry 'arrays/0.npy' "
+                 "(holds dtype object; only numeric arrays are read|declares .* refused unread)")
     assert not os.path.exists(Payload.marker)
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from singa_lite import _core
-from core_testutil import ALL, LAYOUTS, NP_TO_DT, assert_same, half_ulp_distance, ids, make, tensor, to_np
+from core_testutil import ALL, LAYOUTS, NP_TO_DT, assert_same, ids, make, tensor, to_np
 
 
 def cast_source(rng, src, dst):
@@ -111,7 +111,8 @@ def test_copy_errors():
         _core.copy_(d, tensor(np.zeros(5, np.float32)))
     with pytest.raises(ValueError, match=r"copy: source of shape \(2, 3, 4\) does not broadcast to the destination"):
         _core.copy_(d, tensor(np.zeros((2, 3, 4), np.float32)))
-    with pytest.raises(ValueError, match=r"copy: source of shape \(3, 4\) does not broadcast to the destination's shape \(3, 1\)"):
+    with pytest.raises(ValueError,
+                       match=r"copy: source of shape \(3, 4\) does not broadcast to the destination's shape \(3, 1\)"):
         _core.copy_(tensor(np.zeros((3, 1), np.float32)), d)
 
 

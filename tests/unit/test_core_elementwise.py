@@ -174,7 +174,8 @@ def test_integer_pow(dtype):
     b = np.array([10, 3, 0, 9, 7, 0, 5, 2], dtype)
     assert_same(_core.pow(tensor(a), tensor(b)), np.power(a, b))
     big = np.array([3, -3, 7], dtype)  # overflow wraps, as numpy
-    assert_same(_core.pow(tensor(big), tensor(np.array([41, 41, 40], dtype))), np.power(big, np.array([41, 41, 40], dtype)))
+    exps = np.array([41, 41, 40], dtype)
+    assert_same(_core.pow(tensor(big), tensor(exps)), np.power(big, exps))
 
 
 @pytest.mark.parametrize("dtype", INTS, ids=ids(INTS))
@@ -659,7 +660,10 @@ def test_axpy(dtype):
         for layout in ("contiguous", "transposed", "reversed"):
             ty = make(y, layout)
             _core.axpy_(alpha, make(x, layout), ty)
-            expected = (y.astype(np.float64) + alpha * x.astype(np.float64)) if dtype.kind == "f" else y + dtype.type(alpha) * x
+            if dtype.kind == "f":
+                expected = y.astype(np.float64) + alpha * x.astype(np.float64)
+            else:
+                expected = y + dtype.type(alpha) * x
             if dtype == np.float16:
                 assert_close(ty, expected.astype(dtype), rtol=1e-3, atol=1e-3)
             elif dtype.kind == "f":

@@ -99,7 +99,7 @@ def np_max_pool_argmax(x, k, s, p):
             h0, w0 = a * s[0] - p[0], b * s[1] - p[1]
             hs, ws = max(h0, 0), max(w0, 0)
             win = x[:, :, hs:min(h0 + k[0], H), ws:min(w0 + k[1], W)]
-            wh, ww = win.shape[2], win.shape[3]
+            ww = win.shape[3]
             flat = win.reshape(N, C, -1)
             first = np.argmax(flat, axis=2)  # numpy: first maximum, and a nan counts as the maximum
             idx[:, :, a, b] = (hs + first // ww) * W + ws + first % ww

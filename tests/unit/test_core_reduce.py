@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from singa_lite import _core
-from core_testutil import (FLOATS, INTS, LAYOUTS, NUMERIC, assert_close, assert_same, ids, make, rand, tensor,
+from core_testutil import (FLOATS, LAYOUTS, NUMERIC, assert_same, ids, make, rand, tensor,
                            to_np)
 
 REDUCE = ["sum", "mean", "max", "min"]

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from singa_lite import _core
-from core_testutil import ALL, CPU, DT, DT_TO_NP, NP_TO_DT, assert_same, ids, make, tensor, to_np
+from core_testutil import ALL, CPU, DT, DT_TO_NP, NP_TO_DT, assert_same, ids, tensor, to_np
 
 BIG = 1 << 62
 

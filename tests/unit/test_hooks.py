@@ -43,7 +43,7 @@ def test_hook_called_once_per_backward_with_the_final_gradient_in_the_generators
 
     for name, p in ps.items():
         p.register_hook(recorder(name))
-    for p, g in autograd.backward(loss_of(ps)):
+    for p, _g in autograd.backward(loss_of(ps)):
         events.append(("yield", p.name))
     order = [n for kind, n in events if kind == "yield"]
     assert order == ["b2", "W2", "b1", "W1"]  # last layer first

@@ -37,7 +37,7 @@ def check_gradients(fn, arrays, rng):
     R = rng.standard_normal(y.shape)
     grads = autograd.gradients(y, const(R))
     assert set(grads) == set(params)
-    for p, a, num in zip(params, arrays, numeric_grads(fn, arrays, R)):
+    for p, _a, num in zip(params, arrays, numeric_grads(fn, arrays, R)):
         g = grads[p]
         assert g.shape == p.shape and g.dtype == tensor.float64
         np.testing.assert_allclose(tensor.to_numpy(g), num, rtol=RTOL, atol=ATOL)
@@ -379,7 +379,7 @@ def test_batchnorm_against_torch(momentum):
     trm, trv = torch.tensor(rm0), torch.tensor(rv0)
     params = [param(a) for a in (x, scale, bias)]
     tp = [torch.tensor(a, requires_grad=True) for a in (x, scale, bias)]
-    for step in range(2):  # two steps: the running statistics compound
+    for _step in range(2):  # two steps: the running statistics compound
         y = autograd.batchnorm_2d(*params, rm, rv, momentum, 1e-5)
         ty = F.batch_norm(tp[0], trm, trv, tp[1], tp[2], training=True, momentum=momentum, eps=1e-5)
         np.testing.assert_allclose(tensor.to_numpy(y), ty.detach().numpy(), rtol=1e-10, atol=1e-10)

@@ -290,7 +290,8 @@ def test_bad_schedules(make):
 
 def test_schedule_that_leaves_the_domain_fails_at_step_and_changes_nothing():
     o = opt.SGD(lr=opt.LinearDecay(0.2, -0.2, 4))  # reaches lr < 0 at step 3
-    o.step(); o.step()
+    o.step()
+    o.step()
     with pytest.raises(ValueError, match="lr must be >= 0"):
         o.step()
     assert o.step_counter == 2 and o.lr_value == pytest.approx(0.0)

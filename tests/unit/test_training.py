@@ -58,7 +58,7 @@ def test_backward_loop_with_apply_matches_call():
         for p, g in autograd.backward(autograd.softmax_cross_entropy(models[1](tx), ty)):
             b.apply(p.name, p, g)
         b.step()
-    for (n0, p0), (n1, p1) in zip(sorted(models[0].get_params().items()), sorted(models[1].get_params().items())):
+    for (n0, p0), (_n1, p1) in zip(sorted(models[0].get_params().items()), sorted(models[1].get_params().items())):
         np.testing.assert_allclose(tensor.to_numpy(p0), tensor.to_numpy(p1), rtol=1e-6, err_msg=n0)
 
 

@@ -29,15 +29,14 @@ With verbosity > 0 every operator's forward and backward on this device is timed
 device is synchronised before and after, so the time is the kernel's) within an iteration, except during
 the first ``SetSkipIteration(n)`` iterations (default 5, SINGA's) which warm up caches. An iteration is one
 training step of a ``model.Model``, or, for code driving the device by hand, what runs between
-``EnableGraph(True)`` and ``RunGraph()``. Operators outside (evaluation between steps) are not timed. ``PrintTimeProfiling()`` prints per iteration:
-verbosity 1 the forward, backward and remaining time (optimizer update, communication, Python), verbosity
-2 or more also each operator type's forward and backward time and calls. ``time_profile()`` returns the
-same numbers as a dict. While no device has verbosity > 0 the autograd engine pays one global test per
-operator call.
+``EnableGraph(True)`` and ``RunGraph()``. Operators outside (evaluation between steps) are not timed.
+``PrintTimeProfiling()`` prints per iteration: verbosity 1 the forward, backward and remaining time
+(optimizer update, communication, Python), verbosity 2 or more also each operator type's forward and
+backward time and calls. ``time_profile()`` returns the same numbers as a dict. While no device has
+verbosity > 0 the autograd engine pays one global test per operator call.
 """
 from __future__ import annotations
 
-import sys
 import time
 
 from . import _core

@@ -290,10 +290,11 @@ class Conv2d(Layer):
     kernel_size[, stride[, padding]], ...)`` creates the parameters at once.
 
     padding: an int, (h, w), or ONNX's (top, bottom, left, right); an uneven part is padded with zeros on
-    its side (the operator's ``odd_padding``), as SINGA does. pad_mode ``SAME_UPPER`` / ``SAME_LOWER`` computes the padding from the first
-    input so the output is ceil(input / stride), an odd pixel going after / before; ``VALID`` means none. activation ``RELU`` applies a ReLU to
-    the output. cuDNN tuning keywords (``cudnn_prefer``, ``workspace_MB_limit``) are accepted at SINGA's
-    defaults only. W ~ N(0, 2 / (fan_in + fan_out)), b = 0."""
+    its side (the operator's ``odd_padding``), as SINGA does. pad_mode ``SAME_UPPER`` / ``SAME_LOWER``
+    computes the padding from the first input so the output is ceil(input / stride), an odd pixel going
+    after / before; ``VALID`` means none. activation ``RELU`` applies a ReLU to the output. cuDNN tuning
+    keywords (``cudnn_prefer``, ``workspace_MB_limit``) are accepted at SINGA's defaults only.
+    W ~ N(0, 2 / (fan_in + fan_out)), b = 0."""
 
     def __init__(self, nb_kernels: int, kernel_size, *args, stride=1, padding=0, dilation=1, group: int = 1,
                  bias: bool = True, pad_mode: str = "NOTSET", activation: str = "NOTSET", name: str | None = None,
@@ -525,7 +526,8 @@ Dropout = _function_layer("Dropout", "dropout", "Dropout(ratio=0.5): inverted dr
 SoftMax = _function_layer("SoftMax", "softmax", "SoftMax(axis=1).")
 SoftMaxCrossEntropy = _function_layer("SoftMaxCrossEntropy", "softmax_cross_entropy",
                                       "loss(logits, target): integer labels or one-hot targets, mean over the batch.")
-MeanSquareError = _function_layer("MeanSquareError", "mse_loss", "loss(prediction, target): sum of squared errors / (2 * batch), as SINGA.")
+MeanSquareError = _function_layer("MeanSquareError", "mse_loss",
+                                  "loss(prediction, target): mean of the squared errors over all elements, as SINGA.")
 
 CrossEntropy = _function_layer("CrossEntropy", "cross_entropy",
                                "loss(probabilities, target): -sum(target * log(p)) / batch, as SINGA.")

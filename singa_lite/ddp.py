@@ -255,19 +255,23 @@ class DistributedOptimizer:
     drops the gradients of a backward that was not stepped. ``step(loss)`` is backward then step.
 
     This is DistOpt's two-phase step (``DistOpt.backward`` then ``PendingStep.finish``; ``dist_opt`` is the
-    DistOpt it drives); buffSize, threshold, first_bucket and on_nonfinite mean what they mean there.
+    DistOpt it drives); buffSize, threshold, first_bucket, on_nonfinite, backward_passes_per_step and
+    average_accumulated mean what they mean there (``no_sync()`` too; ``clip_grad_norm(max_norm)`` between
+    backward and step clips the averaged gradients).
     communicator: default the one of ``ddp.init``.
     """
 
     def __init__(self, opt, communicator=None, *, buffSize: int = 4194304, threshold: int = DEFAULT_THRESHOLD,
-                 first_bucket: int = DEFAULT_FIRST_BUCKET, on_nonfinite: str = "skip"):
+                 first_bucket: int = DEFAULT_FIRST_BUCKET, on_nonfinite: str = "skip",
+                 backward_passes_per_step: int = 1, average_accumulated: bool = True):
         if isinstance(opt, (DistOpt, DistributedOptimizer)):
             raise TypeError("ddp.DistributedOptimizer: the optimizer is already distributed; wrap the plain "
                             "optimizer (e.g. opt.SGD(...)) once")
         comm = communicator if communicator is not None else _group("ddp.DistributedOptimizer")
         self.opt = opt
         self._dist = DistOpt(opt, communicator=comm, buffSize=buffSize, first_bucket=first_bucket,
-                             on_nonfinite=on_nonfinite)
+                             on_nonfinite=on_nonfinite, backward_passes_per_step=backward_passes_per_step,
+                             average_accumulated=average_accumulated)
         self.threshold = check_threshold(threshold, self._dist.buffSize, "ddp.DistributedOptimizer")
         self._pending = None  # the dist.optimizer.PendingStep of a backward not yet stepped
 
@@ -309,6 +313,14 @@ class DistributedOptimizer:
             raise RuntimeError("ddp.DistributedOptimizer.synchronize: no gradients; call opt.backward(loss) first")
         return self._pending.synchronize()
 
+    def clip_grad_norm(self, max_norm, norm_type=2.0) -> float:
+        """Clips the averaged gradients of the last ``backward`` by their global norm before ``step()``;
+        returns the norm before clipping, the same on every rank (see opt.clip_grad_norm)."""
+        if self._pending is None:
+            raise RuntimeError("ddp.DistributedOptimizer.clip_grad_norm: no gradients; call opt.backward(loss) "
+                               "first")
+        return self._pending.clip_grad_norm(max_norm, norm_type)
+
     def step(self, loss=None) -> None:
         """Applies the averaged gradients of the last ``backward`` (of `loss` first, when given)."""
         if loss is not None:
@@ -329,6 +341,10 @@ class DistributedOptimizer:
             pending.discard()
 
     zero_grad = reset_grad
+
+    def no_sync(self):
+        """Backward passes inside only accumulate gradients on this rank (see DistOpt.no_sync)."""
+        return self._dist.no_sync()
 
     def get_states(self) -> dict:
         return self._dist.get_states()

@@ -40,6 +40,7 @@ cost of one all-reduce of ``world_size`` integers per step.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -51,7 +52,8 @@ import numpy as np
 from .. import _core, autograd, tensor
 from ..opt import SGD, Optimizer
 from ..tensor import Tensor
-from . import replicas
+from . import buffers, replicas
+from .accumulate import Accumulator, check_passes
 from .communicator import raw_tensor
 from .fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD, Fuser, check_first_bucket, check_threshold
 
@@ -112,11 +114,24 @@ class DistOpt:
     starts the gradient exchange only after the whole backward pass (to measure what overlapping gains).
     first_bucket: elements after which a step's first bucket is sent (0: it waits for ``threshold`` too).
     ``bytes_sent`` counts the gradient payload this rank has handed to all-reduces.
+
+    backward_passes_per_step=k: gradients accumulate on each rank and are exchanged once per k backward
+    passes (``no_sync()`` defers the exchange by hand); average_accumulated=True divides the gathered sum by
+    the number of passes, so a mean-reduced loss needs no 1/k (False sums them: divide the loss by k).
+    broadcast_buffers: what ``sync_buffers(model)`` (called by Model.eval()) does with batch norm's running
+    statistics: True, rank 0's to every rank; "average", their mean; False, nothing (dist/buffers.py).
+    Gradient accumulation (dist/accumulate.py)::
+
+        sgd = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), backward_passes_per_step=4)
+        for x, y in micro_batches:          # 4 micro-batches per update
+            sgd.backward_and_update(loss_fn(model(x), y))   # updates (and communicates) on every 4th call
     """
 
     def __init__(self, opt=None, nccl_id=None, local_rank=None, world_size=None, buffSize=4194304, *,
                  gpu_num=None, gpu_per_node=None, communicator=None, backend=None, timeout=None,
-                 on_nonfinite: str = "skip", overlap: bool = True, first_bucket: int = DEFAULT_FIRST_BUCKET):
+                 on_nonfinite: str = "skip", overlap: bool = True, first_bucket: int = DEFAULT_FIRST_BUCKET,
+                 backward_passes_per_step: int = 1, average_accumulated: bool = True,
+                 broadcast_buffers=True):
         from . import init
 
         self.opt = SGD() if opt is None else opt
@@ -128,6 +143,8 @@ class DistOpt:
         if isinstance(buffSize, bool) or not isinstance(buffSize, numbers.Integral) or buffSize < 1:
             raise ValueError(f"DistOpt: buffSize must be a positive number of elements, got {buffSize!r}")
         first_bucket = check_first_bucket(first_bucket, "DistOpt")
+        backward_passes_per_step = check_passes(backward_passes_per_step, "DistOpt")
+        self.broadcast_buffers = buffers.check_mode(broadcast_buffers, "DistOpt")  # "broadcast", "average", None
         if on_nonfinite not in ("skip", "raise"):
             raise ValueError(f"DistOpt: on_nonfinite must be 'skip' or 'raise', got {on_nonfinite!r}")
         if communicator is None:
@@ -151,6 +168,7 @@ class DistOpt:
         self._params = []  # (name, param) of the last step, in backward order
         self._fusers = {}
         self._pending = None  # the PendingStep that backward() left open
+        self._accum = Accumulator(backward_passes_per_step, average_accumulated)  # gradient accumulation
         self._user = Fuser(communicator, self.buffSize, op="sum")  # SINGA's low-level calls sum
         self._user_half = Fuser(communicator, self.buffSize, wire_dtype=tensor.float16, op="avg",
                                 scale=float(self.world_size))
@@ -182,13 +200,28 @@ class DistOpt:
         them (``discard()`` drops them). half: float16 on the wire, as backward_and_update_half; clip: a
         bound > 0 the gradients are clamped to before they are sent (None: no clamping).
 
-        One step is open at a time: finish or discard it before the next backward on this DistOpt."""
+        One step is open at a time: finish or discard it before the next backward on this DistOpt.
+
+        With gradient accumulation (backward_passes_per_step, no_sync), a pass that does not exchange
+        returns a step whose ``accumulating`` is True: synchronize() gives no pairs, finish() adds the pass's
+        gradients to this rank's sums, discard() drops them. The pass that exchanges adds the sums to its
+        gradients as they come (discarding it drops the sums too)."""
         self._require_no_open_step("backward")
         threshold = self._threshold(threshold)
         if clip is not None:
             if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not clip > 0:
                 raise ValueError(f"DistOpt.backward: clip must be None or a bound > 0, got {clip!r}")
             clip = float(clip)
+        acc = self._accum
+        if not acc.next_pass_syncs():  # gradient accumulation: nothing leaves this rank
+            triples = []
+            for p, g in autograd.backward(loss):
+                if clip is not None:
+                    _core.clip(g.data, -clip, clip, out=g.data)
+                triples.append((self.opt._name_of(p), p, g))
+            self._first_step(triples)
+            self._pending = PendingStep(self, None, triples)
+            return self._pending
         fuser = self._fuser(tensor.float16 if half else None)
         triples = []
         overlap = self._synced and self.overlap  # the first step compares the models before any exchange
@@ -197,9 +230,16 @@ class DistOpt:
             for p, g in autograd.backward(loss):
                 if clip is not None:
                     _core.clip(g.data, -clip, clip, out=g.data)
-                triples.append((self.opt._name_of(p), p, g))
+                name = self.opt._name_of(p)
+                acc.merge(name, g.data)  # the sums of earlier passes, when accumulating (else nothing)
+                triples.append((name, p, g))
                 if overlap:
                     fuser.push(g.data)
+            if not acc.empty:  # parameters the earlier passes reached and this one did not
+                for extra in acc.leftovers({n for n, _, _ in triples}):
+                    triples.append(extra)
+                    if overlap:
+                        fuser.push(extra[2].data)
             if not overlap:
                 self._first_step(triples)
                 for _, _, g in triples:
@@ -207,10 +247,53 @@ class DistOpt:
         except BaseException:
             fuser.cancel()  # the next backward starts a new pass; nothing here may block on a collective
             raise
+        acc.clear()
         if overlap:
             self._params = [(n, p) for n, p, _ in triples]
         self._pending = PendingStep(self, fuser, triples)
         return self._pending
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate their gradients on this rank and exchange nothing; the first
+        pass after the block that reaches backward_passes_per_step exchanges everything gathered (PyTorch
+        DDP's ``no_sync``; every rank must do the same passes)::
+
+            with sgd.no_sync():
+                for x, y in micro_batches[:-1]:
+                    sgd.backward_and_update(loss_fn(model(x), y))   # accumulates only
+            sgd.backward_and_update(loss_fn(model(x_last), y_last))  # exchanges, then one update
+        """
+        self._accum.no_sync_depth += 1
+        try:
+            yield self
+        finally:
+            self._accum.no_sync_depth -= 1
+
+    @property
+    def backward_passes_per_step(self) -> int:
+        return self._accum.passes_per_step
+
+    @property
+    def accumulated_passes(self) -> int:
+        """Backward passes gathered on this rank since the last exchange."""
+        return self._accum.passes
+
+    def _gather_passes(self, triples):
+        """Gradient accumulation for the partial and sparse modes (whose gradients are all computed before
+        anything is sent): None when this pass only accumulates, else the gradients with the sums merged."""
+        acc = self._accum
+        if not acc.next_pass_syncs():
+            self._first_step(triples)
+            acc.add(triples)
+            return None
+        if acc.empty:
+            return triples
+        for name, _, g in triples:
+            acc.merge(name, g.data)
+        triples = triples + acc.leftovers({n for n, _, _ in triples})
+        acc.clear()
+        return triples
 
     def synchronize(self) -> list:
         """Waits for the exchange of the step ``backward`` left open; returns its averaged gradients as
@@ -220,6 +303,11 @@ class DistOpt:
     def step(self) -> None:
         """Applies the step ``backward`` left open (synchronizing first if not done); see PendingStep.finish."""
         self._open_step("step").finish()
+
+    def clip_grad_norm(self, max_norm, norm_type=2.0) -> float:
+        """Clips the averaged gradients of the open step by their global norm (synchronizing first when
+        needed); returns the norm before clipping, the same on every rank. See opt.clip_grad_norm."""
+        return self._open_step("clip_grad_norm").clip_grad_norm(max_norm, norm_type)
 
     def discard(self) -> None:
         """Drops the step ``backward`` left open, its exchange completed (nothing when none is open)."""
@@ -237,6 +325,12 @@ class DistOpt:
                                f"backward_and_update(loss), which does both phases)")
         return self._pending
 
+    def _require_no_accumulation(self, what: str) -> None:
+        if not self._accum.empty:
+            raise RuntimeError(f"DistOpt.{what}: {self._accum.passes} backward pass(es) of gradient accumulation "
+                               f"are gathered and not yet exchanged; call it after the pass that updates (every "
+                               f"{self._accum.passes_per_step} passes, or the first one after no_sync())")
+
     def _require_no_open_step(self, what: str) -> None:
         if self._pending is not None:
             raise RuntimeError(f"DistOpt.{what}: the step of the previous backward() is still open; apply it "
@@ -248,7 +342,9 @@ class DistOpt:
         partitions hold about `threshold` elements)."""
         self._require_no_open_step("backward_and_partial_update")
         threshold = self._threshold(threshold)
-        triples = self._local_gradients(loss)
+        triples = self._gather_passes(self._local_gradients(loss))
+        if triples is None:
+            return
         self._first_step(triples)
         if not self._finite_everywhere([g.data for _, _, g in triples], local=True):
             return
@@ -265,7 +361,9 @@ class DistOpt:
         self._require_no_open_step("backward_and_sparse_update")
         threshold = self._threshold(threshold)
         spars = _check_spars(spars, topK)
-        triples = self._local_gradients(loss)
+        triples = self._gather_passes(self._local_gradients(loss))
+        if triples is None:
+            return
         self._first_step(triples)
         # Checked before anything changes: a NaN below the threshold would never be sent but would stay in
         # the residual, and a step skipped on some ranks only would leave the replicas apart.
@@ -356,6 +454,17 @@ class DistOpt:
             self.communicator, [(p.name or f"parameter {i}", p) for i, p in enumerate(params)], rtol, atol,
             who="DistOpt")
 
+    def sync_buffers(self, model, how=None) -> None:
+        """Gives every rank the same buffers (batch norm's running statistics): rank 0's, or their mean over
+        the ranks, as ``broadcast_buffers`` (or `how`: True / "broadcast", "average", False) says. model: a
+        Layer / Model, a plain class with Layer attributes, or a dict of buffer tensors. Every rank calls it
+        (Model.eval() does for a Model whose optimizer is this DistOpt); see dist/buffers.py."""
+        mode = self.broadcast_buffers if how is None else buffers.check_mode(how, "DistOpt.sync_buffers")
+        if mode is None:
+            return
+        named = buffers.named_buffers(model, "DistOpt.sync_buffers")
+        buffers.sync_buffers(self.communicator, named, mode, who="DistOpt.sync_buffers")
+
     # ----- checkpoints
     def get_states(self) -> dict:
         """Everything a resumed DistOpt needs, as plain data (numpy arrays, ints, bools):
@@ -370,6 +479,7 @@ class DistOpt:
         Residuals (and, after partial updates, parameters) differ per rank: save each rank's. A step left
         open by backward() is not part of the state: finish or discard it first."""
         self._require_no_open_step("get_states")
+        self._require_no_accumulation("get_states")
         return {"opt": self.opt.get_states(), "partial": int(self.partial), "skipped_steps": int(self.skipped_steps),
                 "synced": bool(self._synced),
                 "residuals": {tuple(k): np.array(_host(v)) for k, v in self._residuals.items()}}
@@ -548,6 +658,9 @@ class PendingStep:
     returns the averaged gradients; ``finish()`` applies them (synchronizing first when that was not done);
     ``discard()`` completes the exchange and drops them. Every rank must make the same calls in the same
     order: synchronize() ends with a collective vote on whether the averaged gradients are finite.
+
+    A pass of gradient accumulation that exchanges nothing (``accumulating``; fuser None) gives no pairs:
+    finish() adds its gradients to this rank's sums, discard() drops them.
     """
 
     def __init__(self, dist_opt: DistOpt, fuser: Fuser, triples: list):
@@ -556,7 +669,13 @@ class PendingStep:
         self._finite = None
 
     def __repr__(self):
-        return f"PendingStep({len(self._triples)} gradients, {self._state})"
+        what = ", accumulating" if self.accumulating else ""
+        return f"PendingStep({len(self._triples)} gradients, {self._state}{what})"
+
+    @property
+    def accumulating(self) -> bool:
+        """Whether this pass only accumulates its gradients on this rank (no exchange, no update)."""
+        return self._fuser is None
 
     @property
     def state(self) -> str:
@@ -579,6 +698,9 @@ class PendingStep:
         if self._state == "synchronized":
             return self.gradients
         self._require("exchanging", "synchronize")
+        if self.accumulating:
+            self._finite, self._state = True, "synchronized"
+            return []
         try:
             regions = self._fuser.finish()
             self._finite = self._dist._finite_everywhere(regions)
@@ -588,13 +710,21 @@ class PendingStep:
         self._state = "synchronized"
         return self.gradients
 
+    def clip_grad_norm(self, max_norm, norm_type=2.0) -> float:
+        """Scales the averaged gradients so that their global norm is at most max_norm (synchronizing first
+        when needed); returns the norm before clipping (the same on every rank: the averaged gradients are).
+        A pass that only accumulates has no gradients to clip: 0."""
+        from ..clip import clip_grad_norm
+
+        return clip_grad_norm(self.synchronize(), max_norm, norm_type)
+
     @property
     def gradients(self) -> list:
         """The averaged ``(param, grad)`` pairs (after synchronize())."""
         if self._state != "synchronized":
             raise RuntimeError(f"PendingStep.gradients: not available while the step is {self._state}; the "
                                f"averaged gradients exist between synchronize() and finish()")
-        return [(p, g) for _, p, g in self._triples]
+        return [] if self.accumulating else [(p, g) for _, p, g in self._triples]
 
     def finish(self) -> None:
         """Applies the averaged gradients with one update of the wrapped optimizer (synchronizing first when
@@ -603,7 +733,9 @@ class PendingStep:
             self.synchronize()
         self._require("synchronized", "finish")
         try:
-            if self._finite:
+            if self.accumulating:
+                self._dist._accum.add(self._triples)
+            elif self._finite:
                 self._dist._apply(self._triples)
         finally:
             self._close("finished")
@@ -614,7 +746,7 @@ class PendingStep:
         if self._state not in ("exchanging", "synchronized"):
             return
         try:
-            if self._state == "exchanging":
+            if self._state == "exchanging" and not self.accumulating:
                 self._fuser.finish()
         finally:
             self._close("discarded")

@@ -63,11 +63,12 @@ import numpy as np
 
 from . import _core, tensor
 from .data.partition import data_partition  # noqa: F401 - SINGA scripts partition with DistOpt's rank
+from .clip import clip_grad_norm, grad_norm  # noqa: F401 - between DistOpt's exchange and update
 from .tensor import Tensor
 
 __all__ = [
     "DecayScheduler", "Constant", "ExponentialDecay", "StepDecay", "LinearDecay",
-    "Optimizer", "SGD", "RMSProp", "AdaGrad", "Adam", "data_partition",
+    "Optimizer", "SGD", "RMSProp", "AdaGrad", "Adam", "data_partition", "clip_grad_norm", "grad_norm",
 ]
 
 

@@ -15,6 +15,8 @@ from dist_cases import run_ranks  # noqa: E402
     ("accumulation", 2),
     ("accumulation", 3),
     ("accumulation_misuse", 2),
+    ("clip_grad_norm", 2),
+    ("clip_grad_norm", 3),
 ])
 def test_scenario(name, world_size):
     out, _, _ = run_ranks(training_cases.run, world_size, timeout=300, args=(name,))

@@ -115,9 +115,125 @@ def scenario_accumulation_misuse(comm):
     return "ok"
 
 
+# ---------------------------------------------------------------- clipping by the global norm
+def shard(comm, step: int):
+    x, y = data(step)
+    per = N // comm.world_size
+    return x[comm.rank * per:(comm.rank + 1) * per], y[comm.rank * per:(comm.rank + 1) * per]
+
+
+def whole_batch_grads(params, step: int) -> dict:
+    autograd.training = True
+    return {p.name: tensor.to_numpy(g).astype(np.float64) for p, g in autograd.backward(loss_of(params,
+                                                                                            *data(step)))}
+
+
+def numpy_norm(grads: dict, p) -> float:
+    flat = np.concatenate([g.ravel() for g in grads.values()])
+    return float(np.abs(flat).max()) if p == "inf" else float((np.abs(flat) ** p).sum() ** (1.0 / p))
+
+
+def same_everywhere(comm, arrays: dict, what: str) -> None:
+    for name, a in arrays.items():
+        rows = tensor.to_numpy(comm.all_gather(tensor.from_numpy(np.ascontiguousarray(a, np.float32))))
+        for r in range(comm.world_size):
+            assert rows[r].tobytes() == rows[0].tobytes(), f"{what}: {name} differs between rank 0 and rank {r}"
+
+
+def clipped_reference(steps: int, max_norm: float) -> dict:
+    """One process on the whole batch, SGD with momentum, gradients clipped in numpy."""
+    params, sgd = make_params(0), make_opt("sgd")
+    for step in range(steps):
+        grads = whole_batch_grads(params, step)
+        factor = min(1.0, max_norm / (numpy_norm(grads, 2) + 1e-6))
+        for name, p in params.items():
+            sgd.apply(name, p, tensor.from_numpy((grads[name] * factor).astype(np.float32)))
+        sgd.step()
+    return values(params)
+
+
+def scenario_clip_grad_norm(comm):
+    from singa_lite import ddp, parallel
+
+    # the norm of the averaged gradients, for each norm type, against numpy on the whole batch
+    params = make_params(0)
+    dopt = opt.DistOpt(make_opt("sgd"), communicator=comm)
+    for p_norm in (2, 1, 3, "inf"):
+        want = whole_batch_grads(make_params(0), 0)
+        norm = numpy_norm(want, p_norm)
+        max_norm = norm / 3
+        pending = dopt.backward(loss_of(params, *shard(comm, 0)))
+        got_norm = pending.clip_grad_norm(max_norm, p_norm)
+        assert abs(got_norm - norm) <= 1e-5 * norm, (p_norm, got_norm, norm)
+        got = {p.name: tensor.to_numpy(g) for p, g in pending.gradients}
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name] * max_norm / (norm + 1e-6), rtol=1e-5, atol=1e-7,
+                                       err_msg=f"{name} ({p_norm})")
+        same_everywhere(comm, got, f"clipped gradients ({p_norm})")
+        assert opt.grad_norm(pending.gradients, p_norm) <= max_norm * (1 + 1e-5)
+        pending.discard()
+    # a norm below max_norm changes nothing
+    pending = dopt.backward(loss_of(params, *shard(comm, 0)))
+    before = {p.name: tensor.to_numpy(g).copy() for p, g in pending.synchronize()}
+    opt.clip_grad_norm(pending.synchronize(), 1e6)
+    for p, g in pending.gradients:
+        np.testing.assert_array_equal(tensor.to_numpy(g), before[p.name])
+    pending.discard()
+
+    # 20 steps of training with clipping, three ways, against one process clipping in numpy
+    max_norm = 0.5 * numpy_norm(whole_batch_grads(make_params(0), 0), 2)
+    want = clipped_reference(20, max_norm)
+    for how in ("dist_opt", "ddp", "data_parallel"):
+        params = make_params(0)
+        if how == "dist_opt":
+            trainer = opt.DistOpt(make_opt("sgd"), communicator=comm)
+        elif how == "ddp":
+            trainer = ddp.DistributedOptimizer(make_opt("sgd"), communicator=comm)
+        else:
+            model = parallel.DataParallel(params, communicator=comm)
+            sgd = make_opt("sgd")
+        for step in range(20):
+            loss = loss_of(params, *shard(comm, step))
+            if how == "dist_opt":
+                trainer.backward(loss)
+                trainer.clip_grad_norm(max_norm)
+                trainer.step()
+            elif how == "ddp":
+                trainer.backward(loss)
+                trainer.clip_grad_norm(max_norm)
+                trainer.step()
+            else:
+                pairs = list(autograd.backward(loss))
+                opt.clip_grad_norm(pairs, max_norm)
+                for p, g in pairs:
+                    sgd.apply(p.name, p, g)
+                sgd.step()
+        got = values(params)
+        close(got, want, 1e-5, f"clipped training ({how})")
+        same_everywhere(comm, got, f"clipped training ({how})")
+        if how == "data_parallel":
+            model.remove_hooks()
+
+    for bad, text in ((0, "max_norm must be a number > 0"), (-1.0, "max_norm must be a number > 0")):
+        try:
+            opt.clip_grad_norm([tensor.from_numpy(np.ones(3, np.float32))], bad)
+        except ValueError as e:
+            assert text in str(e), e
+        else:
+            raise AssertionError(f"max_norm={bad} accepted")
+    try:
+        opt.clip_grad_norm([tensor.from_numpy(np.ones(3, np.float32))], 1.0, norm_type=0)
+    except ValueError as e:
+        assert "norm_type must be a number > 0 or 'inf'" in str(e), e
+    else:
+        raise AssertionError("norm_type=0 accepted")
+    return "ok"
+
+
 SCENARIOS = {
     "accumulation": scenario_accumulation,
     "accumulation_misuse": scenario_accumulation_misuse,
+    "clip_grad_norm": scenario_clip_grad_norm,
 }
 
 

@@ -35,10 +35,14 @@ float64 = DType.float64
 int32 = DType.int32
 int64 = DType.int64
 bool_ = DType.bool
+bfloat16 = DType.bfloat16
 
 _TO_NUMPY = {float16: np.float16, float32: np.float32, float64: np.float64, int32: np.int32,
              int64: np.int64, bool_: np.bool_}
 _FROM_NUMPY = {np.dtype(v): k for k, v in _TO_NUMPY.items()}
+# numpy has no bfloat16: values come in as float64 and are rounded once (to nearest even) by the C++ copy,
+# and a bfloat16 tensor reads out as float32, which holds every bfloat16 value exactly (README, "Mixed precision").
+_TO_NUMPY[bfloat16] = np.float64
 
 
 # SINGA's as_type('int') / as_type('float') mean its kInt and kFloat32 (numpy would read int64 and float64).
@@ -52,14 +56,16 @@ def to_dtype(dtype) -> DType:
         return dtype
     if isinstance(dtype, str) and dtype in _SINGA_NAMES:
         return _SINGA_NAMES[dtype]
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        return bfloat16
     try:
         npd = np.dtype(dtype)
     except TypeError:
         npd = None
     if npd is not None and npd in _FROM_NUMPY:
         return _FROM_NUMPY[npd]
-    raise TypeError(f"unsupported dtype {dtype!r}; singa_lite supports float16, float32, float64, int32, "
-                    f"int64 and bool")
+    raise TypeError(f"unsupported dtype {dtype!r}; singa_lite supports float16, bfloat16, float32, float64, "
+                    f"int32, int64 and bool")
 
 
 def _np_supported(arr: np.ndarray) -> np.ndarray:
@@ -100,7 +106,8 @@ class Tensor(SingaTensorMethods):
             dev = as_device(device)
             arr = np.asarray(data) if dtype is None else np.asarray(data, _TO_NUMPY[to_dtype(dtype)])
             arr = _np_supported(arr)
-            self.data = _core.Tensor(arr.shape, _FROM_NUMPY[arr.dtype], dev.core)
+            self.data = _core.Tensor(arr.shape, bfloat16 if dtype is not None and to_dtype(dtype) == bfloat16
+                                     else _FROM_NUMPY[arr.dtype], dev.core)
             _core.copy_(self.data, _core.Tensor.from_buffer(np.ascontiguousarray(arr).reshape(arr.shape)))
         self.requires_grad = requires_grad
         self.stores_grad = stores_grad
@@ -299,7 +306,7 @@ class Tensor(SingaTensorMethods):
         return to_numpy(self)
 
     def __array__(self, dtype=None, copy=None):
-        arr = np.asarray(self.data) if self.device.is_cpu() else np.asarray(self.data.to(_core.Device("cpu")))
+        arr = np.asarray(_host_readable(self.data))
         if dtype is not None:
             arr = arr.astype(dtype, copy=False)
         return arr.copy() if copy else arr
@@ -419,9 +426,8 @@ def _raw(x, like: Tensor | None = None) -> _core.Tensor:
     if isinstance(x, (np.ndarray, list, tuple)) or np.isscalar(x):
         arr = np.asarray(x)
         if like is not None:
-            arr = arr.astype(_TO_NUMPY[like.dtype], copy=False)
-        t = Tensor(data=arr, device=like.device if like is not None else None)
-        return t.data
+            return Tensor(data=arr, dtype=like.dtype, device=like.device).data
+        return Tensor(data=arr).data
     raise TypeError(f"expected a Tensor or a numpy array, got {type(x).__name__}")
 
 
@@ -514,9 +520,16 @@ def from_numpy(np_array, dev=None) -> Tensor:
     return Tensor(device=dev, data=np.asarray(np_array))
 
 
+def _host_readable(raw: _core.Tensor) -> _core.Tensor:
+    """raw, or a CPU copy of it, in a dtype numpy reads (bfloat16 as float32, exactly)."""
+    if not raw.device.is_cpu():
+        raw = raw.to(_core.Device("cpu"))
+    return raw.cast(float32) if raw.dtype == bfloat16 else raw
+
+
 def _scalar(raw: _core.Tensor):
     """The value of a one-element raw tensor on any device."""
-    return np.asarray(raw if raw.device.is_cpu() else raw.to(_core.Device("cpu"))).reshape(-1)[0]
+    return np.asarray(_host_readable(raw)).reshape(-1)[0]
 
 
 def to_numpy(t: Tensor) -> np.ndarray:

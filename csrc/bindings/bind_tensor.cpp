@@ -66,6 +66,8 @@ Tensor from_buffer(const py::buffer& obj) {
 
 py::buffer_info to_buffer(const Tensor& t) {
   check_defined(t, "buffer", "tensor");
+  SL_CHECK(t.dtype() != DType::kBFloat16, TypeError, "numpy has no bfloat16 type, so a bfloat16 tensor has no "
+           "buffer view; read it as float32 (exact): t.cast(DType.float32), or tensor.to_numpy(t)");
   SL_CHECK(t.device().is_cpu(), ValueError, "numpy can only read CPU tensors; this one is on ", t.device().str(),
            ". Copy it first with to_host() (or tensor.to_numpy)");
   std::vector<ssize_t> shape(t.shape().begin(), t.shape().end()), strides;
@@ -89,6 +91,7 @@ dlpack::DLDataType dl_dtype(DType t) {
     case DType::kInt32: return {dlpack::kDLInt, 32, 1};
     case DType::kInt64: return {dlpack::kDLInt, 64, 1};
     case DType::kBool: return {dlpack::kDLBool, 8, 1};
+    case DType::kBFloat16: return {dlpack::kDLBfloat, 16, 1};
   }
   throw TypeError("__dlpack__: unsupported dtype");
 }
@@ -101,8 +104,9 @@ DType dtype_from_dl(dlpack::DLDataType t) {
   if (t.code == dlpack::kDLInt && t.bits == 32) return DType::kInt32;
   if (t.code == dlpack::kDLInt && t.bits == 64) return DType::kInt64;
   if (t.code == dlpack::kDLBool && t.bits == 8) return DType::kBool;
+  if (t.code == dlpack::kDLBfloat && t.bits == 16) return DType::kBFloat16;
   throw TypeError(str("from_dlpack: unsupported type (code ", int(t.code), ", ", int(t.bits),
-                      " bits); supported: float16/32/64, int32, int64, bool"));
+                      " bits); supported: float16/32/64, bfloat16, int32, int64, bool"));
 }
 
 // DLPack's stream contract for CUDA (the array API's __dlpack__): our kernels run on the device's own compute stream,
@@ -440,6 +444,7 @@ void bind_tensor(py::module_& m) {
       .value("int32", DType::kInt32)
       .value("int64", DType::kInt64)
       .value("bool", DType::kBool)
+      .value("bfloat16", DType::kBFloat16)
       .def_property_readonly("itemsize", [](DType t) { return itemsize(t); })
       .def_property_readonly("is_floating", [](DType t) { return is_floating(t); });
 

@@ -6,7 +6,7 @@
 namespace sl::dlpack {
 
 enum DeviceType : int32_t { kDLCPU = 1, kDLCUDA = 2 };
-enum TypeCode : uint8_t { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBool = 6 };
+enum TypeCode : uint8_t { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6 };
 
 struct DLDevice {
   int32_t device_type;

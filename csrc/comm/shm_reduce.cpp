@@ -26,29 +26,28 @@ const char* comm_op_name(CommOp op) {
 
 namespace {
 
-// The type a dtype is accumulated in: float for half; for integers, the unsigned type of the same width
+// The type a dtype is accumulated in: float for float16 and bfloat16 (bfloat16 converts with shifts, so the
+// plain fold below vectorises); for integers, the unsigned type of the same width
 // for sum and prod (signed overflow is undefined in C++, unsigned wraps like numpy), the type itself
 // for max and min.
 template <typename T, CommOp kOp>
 struct Acc {
   using type = std::conditional_t<
-      std::is_same_v<T, half>, float,
+      is_half_like_v<T>, float,
       std::conditional_t<std::is_integral_v<T> && (kOp == CommOp::kSum || kOp == CommOp::kProd),
                          std::make_unsigned_t<std::conditional_t<std::is_integral_v<T>, T, int>>, T>>;
 };
 
 template <typename A, typename T>
 inline A load(T v) {
-  if constexpr (std::is_same_v<T, half>) return half_bits_to_float(v.bits);
+  if constexpr (is_half_like_v<T>) return float(v);
   else return static_cast<A>(v);
 }
 
 template <typename T, typename A>
 inline T store(A v) {
-  if constexpr (std::is_same_v<T, half>) {
-    half h;
-    h.bits = float_to_half_bits(v);
-    return h;
+  if constexpr (is_half_like_v<T>) {
+    return T(float(v));  // round to nearest even
   } else {
     return static_cast<T>(v);  // unsigned -> signed keeps the bits (GCC/Clang; C++20 guarantees it)
   }

@@ -1,15 +1,17 @@
-// Element types and the IEEE binary16 type used for float16 tensors on the CPU.
+// Element types, and the 16-bit float types used for float16 (IEEE binary16) and bfloat16 tensors on the CPU.
 #pragma once
 #include <cstdint>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 namespace sl {
 
-enum class DType : int { kFloat16 = 0, kFloat32 = 1, kFloat64 = 2, kInt32 = 3, kInt64 = 4, kBool = 5 };
-constexpr int kNumDTypes = 6;
+// New dtypes go at the end: the codes are part of the Python API (DType values) and of checkpoints.
+enum class DType : int { kFloat16 = 0, kFloat32 = 1, kFloat64 = 2, kInt32 = 3, kInt64 = 4, kBool = 5, kBFloat16 = 6 };
+constexpr int kNumDTypes = 7;
 
 size_t itemsize(DType t);
 const char* dtype_name(DType t);
@@ -59,10 +61,10 @@ inline uint16_t float_to_half_bits(float f) {
   return sign | uint16_t(ax >> 13);
 }
 
-// double -> binary16 with a single rounding: narrow to float rounding to odd (an inexact result gets
-// its lowest mantissa bit set), then round to nearest even. Going through a plain float conversion
-// would round twice and can land one ulp off.
-inline uint16_t double_to_half_bits(double d) {
+// double -> float rounding to odd (an inexact result gets its lowest mantissa bit set). A following
+// round-to-nearest-even to a narrower format (binary16, bfloat16) then rounds as if from the double
+// once; going through a plain float conversion would round twice and can land one ulp off.
+inline float double_to_float_round_odd(double d) {
   float f = static_cast<float>(d);
   if (static_cast<double>(f) != d && d == d && f - f == 0.0f) {
     uint32_t b;
@@ -71,8 +73,10 @@ inline uint16_t double_to_half_bits(double d) {
     b |= 1u;                                                   // sticky: "there was more"
     std::memcpy(&f, &b, 4);
   }
-  return float_to_half_bits(f);
+  return f;
 }
+
+inline uint16_t double_to_half_bits(double d) { return float_to_half_bits(double_to_float_round_odd(d)); }
 
 struct half {
   uint16_t bits = 0;
@@ -82,9 +86,41 @@ struct half {
   operator float() const { return half_bits_to_float(bits); }
 };
 
+// bfloat16 is the top half of a float32 (8 exponent bits, 7 mantissa bits): same range, so subnormals and
+// overflow need no special case; rounding to nearest even, inf stays inf, nan stays a quiet nan.
+inline float bfloat16_bits_to_float(uint16_t b) {
+  const uint32_t bits = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline uint16_t float_to_bfloat16_bits(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x0040u);  // nan: set the quiet bit
+  x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even; a carry into the exponent is right (up to inf)
+  return uint16_t(x >> 16);
+}
+
+inline uint16_t double_to_bfloat16_bits(double d) { return float_to_bfloat16_bits(double_to_float_round_odd(d)); }
+
+struct bfloat16 {
+  uint16_t bits = 0;
+  bfloat16() = default;
+  explicit bfloat16(float f) : bits(float_to_bfloat16_bits(f)) {}
+  explicit bfloat16(double d) : bits(double_to_bfloat16_bits(d)) {}
+  operator float() const { return bfloat16_bits_to_float(bits); }
+};
+
+// The 16-bit float storage types: stored as bits, computed in float.
+template <typename T>
+inline constexpr bool is_half_like_v = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+
 // Arithmetic type used to compute on an element type: float for half, the type itself otherwise.
 template <typename T> struct compute_type { using type = T; };
 template <> struct compute_type<half> { using type = float; };
+template <> struct compute_type<bfloat16> { using type = float; };
 template <typename T> using compute_t = typename compute_type<T>::type;
 
 template <typename T> struct dtype_of;
@@ -94,6 +130,7 @@ template <> struct dtype_of<double> { static constexpr DType value = DType::kFlo
 template <> struct dtype_of<int32_t> { static constexpr DType value = DType::kInt32; };
 template <> struct dtype_of<int64_t> { static constexpr DType value = DType::kInt64; };
 template <> struct dtype_of<bool> { static constexpr DType value = DType::kBool; };
+template <> struct dtype_of<bfloat16> { static constexpr DType value = DType::kBFloat16; };
 
 }  // namespace sl
 
@@ -109,7 +146,8 @@ template <> struct dtype_of<bool> { static constexpr DType value = DType::kBool;
 #define SL_FLOAT_CASES(...)                                           \
   SL_DISPATCH_CASE(::sl::DType::kFloat16, ::sl::half, __VA_ARGS__)    \
   SL_DISPATCH_CASE(::sl::DType::kFloat32, float, __VA_ARGS__)         \
-  SL_DISPATCH_CASE(::sl::DType::kFloat64, double, __VA_ARGS__)
+  SL_DISPATCH_CASE(::sl::DType::kFloat64, double, __VA_ARGS__)       \
+  SL_DISPATCH_CASE(::sl::DType::kBFloat16, ::sl::bfloat16, __VA_ARGS__)
 #define SL_NUMERIC_CASES(...)                                         \
   SL_FLOAT_CASES(__VA_ARGS__)                                         \
   SL_DISPATCH_CASE(::sl::DType::kInt32, int32_t, __VA_ARGS__)         \
@@ -135,6 +173,6 @@ template <> struct dtype_of<bool> { static constexpr DType value = DType::kBool;
   switch (dtype) {                                                                                      \
     SL_FLOAT_CASES(__VA_ARGS__)                                                                         \
     default:                                                                                            \
-      throw ::sl::TypeError(::sl::str(op_name, ": expected a floating dtype (float16, float32, float64), got ", \
+      throw ::sl::TypeError(::sl::str(op_name, ": expected a floating dtype (float16, bfloat16, float32, float64), got ", \
                                       ::sl::dtype_name(dtype), "; cast with as_type() first"));          \
   }

@@ -108,13 +108,13 @@ void for_each_row(const StridedLoop<N>& L, Row&& row) {
   });
 }
 
-// Converts between element types; half goes through float, bool is "!= 0".
+// Converts between element types; half and bfloat16 go through float, bool is "!= 0".
 template <typename Out, typename In>
 inline Out convert(In v) {
   if constexpr (std::is_same_v<Out, In>) return v;
-  else if constexpr (std::is_same_v<Out, half> && std::is_same_v<In, double>) return half(v);  // one rounding
-  else if constexpr (std::is_same_v<Out, half>) return half(static_cast<float>(v));
-  else if constexpr (std::is_same_v<In, half>) return convert<Out>(static_cast<float>(v));
+  else if constexpr (is_half_like_v<Out> && std::is_same_v<In, double>) return Out(v);  // one rounding
+  else if constexpr (is_half_like_v<Out>) return Out(static_cast<float>(v));
+  else if constexpr (is_half_like_v<In>) return convert<Out>(static_cast<float>(v));
   else if constexpr (std::is_same_v<Out, bool>) return v != In(0);
   else return static_cast<Out>(v);
 }

@@ -1,6 +1,6 @@
 // Matrix products through OpenBLAS (scipy-openblas32: 32-bit indices, scipy_-prefixed symbols).
 // A transposed view is passed to GEMM as a transposition flag, not copied; only operands whose last two
-// axes are strided in both directions get packed. float16 computes in float32; integers use a plain loop.
+// axes are strided in both directions get packed. float16 and bfloat16 compute in float32; integers use a plain loop.
 //
 // One thread pool: OpenBLAS runs single-threaded (set when the module loads) and every GEMM is split here
 // over our OpenMP threads. With two pools on the same cores, each pool's idle workers spin while the other
@@ -168,7 +168,8 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b) {
   switch (a.dtype()) {
     case DType::kFloat32: return matmul_blas<float>(out, a, b);
     case DType::kFloat64: return matmul_blas<double>(out, a, b);
-    case DType::kFloat16: {
+    case DType::kFloat16:
+    case DType::kBFloat16: {
       Tensor o32 = Tensor::empty(out.shape(), DType::kFloat32, out.device());
       matmul_blas<float>(o32, a.cast(DType::kFloat32), b.cast(DType::kFloat32));
       return copy(out, o32);

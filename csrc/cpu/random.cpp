@@ -24,7 +24,7 @@ template <typename T>
 T largest_below(double high) {
   T v = convert<T>(high);
   while (double(compute_t<T>(v)) >= high) {
-    if constexpr (std::is_same_v<T, half>) {
+    if constexpr (is_half_like_v<T>) {  // sign-magnitude bits: step the magnitude
       if (v.bits == 0x0000u) v.bits = 0x8001u;           // +0 -> the negative subnormal closest to 0
       else if (v.bits & 0x8000u) ++v.bits;               // negative: larger magnitude
       else --v.bits;                                     // positive: smaller magnitude

@@ -1,7 +1,9 @@
-// What every CUDA kernel file shares: the device type of each DType (float16 is __half, computed in
+// What every CUDA kernel file shares: the device type of each DType (float16 is __half, bfloat16 is
+// __nv_bfloat16, both computed in
 // float32), a dispatch macro binding `scalar_t` to it, strided indexing for views of up to kMaxDims axes,
 // and launching on the device's compute stream with a checked launch.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -15,20 +17,25 @@
 
 namespace sl::cuda {
 
-// Arithmetic type of a storage type: float for __half, the type itself otherwise.
+// Arithmetic type of a storage type: float for __half and __nv_bfloat16, the type itself otherwise.
 template <typename T> struct ComputeOf { using type = T; };
 template <> struct ComputeOf<__half> { using type = float; };
+template <> struct ComputeOf<__nv_bfloat16> { using type = float; };
 template <typename T> using compute_of = typename ComputeOf<T>::type;
 
 template <typename T>
 __device__ __forceinline__ compute_of<T> load(const T* p) { return *p; }
 template <>
 __device__ __forceinline__ float load<__half>(const __half* p) { return __half2float(*p); }
+template <>
+__device__ __forceinline__ float load<__nv_bfloat16>(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 
-// Converts a computed value to storage type T (float -> __half rounds to nearest even; to bool: != 0).
+// Converts a computed value to storage type T (float -> __half / __nv_bfloat16 rounds to nearest even;
+// to bool: != 0).
 template <typename T, typename C>
 __device__ __forceinline__ T store_as(C v) {
   if constexpr (std::is_same_v<T, __half>) return __float2half_rn(float(v));
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(float(v));
   else if constexpr (std::is_same_v<T, bool>) return v != C(0);
   else return T(v);
 }
@@ -72,7 +79,8 @@ inline Strided strided(const Tensor& t) {
 #define SL_CUDA_FLOAT_CASES(...)                                \
   SL_CUDA_CASE(::sl::DType::kFloat16, __half, __VA_ARGS__)      \
   SL_CUDA_CASE(::sl::DType::kFloat32, float, __VA_ARGS__)       \
-  SL_CUDA_CASE(::sl::DType::kFloat64, double, __VA_ARGS__)
+  SL_CUDA_CASE(::sl::DType::kFloat64, double, __VA_ARGS__)      \
+  SL_CUDA_CASE(::sl::DType::kBFloat16, __nv_bfloat16, __VA_ARGS__)
 #define SL_CUDA_NUMERIC_CASES(...)                              \
   SL_CUDA_FLOAT_CASES(__VA_ARGS__)                              \
   SL_CUDA_CASE(::sl::DType::kInt32, int32_t, __VA_ARGS__)       \

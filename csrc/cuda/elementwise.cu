@@ -211,13 +211,16 @@ __device__ __forceinline__ I float_to_int(F v) {
   }
 }
 
-// In is the source's compute type (float for float16). Same-dtype copies never get here (they move bits).
+// In is the source's compute type (float for float16 and bfloat16). Same-dtype copies never get here (they move bits).
 template <typename Out, typename In>
 struct ConvertF {
   __device__ __forceinline__ Out operator()(In v) const {
     if constexpr (std::is_same_v<Out, __half>) {
       if constexpr (std::is_same_v<In, double>) return __double2half(v);  // one rounding, as the CPU
       else return __float2half_rn(static_cast<float>(v));                // ints round to float first, as the CPU
+    } else if constexpr (std::is_same_v<Out, __nv_bfloat16>) {
+      if constexpr (std::is_same_v<In, double>) return __double2bfloat16(v);
+      else return __float2bfloat16_rn(static_cast<float>(v));
     } else if constexpr (std::is_same_v<Out, bool>) {
       return v != In(0);
     } else if constexpr (std::is_integral_v<Out> && std::is_floating_point_v<In>) {
@@ -430,6 +433,7 @@ using binary_out_t = std::conditional_t<(Op >= BinaryOp::kEq), bool, T>;
 template <typename T>
 compute_of<T> scalar_as(double s) {
   if constexpr (std::is_same_v<T, __half>) return float(::sl::half(s));
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return float(::sl::bfloat16(s));
   else if constexpr (std::is_same_v<T, bool>) return s != 0;
   else return static_cast<T>(s);
 }

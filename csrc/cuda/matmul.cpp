@@ -9,8 +9,8 @@
 // Batches go through the strided-batched entry points: the innermost batch axes whose offsets are one
 // stride times the batch index (contiguous, or all-zero strides when broadcast) form one call; any outer
 // axes that do not collapse are looped over.
-// Precision: float32 keeps FP32 (default math, no TF32); float64 DGEMM; float16 in and out with float32
-// compute, as on the CPU.
+// Precision: float32 keeps FP32 (default math, no TF32); float64 DGEMM; float16 and bfloat16 in and out with
+// float32 compute, as on the CPU.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -54,6 +54,11 @@ bool collapses(const Tensor& t, const Shape& batch, int first, int nb, int64_t* 
   return true;
 }
 
+// bfloat16's 16-bit storage, a type of its own so that gemm_batched can tell it from float16's uint16_t.
+struct BFloat16Bits {
+  uint16_t bits;
+};
+
 // C (m x n, column-major, ldc) = op(A) op(B) for `count` matrices spaced by the given strides.
 template <typename T>
 void gemm_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const T* A,
@@ -68,11 +73,13 @@ void gemm_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, 
     SL_CUBLAS(cublasDgemmStridedBatched, h, ta, tb, m, n, k, &alpha, A, lda, stride_a, B, ldb, stride_b, &beta, C,
               ldc, stride_c, count);
   } else {
-    static_assert(std::is_same_v<T, uint16_t>, "float16 is passed as its 16-bit storage");
+    static_assert(std::is_same_v<T, uint16_t> || std::is_same_v<T, BFloat16Bits>,
+                  "float16 and bfloat16 are passed as their 16-bit storage");
+    const cudaDataType_t dt = std::is_same_v<T, uint16_t> ? CUDA_R_16F : CUDA_R_16BF;
     // CUBLAS_COMPUTE_32F: accumulate in float32, scale factors are float.
     const float alpha = 1.0f, beta = 0.0f;
-    SL_CUBLAS(cublasGemmStridedBatchedEx, h, ta, tb, m, n, k, &alpha, A, CUDA_R_16F, lda, stride_a, B, CUDA_R_16F,
-              ldb, stride_b, &beta, C, CUDA_R_16F, ldc, stride_c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    SL_CUBLAS(cublasGemmStridedBatchedEx, h, ta, tb, m, n, k, &alpha, A, dt, lda, stride_a, B, dt,
+              ldb, stride_b, &beta, C, dt, ldc, stride_c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   }
 }
 
@@ -147,6 +154,7 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b) {
     case DType::kFloat32: return matmul_cublas<float>(out, a, b, device);
     case DType::kFloat64: return matmul_cublas<double>(out, a, b, device);
     case DType::kFloat16: return matmul_cublas<uint16_t>(out, a, b, device);
+    case DType::kBFloat16: return matmul_cublas<BFloat16Bits>(out, a, b, device);
     case DType::kInt32:
     case DType::kInt64: {
       DeviceGuard guard(device);

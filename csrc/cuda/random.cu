@@ -38,6 +38,7 @@ __device__ __forceinline__ double u53(uint32_t hi, uint32_t lo) {
 template <typename T>
 __device__ __forceinline__ T from_double(double v) {
   if constexpr (std::is_same_v<T, __half>) return __double2half(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __double2bfloat16(v);
   else if constexpr (std::is_same_v<T, bool>) return v != 0.0;
   else return T(v);
 }
@@ -61,7 +62,7 @@ struct UniformGen {
   }
 };
 
-// Box-Muller: float32 / float16 pair words (0,1) -> elements 0 (cos) and 1 (sin), words (2,3) -> 2 and 3,
+// Box-Muller: float32 / float16 / bfloat16 pair words (0,1) -> elements 0 (cos) and 1 (sin), words (2,3) -> 2 and 3,
 // computed in float; float64 uses all four words for its two elements, in double.
 template <typename T>
 struct GaussianGen {
@@ -136,8 +137,9 @@ F largest_below_float(double high) {
   return v;
 }
 
-::sl::half largest_below_half(double high) {
-  ::sl::half v(high);
+template <typename H>  // ::sl::half or ::sl::bfloat16 (sign-magnitude bits)
+H largest_below_half(double high) {
+  H v(high);
   while (double(float(v)) >= high) {
     if (v.bits == 0x0000u) v.bits = 0x8001u;  // +0 -> the negative subnormal closest to 0
     else if (v.bits & 0x8000u) ++v.bits;      // negative: larger magnitude
@@ -148,10 +150,16 @@ F largest_below_float(double high) {
 
 template <typename T> T uniform_top(double low, double high);
 template <> __half uniform_top<__half>(double low, double high) {
-  const ::sl::half h = high > low ? largest_below_half(high) : ::sl::half(low);
+  const ::sl::half h = high > low ? largest_below_half<::sl::half>(high) : ::sl::half(low);
   __half_raw raw;
   raw.x = h.bits;
   return __half(raw);
+}
+template <> __nv_bfloat16 uniform_top<__nv_bfloat16>(double low, double high) {
+  const ::sl::bfloat16 h = high > low ? largest_below_half<::sl::bfloat16>(high) : ::sl::bfloat16(low);
+  __nv_bfloat16_raw raw;
+  raw.x = h.bits;
+  return __nv_bfloat16(raw);
 }
 template <> float uniform_top<float>(double low, double high) {
   return high > low ? largest_below_float<float>(high) : static_cast<float>(low);

@@ -59,6 +59,7 @@ template <typename C> __device__ __forceinline__ bool is_nan(C v) {
 // and a memory-bound reduction does not notice the double adds), float16 in float32 (kernels.h).
 template <typename T> struct SumAcc { using type = double; };
 template <> struct SumAcc<__half> { using type = float; };
+template <> struct SumAcc<__nv_bfloat16> { using type = float; };
 template <> struct SumAcc<int32_t> { using type = int64_t; };
 template <> struct SumAcc<int64_t> { using type = int64_t; };
 

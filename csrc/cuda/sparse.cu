@@ -121,6 +121,7 @@ Tensor select_significant(const Tensor& x, double spars, int64_t k) {
   DeviceGuard guard(x.device().index);
   switch (x.dtype()) {
     case DType::kFloat16: return select_impl<__half>(x, spars, k);
+    case DType::kBFloat16: return select_impl<__nv_bfloat16>(x, spars, k);
     case DType::kFloat32: return select_impl<float>(x, spars, k);
     case DType::kFloat64: return select_impl<double>(x, spars, k);
     default: throw TypeError(str("select_significant: expected a floating dtype, got ", dtype_name(x.dtype())));

@@ -179,7 +179,12 @@ class Model(Layer):
         autograd.training = bool(mode)
 
     def eval(self) -> None:
-        """Evaluation mode: calls run ``forward``, nothing is recorded, BatchNorm uses running statistics."""
+        """Evaluation mode: calls run ``forward``, nothing is recorded, BatchNorm uses running statistics.
+        With a DistOpt as optimizer, its ``sync_buffers(self)`` first gives every rank the same running
+        statistics (broadcast_buffers): then every rank calls eval()."""
+        sync = getattr(getattr(self, "optimizer", None), "sync_buffers", None)
+        if sync is not None:
+            sync(self)
         self.train(False)
 
     def graph(self, mode: bool = True, sequential: bool = False) -> None:

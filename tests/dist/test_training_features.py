@@ -17,6 +17,10 @@ from dist_cases import run_ranks  # noqa: E402
     ("accumulation_misuse", 2),
     ("clip_grad_norm", 2),
     ("clip_grad_norm", 3),
+    ("sync_batchnorm", 2),
+    ("sync_batchnorm", 3),
+    ("sync_buffers", 2),
+    ("sync_buffers", 3),
 ])
 def test_scenario(name, world_size):
     out, _, _ = run_ranks(training_cases.run, world_size, timeout=300, args=(name,))

@@ -230,10 +230,135 @@ def scenario_clip_grad_norm(comm):
     return "ok"
 
 
+# ---------------------------------------------------------------- buffers and SyncBatchNorm2d
+BN_N, BN_C, BN_HW = 12, 3, 4  # global batch, channels, height = width
+
+
+def bn_data(step: int):
+    rng = np.random.default_rng(500 + step)
+    x = (rng.standard_normal((BN_N, BN_C, BN_HW, BN_HW)) * 2 + 1).astype(np.float32)
+    return x, rng.standard_normal((BN_N, BN_C * BN_HW * BN_HW)).astype(np.float32)
+
+
+def bn_step(bn, w, x: np.ndarray, t: np.ndarray):
+    """Forward: x * w (per channel) -> bn -> mse against t; returns (y, loss, x tensor)."""
+    autograd.training = True
+    xt = tensor.Tensor(data=x.copy(), requires_grad=True, stores_grad=True, name="x")
+    y = bn(autograd.mul(xt, w))
+    return y, autograd.mse_loss(autograd.flatten(y), tensor.from_numpy(t)), xt
+
+
+def bn_model(layer_cls, **kw):
+    from singa_lite import layer
+
+    bn = getattr(layer, layer_cls)(BN_C, **kw)
+    rng = np.random.default_rng(7)
+    bn.scale.copy_from_numpy((rng.standard_normal(BN_C) * 0.5 + 1).astype(np.float32))
+    bn.bias.copy_from_numpy((rng.standard_normal(BN_C) * 0.5).astype(np.float32))
+    w = tensor.Tensor(data=(rng.standard_normal((1, BN_C, 1, 1)) + 1).astype(np.float32), requires_grad=True,
+                      stores_grad=True, name="w")
+    bn.scale.name, bn.bias.name = "scale", "bias"
+    return bn, w
+
+
+def scenario_sync_batchnorm(comm):
+    P, per = comm.world_size, BN_N // comm.world_size
+    lo, hi = comm.rank * per, (comm.rank + 1) * per
+    # one step's outputs and gradients: P ranks x per with SyncBatchNorm2d == 1 process x BN_N with BatchNorm2d
+    ref_bn, ref_w = bn_model("BatchNorm2d")
+    bn, w = bn_model("SyncBatchNorm2d", communicator=comm)
+    x, t = bn_data(0)
+    y_ref, loss_ref, x_ref = bn_step(ref_bn, ref_w, x, t)
+    g_ref = {p.name: tensor.to_numpy(g).copy() for p, g in autograd.backward(loss_ref)}
+    y, loss, xt = bn_step(bn, w, x[lo:hi], t[lo:hi])
+    np.testing.assert_allclose(tensor.to_numpy(y), tensor.to_numpy(y_ref)[lo:hi], rtol=1e-5, atol=1e-5)
+    g = {p.name: tensor.to_numpy(gr).copy() for p, gr in autograd.backward(loss)}
+    # dx: this rank's loss is the mean over its share, the reference's over the whole batch: P times larger
+    np.testing.assert_allclose(g["x"], P * g_ref["x"][lo:hi], rtol=1e-4, atol=1e-6, err_msg="dx")
+    for name in ("w", "scale", "bias"):  # the parameters' gradients, averaged over the ranks
+        avg = tensor.from_numpy(g[name])
+        comm.all_reduce(avg, "avg")
+        np.testing.assert_allclose(tensor.to_numpy(avg), g_ref[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    for name in ("running_mean", "running_var"):
+        np.testing.assert_allclose(tensor.to_numpy(getattr(bn, name)), tensor.to_numpy(getattr(ref_bn, name)),
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+
+    # ten steps of training with DistOpt: parameters and running statistics as the one process's
+    ref_bn, ref_w = bn_model("BatchNorm2d")
+    bn, w = bn_model("SyncBatchNorm2d", communicator=comm)
+    ref_sgd, dopt = opt.SGD(lr=0.1, momentum=0.9), opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), communicator=comm)
+    for step in range(10):
+        x, t = bn_data(step)
+        ref_sgd(bn_step(ref_bn, ref_w, x, t)[1])
+        dopt.backward_and_update(bn_step(bn, w, x[lo:hi], t[lo:hi])[1])
+    for name, a, b in (("w", w, ref_w), ("scale", bn.scale, ref_bn.scale), ("bias", bn.bias, ref_bn.bias),
+                       ("running_mean", bn.running_mean, ref_bn.running_mean),
+                       ("running_var", bn.running_var, ref_bn.running_var)):
+        np.testing.assert_allclose(tensor.to_numpy(a), tensor.to_numpy(b), rtol=1e-4, atol=1e-5, err_msg=name)
+    same_everywhere(comm, {"running_mean": tensor.to_numpy(bn.running_mean),
+                           "running_var": tensor.to_numpy(bn.running_var)}, "SyncBatchNorm2d running statistics")
+    # evaluation uses the running statistics, with no collective (only rank 0 evaluates here)
+    autograd.training = False
+    if comm.rank == 0:
+        x, _ = bn_data(0)
+        y_eval = tensor.to_numpy(bn(tensor.from_numpy(x)))
+        mean = tensor.to_numpy(bn.running_mean).reshape(1, -1, 1, 1)
+        var = tensor.to_numpy(bn.running_var).reshape(1, -1, 1, 1)
+        want = (x - mean) / np.sqrt(var + 1e-5) * tensor.to_numpy(bn.scale).reshape(1, -1, 1, 1) \
+            + tensor.to_numpy(bn.bias).reshape(1, -1, 1, 1)
+        np.testing.assert_allclose(y_eval, want, rtol=1e-4, atol=1e-4)
+    comm.barrier()
+    return "ok"
+
+
+def scenario_sync_buffers(comm):
+    from singa_lite import layer, model as model_mod
+
+    class Net(model_mod.Model):
+        def __init__(self):
+            super().__init__()
+            self.bn = layer.BatchNorm2d(BN_C)
+
+        def forward(self, x):
+            return self.bn(x)
+
+    results = {}
+    for how in (True, "average", False):
+        net = Net()
+        dopt = opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, broadcast_buffers=how)
+        net.set_optimizer(dopt)
+        net.train()
+        x, _ = bn_data(comm.rank)  # each rank's own batch: its running statistics differ
+        net.forward(tensor.from_numpy(x))
+        mine = {k: tensor.to_numpy(v).copy() for k, v in (("mean", net.bn.running_mean), ("var", net.bn.running_var))}
+        every = {k: tensor.to_numpy(comm.all_gather(tensor.from_numpy(v))) for k, v in mine.items()}
+        net.eval()  # Model.eval() calls dopt.sync_buffers(net)
+        got = {"mean": tensor.to_numpy(net.bn.running_mean), "var": tensor.to_numpy(net.bn.running_var)}
+        for k in got:
+            want = {True: every[k][0], "average": every[k].mean(0), False: mine[k]}[how]
+            np.testing.assert_allclose(got[k], want, rtol=1e-6, atol=1e-7, err_msg=f"{how} {k}")
+        if how is not False:
+            same_everywhere(comm, got, f"buffers ({how})")
+        results[how] = got
+    # by hand, on a plain dict, and bad modes
+    d = {"m": tensor.from_numpy(np.full(4, float(comm.rank), np.float32))}
+    dopt.sync_buffers(d, how="average")
+    np.testing.assert_allclose(tensor.to_numpy(d["m"]), np.full(4, (comm.world_size - 1) / 2), rtol=1e-6)
+    try:
+        opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, broadcast_buffers="mean")
+    except ValueError as e:
+        assert "broadcast_buffers must be True" in str(e), e
+    else:
+        raise AssertionError("broadcast_buffers='mean' accepted")
+    return "ok"
+
+
 SCENARIOS = {
     "accumulation": scenario_accumulation,
     "accumulation_misuse": scenario_accumulation_misuse,
     "clip_grad_norm": scenario_clip_grad_norm,
+    "sync_batchnorm": scenario_sync_batchnorm,
+    "sync_buffers": scenario_sync_buffers,
 }
 
 

@@ -571,4 +571,7 @@ def __getattr__(name):
     if name in _EXTRA:
         from . import layer_extra
         return getattr(layer_extra, name)
+    if name == "SyncBatchNorm2d":  # sync_batchnorm.py: BatchNorm2d with the statistics of every rank's batch
+        from .sync_batchnorm import SyncBatchNorm2d
+        return SyncBatchNorm2d
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -52,6 +52,7 @@ def _padding(v, layer: str) -> tuple:
 
 
 NO_EXTRA = (0, 0, 0, 0)
+_FLOAT_DTYPES = (tensor.float16, tensor.float32, tensor.float64)
 
 
 def _choice(v, allowed: tuple, what: str) -> str:
@@ -161,10 +162,14 @@ class Layer:
         raise NotImplementedError(f"{type(self).__name__} must implement forward()")
 
     def device_check(self, *xs) -> None:
-        """Moves this layer's tensors to the first input's device (SINGA's behaviour)."""
-        core_dev = next((x.data.device for x in xs if isinstance(x, Tensor)), None)
-        if core_dev is None:
+        """Moves this layer's tensors to the first input's device and, when that input is floating point,
+        casts them to its dtype (SINGA's device_check + dtype_check: a float16 input trains float16
+        parameters)."""
+        first = next((x.data for x in xs if isinstance(x, Tensor)), None)
+        if first is None:
             return
+        core_dev, dtype = first.device, first.dtype
+        cast = dtype in _FLOAT_DTYPES
         # Runs on every call: compare the C++ devices of the attributes listed once (the list is rebuilt
         # when an attribute is assigned) instead of rescanning vars() and wrapping each device.
         names = self.__dict__.get("_tensor_attrs")
@@ -175,6 +180,8 @@ class Layer:
             t = self.__dict__[k]
             if t.data.device != core_dev:
                 t.to_device(as_device(core_dev))
+            if cast and t.data.dtype != dtype:
+                t.to_type(dtype)
 
     def dtype_check(self, *xs) -> None:
         """Casts every tensor to the first one's dtype, in place (SINGA's behaviour)."""

@@ -328,3 +328,18 @@ def test_gradients_are_readable_by_parameter_and_by_its_id_as_singa_keys_them():
     assert id(other) not in grads and grads.get(id(other)) is None
     with pytest.raises(KeyError):
         grads[id(other)]
+
+
+def test_a_float16_input_trains_float16_parameters_as_singa_does():
+    m, _ = trained(False, steps=0)
+    x16 = rand(8, 2, 6, 6).as_type(tensor.float16)
+    y = t(np.arange(8) % 4, np.int32)
+    before = tensor.to_numpy(m.fc.W).astype(np.float16)
+    out, loss = m(x16, y)
+    assert out.dtype == loss.dtype == tensor.float16
+    assert all(p.dtype == tensor.float16 for p in m.get_params().values())
+    assert not np.array_equal(tensor.to_numpy(m.fc.W), before)  # the float16 step updated it
+    ints = t([[1, 2]], np.int32)  # an integer input (indices) leaves a layer's dtype alone
+    lin = layer.Linear(2, 3)
+    lin.device_check(ints)
+    assert lin.W.dtype == tensor.float32

@@ -160,6 +160,12 @@ def test_train_cnn(work, model, epochs, lr, graph):
     assert "Backward Propagation Time" in out
 
 
+def test_train_cnn_float16(work):
+    # -p float16: float16 inputs, and the layers cast their parameters to the input's dtype as SINGA's do
+    out = _run(work, "mlp", [sys.executable, "train_cnn.py", "mlp", "mnist", "-m", "2", "-l", "0.05", "-p", "float16"])
+    _assert_learned(out, 2)
+
+
 @pytest.mark.parametrize("option", DIST_OPTIONS)
 @pytest.mark.parametrize("model,epochs,lr", MODELS, ids=[m[0] for m in MODELS])
 def test_train_mpi(work, model, epochs, lr, option):

@@ -453,3 +453,10 @@ def get_num_threads() -> int:
 
 def set_num_threads(n: int) -> None:
     _core.set_num_threads(int(n))
+
+
+def __getattr__(name):
+    # SINGA's module attribute ``device.default_device``: read through, so set_default_device shows.
+    if name == "default_device":
+        return get_default_device()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -201,6 +201,7 @@ def test_profiling_off_leaves_results_unchanged(cpu):
 # ---------------------------------------------------------------- device functions
 def test_cpu_device_identity_and_sync(cpu):
     assert cpu is device.create_cpu_device() and cpu is device.get_default_device()
+    assert device.default_device is cpu  # SINGA's module attribute
     assert cpu.id() == -1 and cpu.lang() == "cpp"
     cpu.Sync()  # synchronous device: returns at once
     assert isinstance(device.get_num_gpus(), int)

@@ -55,6 +55,7 @@ from ..tensor import Tensor
 from . import buffers, replicas
 from .accumulate import Accumulator, check_passes
 from .communicator import raw_tensor
+from .join import Join
 from .fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD, Fuser, check_first_bucket, check_threshold
 
 CTensor = _core.Tensor
@@ -169,6 +170,7 @@ class DistOpt:
         self._fusers = {}
         self._pending = None  # the PendingStep that backward() left open
         self._accum = Accumulator(backward_passes_per_step, average_accumulated)  # gradient accumulation
+        self._join = None  # the Join of a `with join():` block under way (dist/join.py)
         self._user = Fuser(communicator, self.buffSize, op="sum")  # SINGA's low-level calls sum
         self._user_half = Fuser(communicator, self.buffSize, wire_dtype=tensor.float16, op="avg",
                                 scale=float(self.world_size))
@@ -185,12 +187,13 @@ class DistOpt:
         """Backward; gradients averaged over the ranks in fused buckets as they come; then one update."""
         self.backward(loss, threshold).finish()
 
-    def backward_and_update_half(self, loss, threshold=DEFAULT_THRESHOLD, clipping=False, clip_Value=100) -> None:
-        """As backward_and_update, with float16 on the wire; clipping clamps gradients to
-        [-clip_Value, clip_Value] before they are cast."""
+    def backward_and_update_half(self, loss, threshold=DEFAULT_THRESHOLD, clipping=False, clip_Value=100,
+                                 dtype=tensor.float16) -> None:
+        """As backward_and_update, with float16 (or dtype=tensor.bfloat16) on the wire; clipping clamps
+        gradients to [-clip_Value, clip_Value] before they are cast."""
         if clipping and not clip_Value > 0:
             raise ValueError(f"DistOpt.backward_and_update_half: clip_Value must be > 0, got {clip_Value!r}")
-        self.backward(loss, threshold, half=True, clip=clip_Value if clipping else None).finish()
+        self.backward(loss, threshold, half=dtype, clip=clip_Value if clipping else None).finish()
 
     # ----- the fused step in two phases
     def backward(self, loss, threshold=DEFAULT_THRESHOLD, *, half: bool = False, clip=None) -> "PendingStep":
@@ -198,7 +201,8 @@ class DistOpt:
         bucket leaves as soon as it is full, overlapping the rest of the pass). Returns the open step:
         ``synchronize()`` waits for the exchange and gives the averaged gradients, ``finish()`` applies
         them (``discard()`` drops them). half: float16 on the wire, as backward_and_update_half; clip: a
-        bound > 0 the gradients are clamped to before they are sent (None: no clamping).
+        bound > 0 the gradients are clamped to before they are sent (None: no clamping). half may also name
+        the wire dtype: tensor.float16 (as True) or tensor.bfloat16.
 
         One step is open at a time: finish or discard it before the next backward on this DistOpt.
 
@@ -208,6 +212,8 @@ class DistOpt:
         gradients as they come (discarding it drops the sums too)."""
         self._require_no_open_step("backward")
         threshold = self._threshold(threshold)
+        wire = _wire_dtype(half)
+        loss = self._scaled(loss)
         if clip is not None:
             if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not clip > 0:
                 raise ValueError(f"DistOpt.backward: clip must be None or a bound > 0, got {clip!r}")
@@ -222,9 +228,12 @@ class DistOpt:
             self._first_step(triples)
             self._pending = PendingStep(self, None, triples)
             return self._pending
-        fuser = self._fuser(tensor.float16 if half else None)
+        fuser = self._fuser(wire)
         triples = []
         overlap = self._synced and self.overlap  # the first step compares the models before any exchange
+        join, scale = self._join, None
+        if join is not None:  # uneven inputs: how many ranks still train decides the divisor
+            scale = join.factor(join.vote(True))
         fuser.begin(threshold, self.first_bucket)
         try:
             for p, g in autograd.backward(loss):
@@ -250,8 +259,23 @@ class DistOpt:
         acc.clear()
         if overlap:
             self._params = [(n, p) for n, p, _ in triples]
-        self._pending = PendingStep(self, fuser, triples)
+        if join is not None:
+            join.record(threshold, self.first_bucket, half, triples)
+        self._pending = PendingStep(self, fuser, triples, scale, joined=join is not None)
         return self._pending
+
+    def join(self, divide_by_initial_world_size: bool = False) -> Join:
+        """A context for uneven inputs: a rank whose data ran out leaves the block and keeps answering the
+        others' exchanges with zeros until every rank has left (see dist/join.py)::
+
+            with sgd.join():
+                for x, y in my_shard:          # shards of different lengths
+                    sgd.backward_and_update(loss_fn(model(x), y))
+
+        The gradients of a pass are averaged over the ranks that contributed to it (or over the world size
+        with divide_by_initial_world_size=True). Every rank enters the block and makes at least one
+        exchanging pass in it."""
+        return Join(self, divide_by_initial_world_size)
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -325,6 +349,11 @@ class DistOpt:
                                f"backward_and_update(loss), which does both phases)")
         return self._pending
 
+    def _refuse_in_join(self, what: str) -> None:
+        if self._join is not None:
+            raise RuntimeError(f"DistOpt.{what}: not supported inside a join() block (a rank out of data answers "
+                               f"the fused exchange only); use backward_and_update or the two-phase step there")
+
     def _require_no_accumulation(self, what: str) -> None:
         if not self._accum.empty:
             raise RuntimeError(f"DistOpt.{what}: {self._accum.passes} backward pass(es) of gradient accumulation "
@@ -341,6 +370,7 @@ class DistOpt:
         """Local update with local gradients, then one partition of parameter values averaged (round robin;
         partitions hold about `threshold` elements)."""
         self._require_no_open_step("backward_and_partial_update")
+        self._refuse_in_join("backward_and_partial_update")
         threshold = self._threshold(threshold)
         triples = self._gather_passes(self._local_gradients(loss))
         if triples is None:
@@ -359,6 +389,7 @@ class DistOpt:
         """Only significant gradient entries are exchanged: |g| >= spars, or with topK=True the largest
         ceil(spars * n) magnitudes of each fused group; corr=True keeps what was not sent as a residual."""
         self._require_no_open_step("backward_and_sparse_update")
+        self._refuse_in_join("backward_and_sparse_update")
         threshold = self._threshold(threshold)
         spars = _check_spars(spars, topK)
         triples = self._gather_passes(self._local_gradients(loss))
@@ -532,7 +563,13 @@ class DistOpt:
         return self._fusers[key]
 
     def _local_gradients(self, loss) -> list:
-        return [(self.opt._name_of(p), p, g) for p, g in autograd.backward(loss)]
+        return [(self.opt._name_of(p), p, g) for p, g in autograd.backward(self._scaled(loss))]
+
+    def _scaled(self, loss):
+        """The loss the wrapped optimizer wants differentiated: amp.MixedPrecision's scale_loss multiplies it
+        by its loss scale (once: a loss it already scaled is returned as it is); others take it as it is."""
+        scale_loss = getattr(self.opt, "scale_loss", None)
+        return loss if scale_loss is None else scale_loss(loss)
 
     def _apply(self, triples) -> None:
         for name, p, g in triples:
@@ -558,6 +595,9 @@ class DistOpt:
             raise FloatingPointError(f"DistOpt: {what} contain inf or nan; no parameter was changed on any rank "
                                      f"(on_nonfinite='skip' skips such steps instead)")
         self.skipped_steps += 1
+        skipped = getattr(self.opt, "step_skipped", None)  # amp.MixedPrecision backs its loss scale off
+        if skipped is not None:
+            skipped()
         if self.global_rank == 0:
             warnings.warn(f"DistOpt: inf or nan in {what}: step skipped on every rank ({self.skipped_steps} so "
                           f"far)", RuntimeWarning, stacklevel=_user_stacklevel())
@@ -663,8 +703,11 @@ class PendingStep:
     finish() adds its gradients to this rank's sums, discard() drops them.
     """
 
-    def __init__(self, dist_opt: DistOpt, fuser: Fuser, triples: list):
+    def __init__(self, dist_opt: DistOpt, fuser: Fuser, triples: list, scale: float | None = None,
+                 joined: bool = False):
         self._dist, self._fuser, self._triples = dist_opt, fuser, triples
+        self._scale = scale  # join(): world size / ranks that contributed (None: the plain average)
+        self._joined = joined  # made inside join(): a rank out of data takes part in the finiteness vote
         self._state = "exchanging"  # -> "synchronized" -> "finished"; or -> "discarded"
         self._finite = None
 
@@ -703,6 +746,9 @@ class PendingStep:
             return []
         try:
             regions = self._fuser.finish()
+            if self._scale is not None:  # joined ranks sent zeros: the mean over the ranks that trained
+                for _, _, g in self._triples:
+                    _core.mul_scalar(g.data, self._scale, out=g.data)
             self._finite = self._dist._finite_everywhere(regions)
         except BaseException:
             self._close("finished")  # the step cannot be applied; the DistOpt takes a new backward
@@ -747,7 +793,10 @@ class PendingStep:
             return
         try:
             if self._state == "exchanging" and not self.accumulating:
-                self._fuser.finish()
+                regions = self._fuser.finish()
+                if self._joined:  # ranks out of data answer the finiteness vote too: give ours
+                    where = regions[0].device if regions else _CPU
+                    self._dist.communicator.all_reduce(_on(where, np.zeros(1, np.int32)), "max")
         finally:
             self._close("discarded")
 
@@ -760,6 +809,18 @@ class PendingStep:
         self._state = state
         if self._dist._pending is self:
             self._dist._pending = None
+
+
+def _wire_dtype(half):
+    """backward()'s half: False -> None (each gradient's own dtype), True -> float16, or a 16-bit float dtype."""
+    if half is False or half is None:
+        return None
+    if half is True:
+        return tensor.float16
+    if half in (tensor.float16, tensor.bfloat16):
+        return half
+    raise ValueError(f"DistOpt: the wire dtype of a half exchange must be tensor.float16 or tensor.bfloat16, "
+                     f"got {half!r}")
 
 
 def _check_spars(spars, topK) -> float:

@@ -21,6 +21,8 @@ from dist_cases import run_ranks  # noqa: E402
     ("sync_batchnorm", 3),
     ("sync_buffers", 2),
     ("sync_buffers", 3),
+    ("join", 2),
+    ("join", 3),
 ])
 def test_scenario(name, world_size):
     out, _, _ = run_ranks(training_cases.run, world_size, timeout=300, args=(name,))

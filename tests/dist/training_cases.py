@@ -353,12 +353,83 @@ def scenario_sync_buffers(comm):
     return "ok"
 
 
+# ---------------------------------------------------------------- uneven inputs: join
+def shard_grads(params, rank: int, world: int, step: int) -> dict:
+    x, y = data(step)
+    per = N // world
+    autograd.training = True
+    loss = loss_of(params, x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per])
+    return {p.name: tensor.to_numpy(g).astype(np.float64) for p, g in autograd.backward(loss)}
+
+
+def join_reference(world: int, steps: list, divide_by_world: bool) -> dict:
+    """One process: at each step, the mean of the gradients of the ranks that still have data (or their sum
+    over the world size), SGD with momentum."""
+    params, sgd = make_params(0), make_opt("sgd")
+    for step in range(max(steps)):
+        active = [r for r in range(world) if step < steps[r]]
+        grads = [shard_grads(params, r, world, step) for r in active]
+        for name, p in params.items():
+            total = sum(g[name] for g in grads) / (world if divide_by_world else len(active))
+            sgd.apply(name, p, tensor.from_numpy(total.astype(np.float32)))
+        sgd.step()
+    return values(params)
+
+
+def scenario_join(comm):
+    P, r = comm.world_size, comm.rank
+    steps = [3 + 2 * q for q in range(P)]  # rank q has 3 + 2q batches
+    autograd.training = True
+    for how in ("update", "two_phase", "initial"):
+        params = make_params(0)
+        dopt = opt.DistOpt(make_opt("sgd"), communicator=comm)
+        with dopt.join(divide_by_initial_world_size=how == "initial") as join:
+            for step in range(steps[r]):
+                loss = loss_of(params, *shard(comm, step))
+                if how == "two_phase":
+                    pending = dopt.backward(loss, 150)
+                    pending.synchronize()
+                    pending.finish()
+                else:
+                    dopt.backward_and_update(loss, 150)
+        assert join.shadowed == max(steps) - steps[r], (how, join.shadowed)
+        got = values(params)
+        close(got, join_reference(P, steps, how == "initial"), 1e-5, f"join ({how})")
+        same_everywhere(comm, got, f"join ({how})")
+        comm.barrier()  # the communicator is still in step after the block
+    # a discarded step inside the block, and the partial update refused there
+    params = make_params(0)
+    dopt = opt.DistOpt(make_opt("sgd"), communicator=comm)
+    with dopt.join():
+        for step in range(1 + r):
+            dopt.backward(loss_of(params, *shard(comm, step))).discard() if step == 0 else \
+                dopt.backward_and_update(loss_of(params, *shard(comm, step)))
+        try:
+            dopt.backward_and_partial_update(loss_of(params, *shard(comm, 0)))
+        except RuntimeError as e:
+            assert "not supported inside a join() block" in str(e), e
+        else:
+            raise AssertionError("partial update inside join()")
+    comm.barrier()
+    return "ok"
+
+
+def scenario_finished_early(comm):
+    """Rank 0 returns (its process ends normally) while the others enter one more all-reduce."""
+    if comm.rank == 0:
+        return "ok"
+    t = tensor.from_numpy(np.ones(4, np.float32))
+    comm.all_reduce(t)
+    raise AssertionError("the all-reduce finished without rank 0")
+
+
 SCENARIOS = {
     "accumulation": scenario_accumulation,
     "accumulation_misuse": scenario_accumulation_misuse,
     "clip_grad_norm": scenario_clip_grad_norm,
     "sync_batchnorm": scenario_sync_batchnorm,
     "sync_buffers": scenario_sync_buffers,
+    "join": scenario_join,
 }
 
 

@@ -74,6 +74,8 @@ def sweep_stale_segments(directory: str = SHM_DIR) -> list:
         entries = os.listdir(directory)
     except OSError:  # no /dev/shm (not Linux): nothing to sweep
         return removed
+    if _start_time(os.getpid()) is None:  # no readable /proc: every creator would look dead
+        return removed
     my_ns, now = _pid_namespace(), time.time()
     for entry in entries:
         new, old = _NAME.fullmatch(entry), _OLD_NAME.fullmatch(entry)

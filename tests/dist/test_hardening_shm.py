@@ -267,3 +267,14 @@ def test_sweep_removes_only_our_dead_creators_names(tmp_path):
     removed = holder_mod.sweep_stale_segments(str(tmp_path))
     assert sorted(removed) == sorted(n for n, gone in files.items() if gone)
     assert sorted(os.listdir(tmp_path)) == sorted(n for n, gone in files.items() if not gone)
+
+
+def test_sweep_removes_nothing_where_processes_cannot_be_looked_up(tmp_path, monkeypatch):
+    # Without a readable /proc every creator would look dead, live jobs' names included.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    name = f"singa_lite_{dead.pid}_123_{holder_mod._pid_namespace()}_{'a' * 16}"
+    (tmp_path / name).write_bytes(b"x")
+    monkeypatch.setattr(holder_mod, "_start_time", lambda pid: None)
+    assert holder_mod.sweep_stale_segments(str(tmp_path)) == []
+    assert os.listdir(tmp_path) == [name]

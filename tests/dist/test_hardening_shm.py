@@ -171,6 +171,18 @@ def test_a_second_init_with_the_same_holder_avoids_the_listed_name(who):
 
 
 # ---------------------------------------------------------------- killed start-ups leave nothing
+def both_joined(stream) -> bool:
+    """Reads the job's output until both ranks said 'joined <rank>' (two processes writing to one pipe may
+    join their lines) or it ends."""
+    seen = ""
+    while not ("joined 0" in seen and "joined 1" in seen):
+        line = stream.readline()
+        if not line:
+            return False
+        seen += line
+    return True
+
+
 def _ours(pid):
     return glob.glob(f"/dev/shm/singa_lite_{pid}_*")
 
@@ -199,8 +211,7 @@ def test_singa_run_killed_at_any_point_of_start_up_leaves_no_segment(point, tmp_
         elif point == "rank0_in_rendezvous":
             assert wait_for(lambda: _ours(proc.pid)), "rank 0 never created the segment"
         elif point == "both_joined":
-            joined = [proc.stdout.readline() for _ in range(2)]
-            assert all("joined" in line for line in joined), joined
+            assert both_joined(proc.stdout)
         ranks = _children(proc.pid)
         left_at_kill = _ours(proc.pid)
     finally:
@@ -224,8 +235,7 @@ def test_a_killed_multiprocessing_job_leaves_no_segment(point, tmp_path):
         if point == "rank0_in_rendezvous":
             assert wait_for(lambda: _ours(proc.pid)), "rank 0 never created the segment"
         else:
-            joined = [proc.stdout.readline() for _ in range(2)]
-            assert all("joined" in line for line in joined), joined
+            assert both_joined(proc.stdout)
         everyone += _children(proc.pid)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the whole job at once: no atexit, no clean-up of any kind

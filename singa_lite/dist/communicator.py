@@ -24,7 +24,8 @@ CTensor = _core.Tensor
 CommError = _core.CommError  # a RuntimeError subclass, raised by the C++ backends too
 
 REDUCE_OPS = ("sum", "avg", "max", "min", "prod")
-DTYPES = (tensor.float16, tensor.float32, tensor.float64, tensor.int32, tensor.int64)
+# New dtypes go at the end: the mpi backend's call signature sends a dtype's index in this tuple.
+DTYPES = (tensor.float16, tensor.float32, tensor.float64, tensor.int32, tensor.int64, tensor.bfloat16)
 DEFAULT_TIMEOUT = 300.0  # seconds; SINGA_LITE_COMM_TIMEOUT or timeout= change it
 # A backend that times out by itself reports its own, more precise CommError: waiters allow it this long.
 WAIT_GRACE_S = 5.0

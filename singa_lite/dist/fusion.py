@@ -53,7 +53,7 @@ class Fuser:
     """Packs tensors, all-reduces buckets with `op` asynchronously, and writes the results back.
 
     comm: a Communicator. buff_elems: the buffer's size in elements. wire_dtype: the dtype sent (None: each
-    tensor's own; float16: cast on packing, back on unpacking). op: the reduction ("sum" or "avg").
+    tensor's own; float16 or bfloat16: cast on packing, back on unpacking). op: the reduction ("sum" or "avg").
     scale: a factor applied to results after unpacking (e.g. world_size, to turn an fp16 average back into
     a sum computed without fp16 overflow).
     """

@@ -115,7 +115,7 @@ class Join:
             if self._zeros is None:
                 self._zeros = [(name, p, tensor.Tensor(data=CTensor(shape, dtype, where), requires_grad=False))
                                for name, p, shape, dtype in members]
-            fuser = d._fuser(tensor.float16 if half else None)
+            fuser = d._fuser(tensor.float16 if half is True else (half or None))  # half: a bool or the wire dtype
             fuser.begin(threshold, first_bucket)
             for _, _, z in self._zeros:
                 _core.fill_(z.data, 0)  # the last answer left the average in them

@@ -71,8 +71,9 @@ _CPU = _core.Device("cpu")
 
 
 def _host(t: CTensor, dtype=None) -> np.ndarray:
-    """t's values as a numpy array (a copy when t lives on a GPU)."""
-    return np.asarray(t if t.device.is_cpu() else t.to(_CPU), dtype)
+    """t's values as a numpy array (a copy when t lives on a GPU; bfloat16, which numpy lacks, as float32)."""
+    t = t if t.device.is_cpu() else t.to(_CPU)
+    return np.asarray(t.cast(tensor.float32) if t.dtype == tensor.bfloat16 else t, dtype)
 
 
 def _on(device, a: np.ndarray) -> CTensor:

@@ -21,6 +21,11 @@ RANK1 = {  # what rank 1 calls instead of rank 0's all_reduce of ten float32 wit
 
 def main(case: str, verify: str) -> None:
     comm = dist.init(backend="mpi", timeout=30, **({} if verify == "default" else {"verify": False}))
+    if case == "overflow":  # matched calls whose sums overflow (3e38 + 3e38) or are inf - inf: inf and nan
+        t = tensor.from_numpy(np.array([3e38, np.inf if comm.rank == 0 else -np.inf, 1.0], np.float32))
+        comm.all_reduce(t)
+        print(f"RESULT {comm.rank} {tensor.to_numpy(t).tolist()}", flush=True)
+        return
     t = tensor.from_numpy(np.arange(10, dtype=np.float32))
     try:
         if comm.rank == 0:

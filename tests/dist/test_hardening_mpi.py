@@ -51,3 +51,13 @@ def test_matching_calls_pass_and_the_unchecked_path_remains():
     assert f"RESULT 0 {expected}" in out and f"RESULT 1 {expected}" in out, out
     proc, out = run("dtype", "unchecked")  # verify=False: what the default used to do for small calls
     assert "RAISED" not in out, out
+
+
+def test_a_fused_all_reduce_that_overflows_gives_inf_and_nan_without_warnings():
+    # A small all_reduce is reduced by numpy inside the check (see mpi.py, FUSE_BYTES): numpy warned where MPI
+    # silently gives inf / nan; under -W error the warning was an exception.
+    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-W", "error::RuntimeWarning", JOB, "overflow"],
+                          capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "RESULT 0 [inf, nan, 2.0]" in out and "RESULT 1 [inf, nan, 2.0]" in out, out

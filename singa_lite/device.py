@@ -45,7 +45,8 @@ from ._core import CudaError
 __all__ = [
     "Device", "get_default_device", "set_default_device", "create_cpu_device", "create_cuda_gpu",
     "create_cuda_gpu_on", "create_cuda_gpus", "create_cuda_gpus_on", "get_num_gpus", "cuda_is_available",
-    "get_num_threads", "set_num_threads", "enable_lazy_alloc", "get_gpu_ids",
+    "get_num_threads", "set_num_threads", "enable_lazy_alloc", "get_gpu_ids", "get_gpu_mem_size", "device_query",
+    "get_num_opencl_platforms", "get_num_opencl_devices", "create_opencl_device",
 ]
 
 
@@ -415,12 +416,49 @@ def enable_lazy_alloc(enable: bool) -> None:
     _as_bool(enable, "enable_lazy_alloc")
 
 
-def _require_gpu(device_id: int) -> None:
+def _require_gpu(device_id: int, action: str = "create") -> None:
     if not _core.cuda_compiled() or _core.cuda_device_count() == 0:
-        raise CudaError(f"cannot create cuda:{device_id}: {_core.cuda_unavailable_reason()}")
+        raise CudaError(f"cannot {action} cuda:{device_id}: {_core.cuda_unavailable_reason()}")
     n = _core.cuda_device_count()
     if not 0 <= device_id < n:
-        raise CudaError(f"cannot create cuda:{device_id}: this machine has {n} GPU(s), ids 0 to {n - 1}")
+        raise CudaError(f"cannot {action} cuda:{device_id}: this machine has {n} GPU(s), ids 0 to {n - 1}")
+
+
+def _gpu_index(id, fn: str) -> int:  # noqa: A002 - SINGA's argument name
+    if not isinstance(id, int) or isinstance(id, bool):
+        raise TypeError(f"{fn}: id must be an int (a GPU index), got {type(id).__name__}")
+    _require_gpu(id, "query")
+    return id
+
+
+def get_gpu_mem_size(id) -> tuple[int, int]:  # noqa: A002
+    """``(free, total)`` bytes of GPU ``id``, as SINGA (cudaMemGetInfo: free counts what singa_lite's caching
+    allocator holds as used). Read from the CUDA driver, see _cuda_query."""
+    from . import _cuda_query
+    return _cuda_query.mem_info(_gpu_index(id, "get_gpu_mem_size"))
+
+
+def device_query(id, verbose: bool = False) -> str:  # noqa: A002
+    """A text description of GPU ``id``, one "label: value" line each (memory, block and grid limits; with
+    ``verbose`` also name, compute capability, registers, warp size, multiprocessors...), as SINGA's."""
+    from . import _cuda_query
+    rows = _cuda_query.properties(_gpu_index(id, "device_query"), _as_bool(verbose, "device_query: verbose"))
+    return "".join(f"{label + ':':<31}{value}\n" for label, value in rows)
+
+
+# OpenCL: different on purpose. singa_lite has no OpenCL backend (SINGA's is optional, via ViennaCL), so
+# there are no OpenCL platforms or devices to count, and none can be created.
+def get_num_opencl_platforms() -> int:
+    return 0
+
+
+def get_num_opencl_devices() -> int:
+    return 0
+
+
+def create_opencl_device():
+    raise RuntimeError("create_opencl_device: singa_lite has no OpenCL backend; use create_cpu_device() or, "
+                       "with an NVIDIA GPU, create_cuda_gpu()")
 
 
 def create_cuda_gpu_on(device_id: int, set_default: bool = False) -> Device:

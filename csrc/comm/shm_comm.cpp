@@ -219,8 +219,11 @@ bool ShmComm::find_gone_peer(const std::vector<int>& peers, bool look_at_process
     const RankInfo& ri = seg_.rank(q);
     const uint32_t state = ri.state.load(std::memory_order_acquire);
     if (state == kLeft) {
-      *reason = str(describe_rank(q), " left (closed its communicator or exited) while this rank waits for it");
-      *fix = str("make every rank make the same calls before closing; look at rank ", q, "'s output");
+      *reason = str(describe_rank(q), " left (it exited or closed its communicator) while this rank is inside "
+                    "this collective");
+      *fix = str("if rank ", q, " ended normally (exit code 0), it made fewer collective calls than this rank: "
+                 "the number of steps probably differed (uneven data per rank?); give every rank the same number "
+                 "of batches, or train inside `with dist_opt.join():`; otherwise look at rank ", q, "'s output");
       return true;
     }
     if (look_at_processes && state == kJoined) {

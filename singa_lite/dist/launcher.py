@@ -370,6 +370,22 @@ class Job:
             others = self._ends(skip=self.failed)
             self.say(f"rank {self.failed} failed: {describe_end(code)} (see its output above)"
                      + (f"; the others: {others}" if others else ""))
+            early = self._finished_before(self.failed)
+            if early:  # a rank that simply ran out of work first: the failure is likely a collective it left
+                self.say(f"rank(s) {_ranks(early)} exited normally with code 0 while rank {self.failed} was still "
+                         f"running (inside a collective, if its error names them): the number of steps probably "
+                         f"differed between the ranks (uneven data?); give every rank the same number of batches, "
+                         f"or train inside `with dist_opt.join():`")
+
+    def _finished_before(self, rank: int) -> list:
+        """Ranks that ended with code 0 before `rank` ended (self.codes is in the order the ranks ended)."""
+        early = []
+        for r, c in self.codes.items():
+            if r == rank:
+                break
+            if c == 0:
+                early.append(r)
+        return early
 
     def _ends(self, skip=None) -> str:
         return ", ".join(f"rank {r} " + (describe_end(self.codes[r]) if r in self.codes else "still running")

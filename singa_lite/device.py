@@ -5,8 +5,9 @@ A :class:`Device` wraps the C++ ``Device`` value (kind + index) and carries SING
 with ``is`` as well as ``==``.
 
 CUDA devices need a CUDA build (``SINGA_LITE_CUDA=ON`` or nvcc found at install time) *and* a visible
-GPU with a driver; without them the ``create_cuda_*`` functions raise :class:`singa_lite.CudaError`
-saying which piece is missing and how to get it.
+GPU with a driver; without them the ``create_cuda_*`` functions (and the queries ``get_gpu_mem_size``,
+``device_query``) raise :class:`singa_lite.CudaError` saying which piece is missing and how to get it.
+SINGA's OpenCL functions exist but find nothing: singa_lite has no OpenCL backend.
 
 Graph mode (``EnableGraph``, ``RunGraph``, ``ResetGraph``)
 ---------------------------------------------------------
@@ -292,7 +293,7 @@ def _op_type(op) -> str:
 
 
 class _Timer:
-    """Installed as ``autograd._timer`` while some device has verbosity > 0: the engine calls it instead of
+    """Installed as ``engine._timer`` while some device has verbosity > 0: the engine calls it instead of
     ``op.forward`` / ``op.backward`` and it times the call when the op's device is profiling."""
 
     @staticmethod
@@ -332,8 +333,8 @@ _TIMER = _Timer()
 
 def _install_timer() -> None:
     """The engine's hook is set while any device profiles, and None (one global test per op) otherwise."""
-    from . import autograd  # autograd imports tensor, which imports this module
-    autograd._timer = _TIMER if any(d._verbosity > 0 for d in _instances.values()) else None
+    from . import engine  # the engine imports tensor, which imports this module
+    engine._timer = _TIMER if any(d._verbosity > 0 for d in _instances.values()) else None
 
 
 def _as_bool(v, what: str) -> bool:

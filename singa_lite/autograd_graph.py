@@ -14,14 +14,14 @@ two Dummies of the same tensor compare equal (and hash alike), so they work as t
 SINGA's code uses. Inputs without an edge (``None``) cannot be named after their tensor, since the engine
 never kept it: :func:`post_order` reports them as ``(op, input_index)`` instead.
 
-``autograd.py`` re-exports :class:`Dummy` and :func:`infer_dependency` (imported at the end of that module,
-after ``Operator`` exists). ``utils.post_order_recursive`` is built on :func:`post_order`.
+``autograd`` re-exports :class:`Dummy` and :func:`infer_dependency` (built on the engine, like the
+operators). ``utils.post_order_recursive`` is built on :func:`post_order`.
 """
 from __future__ import annotations
 
 from collections import Counter
 
-from .autograd import Operator
+from .engine import Operator
 from .tensor import Tensor
 
 __all__ = ["Dummy", "infer_dependency", "post_order"]

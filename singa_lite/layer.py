@@ -18,7 +18,8 @@ import math
 
 import numpy as np
 
-from . import autograd, tensor
+from . import functional as F
+from . import tensor
 from .device import as_device
 from .tensor import Tensor
 
@@ -284,10 +285,10 @@ class Linear(Layer):
             self._param((self.out_features,), "b")
 
     def forward(self, x):
-        y = autograd.matmul(x, self.W)
+        y = F.matmul(x, self.W)
         if not self.bias:
             return y
-        return autograd.add_bias(y, self.b, axis=0) if y.ndim() == 2 else autograd.add(y, self.b)
+        return F.add_bias(y, self.b, axis=0) if y.ndim() == 2 else F.add(y, self.b)
 
 
 class Conv2d(Layer):
@@ -354,9 +355,9 @@ class Conv2d(Layer):
             self._param((self.nb_kernels,), "b")
 
     def forward(self, x):
-        y = autograd.conv2d(x, self.W, self.b if self.bias else None, self.stride, self.padding,
+        y = F.conv2d(x, self.W, self.b if self.bias else None, self.stride, self.padding,
                             self.dilation, self.group, odd_padding=self.odd_padding)
-        return autograd.relu(y) if self.activation == "RELU" else y
+        return F.relu(y) if self.activation == "RELU" else y
 
 
 class SeparableConv2d(Layer):
@@ -427,7 +428,7 @@ class BatchNorm2d(Layer):
         self._aux((channels,), "running_var", 1.0)
 
     def forward(self, x):
-        return autograd.batchnorm_2d(x, self.scale, self.bias, self.running_mean, self.running_var,
+        return F.batchnorm_2d(x, self.scale, self.bias, self.running_mean, self.running_var,
                                      self.momentum, self.eps)
 
 
@@ -457,8 +458,8 @@ class Pooling2d(Layer):
 
     def forward(self, x):
         if self.is_max:
-            return autograd.max_pool2d(x, self.kernel_size, self.stride, self.padding, odd_padding=self.odd_padding)
-        return autograd.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.count_include_pad,
+            return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, odd_padding=self.odd_padding)
+        return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.count_include_pad,
                                    odd_padding=self.odd_padding)
 
 
@@ -503,7 +504,7 @@ class GlobalAvgPool2d(Layer):
     """Mean over H and W: (N, C, H, W) -> (N, C, 1, 1)."""
 
     def forward(self, x):
-        return autograd.global_avg_pool2d(x)
+        return F.global_avg_pool2d(x)
 
 
 class _FunctionLayer(Layer):
@@ -516,7 +517,7 @@ class _FunctionLayer(Layer):
         self.args, self.kwargs = args, kwargs
 
     def forward(self, *xs):
-        return getattr(autograd, self.function)(*xs, *self.args, **self.kwargs)
+        return getattr(F, self.function)(*xs, *self.args, **self.kwargs)
 
 
 def _function_layer(name: str, function: str, doc: str) -> type:
@@ -546,7 +547,7 @@ class Add(Layer):
     """a + b (broadcasting like numpy)."""
 
     def forward(self, a, b):
-        return autograd.add(a, b)
+        return F.add(a, b)
 
 
 class Cat(Layer):
@@ -559,14 +560,14 @@ class Cat(Layer):
     def forward(self, xs):
         if not isinstance(xs, (list, tuple)):
             raise TypeError(f"Cat: expected a list of Tensors, got {type(xs).__name__}")
-        return autograd.cat(list(xs), self.axis)
+        return F.cat(list(xs), self.axis)
 
 
 class Reshape(Layer):
     """``Reshape()(x, shape)``: x with a new shape (one entry may be -1)."""
 
     def forward(self, x, shape):
-        return autograd.reshape(x, shape)
+        return F.reshape(x, shape)
 
 
 _EXTRA = ("RNN", "LSTM", "Gemm", "Embedding")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from . import autograd
+from . import functional as F
 from .layer import Layer
 from .tensor import Tensor
 
@@ -72,8 +72,8 @@ class RNN(Layer):
         return hs, h
 
     def step_forward(self, x, h, Wx, Wh, b):  # noqa: N803 - SINGA's names
-        y = autograd.add_bias(autograd.add(autograd.matmul(h, Wh), autograd.matmul(x, Wx)), b, axis=0)
-        return autograd.tanh(y) if self.nonlinearity == "tanh" else autograd.relu(y)
+        y = F.add_bias(F.add(F.matmul(h, Wh), F.matmul(x, Wx)), b, axis=0)
+        return F.tanh(y) if self.nonlinearity == "tanh" else F.relu(y)
 
 
 _GATES = ("i", "f", "o", "g")  # input, forget and output gates, candidate
@@ -112,15 +112,15 @@ class LSTM(Layer):
 
     def _gate(self, x, h, g):
         p = self.__dict__
-        y1 = autograd.add_bias(autograd.matmul(x, p[f"Wx_{g}"]), p[f"Bx_{g}"], axis=0)
-        y2 = autograd.add_bias(autograd.matmul(h, p[f"Wh_{g}"]), p[f"Bh_{g}"], axis=0)
-        return autograd.add(y1, y2)
+        y1 = F.add_bias(F.matmul(x, p[f"Wx_{g}"]), p[f"Bx_{g}"], axis=0)
+        y2 = F.add_bias(F.matmul(h, p[f"Wh_{g}"]), p[f"Bh_{g}"], axis=0)
+        return F.add(y1, y2)
 
     def step_forward(self, x, h, c):
-        i, f, o = (autograd.sigmoid(self._gate(x, h, g)) for g in "ifo")
-        g = autograd.tanh(self._gate(x, h, "g"))
-        c = autograd.add(autograd.mul(f, c), autograd.mul(i, g))
-        return autograd.mul(o, autograd.tanh(c)), c
+        i, f, o = (F.sigmoid(self._gate(x, h, g)) for g in "ifo")
+        g = F.tanh(self._gate(x, h, "g"))
+        c = F.add(F.mul(f, c), F.mul(i, g))
+        return F.mul(o, F.tanh(c)), c
 
 
 class Gemm(Layer):
@@ -147,7 +147,7 @@ class Gemm(Layer):
         got = x.shape[0] if self.transA else x.shape[-1]
         if got != self.in_features:
             raise ValueError(f"Gemm: expects {self.in_features} input features, got {got} (input shape {x.shape})")
-        return autograd.gemm(x, self.W, self.b if self.bias else None, self.alpha, self.beta, self.transA,
+        return F.gemm(x, self.W, self.b if self.bias else None, self.alpha, self.beta, self.transA,
                              self.transB)
 
 
@@ -178,4 +178,4 @@ class Embedding(Layer):
         self.W.stores_grad = not freeze
 
     def forward(self, x):
-        return autograd.embedding(x, self.W)
+        return F.embedding(x, self.W)

@@ -38,9 +38,9 @@ import math
 import numbers
 
 from . import _core
-from . import autograd as _ag
+from . import engine
 from ._wrap_handles import BatchNormHandle, ConvHandle, PoolingHandle
-from .autograd import CTensor, Operator
+from .engine import CTensor, Operator
 from .ops_host import grad_like
 from .tensor import Tensor
 
@@ -462,7 +462,7 @@ class _BatchNorm2d(Operator):
         axes = [0] + list(range(2, x.ndim))
         self.axes, self.pshape = axes, pshape
         scale_b = scale.reshape(pshape)
-        self.training = _ag.training
+        self.training = engine.training
         # cuDNN takes 4-D tensors: (N, C) is (N, C, 1, 1), the same statistics per channel.
         self.cudnn = _use_cudnn(x, x.numel)
         x4 = x if x.ndim == 4 or not self.cudnn else x.reshape([x.shape[0], C, 1, 1])

@@ -11,8 +11,8 @@ import math
 import numbers
 
 from . import _core, tensor
-from . import autograd as _autograd
-from .autograd import CTensor, Operator, _axis, _const, _log_softmax, _reduce_to, _softmax, _swap_last, _zeros
+from . import engine
+from .engine import CTensor, Operator, _axis, _const, _log_softmax, _reduce_to, _softmax, _swap_last, _zeros
 from .ops_host import CompatError
 
 __all__ = [  # everything below: autograd re-exports it
@@ -150,8 +150,7 @@ class Matmul(Operator):
         return da, db
 
 
-def matmul(x, w):
-    return Matmul()(x, w)[0]
+matmul = Matmul.apply
 
 
 class AddBias(Operator):
@@ -341,8 +340,7 @@ class Sum(Operator):
         return tuple(_reduce_to(dy, s) for s in self.shapes)
 
 
-def sum(*xs):  # noqa: A001 - SINGA's name
-    return Sum()(*xs)[0]
+sum = Sum.apply
 
 
 class Mean(Operator):
@@ -361,8 +359,7 @@ class Mean(Operator):
         return tuple(_reduce_to(g, s) for s in self.shapes)
 
 
-def mean(*xs):
-    return Mean()(*xs)[0]
+mean = Mean.apply
 
 
 class ReduceSum(Operator):
@@ -417,8 +414,7 @@ class ReLU(Operator):
         return _core.mul(g, dy, out=g)
 
 
-def relu(x):
-    return ReLU()(x)[0]
+relu = ReLU.apply
 
 
 class LeakyRelu(Operator):
@@ -481,8 +477,7 @@ class Sigmoid(Operator):
         return _core.mul(g, dy, out=g)
 
 
-def sigmoid(x):
-    return Sigmoid()(x)[0]
+sigmoid = Sigmoid.apply
 
 
 class Tanh(Operator):
@@ -496,8 +491,7 @@ class Tanh(Operator):
         return _core.mul(g, dy, out=g)
 
 
-def tanh(x):
-    return Tanh()(x)[0]
+tanh = Tanh.apply
 
 
 class SoftPlus(Operator):
@@ -512,8 +506,7 @@ class SoftPlus(Operator):
         return _core.mul(g, dy, out=g)
 
 
-def softplus(x):
-    return SoftPlus()(x)[0]
+softplus = SoftPlus.apply
 
 
 class Gelu(Operator):
@@ -537,8 +530,7 @@ class Gelu(Operator):
         return _core.mul(g, dy, out=g)
 
 
-def gelu(x):
-    return Gelu()(x)[0]
+gelu = Gelu.apply
 
 
 class Exp(Operator):
@@ -550,8 +542,7 @@ class Exp(Operator):
         return _core.mul(dy, self.y)
 
 
-def exp(a):
-    return Exp()(a)[0]
+exp = Exp.apply
 
 
 class Log(Operator):
@@ -563,8 +554,7 @@ class Log(Operator):
         return _core.div(dy, self.x)
 
 
-def log(x):
-    return Log()(x)[0]
+log = Log.apply
 
 
 class Sqrt(Operator):
@@ -577,8 +567,7 @@ class Sqrt(Operator):
         return _core.mul_scalar(g, 0.5, out=g)
 
 
-def sqrt(x):
-    return Sqrt()(x)[0]
+sqrt = Sqrt.apply
 
 
 class Abs(Operator):
@@ -591,8 +580,7 @@ class Abs(Operator):
         return _core.mul(g, dy, out=g)
 
 
-def abs(a):  # noqa: A001 - SINGA's name
-    return Abs()(a)[0]
+abs = Abs.apply
 
 
 class Negative(Operator):
@@ -603,8 +591,7 @@ class Negative(Operator):
         return _core.neg(dy)
 
 
-def negative(x):
-    return Negative()(x)[0]
+negative = Negative.apply
 
 
 class Identity(Operator):
@@ -617,8 +604,7 @@ class Identity(Operator):
         return dy
 
 
-def identity(x):
-    return Identity()(x)[0]
+identity = Identity.apply
 
 
 class Clip(Operator):
@@ -676,7 +662,7 @@ class Dropout(Operator):
 
     def forward(self, x):
         self.mask = None
-        if not _autograd.training or self.ratio == 0.0:
+        if not engine.training or self.ratio == 0.0:
             return x
         self.mask = CTensor(list(x.shape), x.dtype, x.device)
         _core.bernoulli_(self.mask, 1.0 - self.ratio)

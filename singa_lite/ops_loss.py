@@ -8,7 +8,7 @@ Bad shapes raise ``ops_host.CompatError``: a ValueError that is also the Asserti
 from __future__ import annotations
 
 from . import _core
-from .autograd import CTensor, Operator, _log_softmax
+from .engine import CTensor, Operator, _log_softmax
 from .ops_host import CompatError, grad_like, mask
 from .tensor import Tensor
 
@@ -60,8 +60,7 @@ class CrossEntropy(Operator):
         return _core.mul(g, _dy(dy, g), out=g), None
 
 
-def cross_entropy(y, t):
-    return CrossEntropy()(y, t)[0]
+cross_entropy = CrossEntropy.apply
 
 
 class SoftMaxCrossEntropy(Operator):
@@ -142,8 +141,7 @@ class BinaryCrossEntropy(Operator):
         return _core.mul(g, _dy(dy, g), out=g), None
 
 
-def binary_cross_entropy(x, t):
-    return BinaryCrossEntropy()(x, t)[0]
+binary_cross_entropy = BinaryCrossEntropy.apply
 
 
 class RankingLoss(Operator):

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from . import _core
-from .autograd import CTensor, Operator, _const, _reduce_to
+from .engine import CTensor, Operator, _const, _reduce_to
 from .operators import Sum
 from .ops_host import from_host, grad_like, mask, to_host, zeros
 from .tensor import Tensor
@@ -284,8 +284,7 @@ class PRelu(Operator):
         return dx, dslope
 
 
-def prelu(x, slope):
-    return PRelu()(x, slope)[0]
+prelu = PRelu.apply
 
 
 # ---------------------------------------------------------------- comparisons and logic (no gradient)
@@ -352,8 +351,7 @@ less, greater, equal = _binary_fn(Less, "less"), _binary_fn(Greater, "greater"),
 _and, _or, _xor = _binary_fn(And, "_and"), _binary_fn(Or, "_or"), _binary_fn(Xor, "_xor")
 
 
-def _not(x):
-    return Not()(x)[0]
+_not = Not.apply
 
 
 # ---------------------------------------------------------------- n-ary max / min, where, cossim
@@ -395,12 +393,10 @@ class Min(Max):
     _keep_first = staticmethod(_core.le)
 
 
-def max(*xs):
-    return Max()(*xs)[0]
+max = Max.apply
 
 
-def min(*xs):
-    return Min()(*xs)[0]
+min = Min.apply
 
 
 class Where(Operator):
@@ -454,8 +450,7 @@ class CosSim(Operator):
         return _core.mul(da, dy), _core.mul(db, dy)
 
 
-def cossim(a, b):
-    return CosSim()(a, b)[0]
+cossim = CosSim.apply
 
 
 def add_all(*xs):

@@ -15,7 +15,7 @@ import numbers
 import numpy as np
 
 from . import _core
-from .autograd import CTensor, Operator, _axis, _reduce_to
+from .engine import CTensor, Operator, _axis, _reduce_to
 from .ops_host import CompatError, from_host, grad_like, to_host, zeros
 from .tensor import Tensor
 
@@ -361,8 +361,7 @@ class Shape(_Constant):
         return super().backward()
 
 
-def shape(x):
-    return Shape()(x)[0]
+shape = Shape.apply
 
 
 class NonZero(_Constant):
@@ -372,8 +371,7 @@ class NonZero(_Constant):
         return from_host(np.array(np.nonzero(to_host(x)), dtype=np.int64).reshape(x.ndim, -1), x.device)
 
 
-def nonzero(x):
-    return NonZero()(x)[0]
+nonzero = NonZero.apply
 
 
 class ConstantOfShape(_Constant):
@@ -445,8 +443,7 @@ class Embedding(Operator):
         return zeros(xshape, xdtype, xdev), from_host(dw, wdev, wdtype)
 
 
-def embedding(x, w):
-    return Embedding()(x, w)[0]
+embedding = Embedding.apply
 
 
 class Gemm(Operator):

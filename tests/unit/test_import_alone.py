@@ -19,16 +19,10 @@ import pathlib
 import subprocess
 import sys
 
-import pytest
 
 import singa_lite
 
 PACKAGE_DIR = pathlib.Path(singa_lite.__file__).parent
-# The known cycle, to be removed: autograd imports at module level the modules that define its operators and
-# layers (operators, nn_ops, layer, and the modules split off them), which import autograd back. Recognised
-# by its shape rather than by names, so that splitting those modules keeps it "known": every other member
-# imports autograd and is imported by it, and without autograd no cycle is left. Anything else is a new cycle.
-KNOWN_HUB = "singa_lite.autograd"
 
 
 # ---------------------------------------------------------------- the graph
@@ -138,15 +132,6 @@ def _is_compiled_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def is_known_cycle(component, graph) -> bool:
-    others = set(component) - {KNOWN_HUB}
-    if KNOWN_HUB not in component:
-        return False
-    if not all(m in graph[KNOWN_HUB] and KNOWN_HUB in graph[m] for m in others):
-        return False
-    return not cycles({m: graph[m] & others for m in others})
-
-
 def singa_lite_graph() -> dict:
     return import_graph(package_modules(PACKAGE_DIR, "singa_lite"), _is_compiled_module)
 
@@ -168,19 +153,24 @@ def test_every_module_imports_alone_in_a_fresh_interpreter():
     assert not failed, "modules that do not import alone:\n" + "\n".join(failed)
 
 
-def test_no_import_cycle_except_the_known_one():
+def test_no_import_cycle():
     graph = singa_lite_graph()
-    unexpected = [c for c in cycles(graph) if not is_known_cycle(c, graph)]
-    assert not unexpected, "import cycles among singa_lite's modules (at import time):\n" + "\n".join(
-        describe(c, graph) for c in unexpected)
+    found = cycles(graph)
+    assert not found, "import cycles among singa_lite's modules (at import time):\n" + "\n".join(
+        describe(c, graph) for c in found)
 
 
-@pytest.mark.xfail(strict=True, reason="known cycle: autograd <-> operators <-> nn_ops <-> layer (autograd "
-                                       "imports them at module level and they import autograd); to be removed")
-def test_known_cycle_is_gone():
+def test_autograd_is_a_facade_over_the_layers():
+    # engine <- operators <- layer <- autograd: the engine imports no operator, the operators no layer, and
+    # nothing imports autograd back (it only re-exports); autograd <-> operators <-> layer was a cycle
     graph = singa_lite_graph()
-    remaining = [c for c in cycles(graph) if KNOWN_HUB in c]
-    assert not remaining, "\n".join(describe(c, graph) for c in remaining)
+    ops = {"singa_lite.operators", "singa_lite.nn_ops", "singa_lite.ops_math", "singa_lite.ops_shape",
+           "singa_lite.ops_loss", "singa_lite.functional"}
+    assert not graph["singa_lite.engine"] & (ops | {"singa_lite.layer", "singa_lite.autograd"})
+    for m in ops:
+        assert not graph[m] & {"singa_lite.layer", "singa_lite.autograd"}, m
+    assert "singa_lite.autograd" not in graph["singa_lite.layer"]
+    assert {"singa_lite.engine", "singa_lite.functional", "singa_lite.layer"} <= graph["singa_lite.autograd"]
 
 
 def test_the_former_cycles_are_one_way():
@@ -220,15 +210,3 @@ def test_the_cycle_finder_on_a_small_package(tmp_path):
     assert graph["pkg"] == {"pkg.a", "pkg.c"}
     assert cycles(graph) == [["pkg.a", "pkg.b"]]
     assert describe(["pkg.a", "pkg.b"], graph) == "pkg.a imports pkg.b; pkg.b imports pkg.a"
-
-
-def test_the_known_cycle_is_recognised_by_its_shape():
-    hub = KNOWN_HUB
-    star = {hub: {"m1", "m2"}, "m1": {hub}, "m2": {hub, "m1"}}  # m2 -> m1 is one way: still only the hub's
-    assert is_known_cycle(cycles(star)[0], star)
-    ring = {hub: {"m1"}, "m1": {"m2"}, "m2": {hub}}  # through a module autograd does not import directly
-    assert not is_known_cycle(cycles(ring)[0], ring)
-    pair = {hub: {"m1", "m2"}, "m1": {hub, "m2"}, "m2": {hub, "m1"}}  # m1 <-> m2 would stay without autograd
-    assert not is_known_cycle(cycles(pair)[0], pair)
-    other = {"x": {"y"}, "y": {"x"}}
-    assert not is_known_cycle(cycles(other)[0], other)

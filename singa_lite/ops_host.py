@@ -43,13 +43,18 @@ def zeros(shape, dtype, device) -> CTensor:
 
 
 def to_host(x: CTensor) -> np.ndarray:
-    """x's values as a numpy array (a view of CPU memory; do not write to it)."""
-    return np.asarray(x if x.device.is_cpu() else x.to(_CPU))
+    """x's values as a numpy array (a view of CPU memory; do not write to it). bfloat16, which numpy lacks,
+    comes as a float32 copy (exact)."""
+    x = x if x.device.is_cpu() else x.to(_CPU)
+    return np.asarray(x.cast(_core.DType.float32) if x.dtype == _core.DType.bfloat16 else x)
 
 
 def from_host(arr, device, dtype=None) -> CTensor:
     """A new raw tensor on `device` holding a copy of the numpy array `arr` (cast to `dtype` if given)."""
     arr = np.array(arr, copy=True, order="C")
+    if dtype == _core.DType.bfloat16:  # numpy has no bfloat16: the core rounds the values once
+        t = CTensor.from_buffer(arr.astype(np.float64)).cast(dtype)
+        return t if device.is_cpu() else t.to(device)
     if dtype is not None and arr.dtype != _NUMPY[dtype]:
         arr = arr.astype(_NUMPY[dtype])
     elif arr.dtype not in _NUMPY.values():  # e.g. numpy's float16 stays, uint8 -> int32

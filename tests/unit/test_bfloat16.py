@@ -222,3 +222,13 @@ def test_dlpack_carries_bfloat16():
     back = _core.Tensor.from_dlpack(t)
     assert back.dtype == BF16 and back.data_ptr == t.data_ptr  # the same memory, no copy
     np.testing.assert_array_equal(values(back), x)
+
+
+def test_host_side_operators_take_bfloat16():
+    # Operators computed on the host (gather, ...) read bfloat16 as float32 and round their results back.
+    from singa_lite import autograd
+
+    x = tensor.Tensor(data=np.arange(6.0).reshape(2, 3) / 3, dtype=tensor.bfloat16)
+    y = autograd.gather(x, 1, [0, 2])
+    assert y.dtype == tensor.bfloat16
+    np.testing.assert_array_equal(tensor.to_numpy(y), bf16_round(np.arange(6.0).reshape(2, 3) / 3)[:, [0, 2]])

@@ -19,6 +19,18 @@ the user's -- only ever sees averaged gradients ("wait before the optimizer step
 Every rank must run the same backward passes (same model, same loss): the hooks issue one collective per
 bucket in the order gradients become final, which is then the same on every rank. Do not combine with
 DistOpt, which averages the gradients again.
+
+Clipping by the global norm works on what backward yields, since those gradients are already averaged and
+the same on every rank (clip.py)::
+
+    pairs = list(autograd.backward(loss))
+    opt.clip_grad_norm(pairs, max_norm=1.0)
+    for p, g in pairs:
+        sgd.apply(p.name, p, g)
+    sgd.step()
+
+Gradient accumulation, buffers and uneven inputs are DistOpt's (``backward_passes_per_step``, ``no_sync``,
+``sync_buffers``, ``join``): this wrapper exchanges at every backward pass.
 """
 from __future__ import annotations
 

@@ -61,8 +61,8 @@ class _SyncBatchNorm2d(Operator):
         var = np.maximum(host[C:2 * C] / M - mean * mean, 0.0)  # biased, for normalising
         dev, dt = x.device, x.dtype
 
-        def on_device(a):
-            t = _core.Tensor.from_buffer(np.ascontiguousarray(a.astype(np.dtype(dt.name))))
+        def on_device(a):  # float64 host values -> x's dtype (float16, bfloat16 too) on x's device
+            t = _core.Tensor.from_buffer(np.ascontiguousarray(a, np.float64)).cast(dt)
             return t if dev.is_cpu() else t.to(dev)
 
         inv_std = on_device(1.0 / np.sqrt(var + self.eps)).reshape(pshape)

@@ -45,7 +45,8 @@ class Join:
         self.divide_by_initial_world_size = bool(divide_by_initial_world_size)
         self.layout = None  # (threshold, first_bucket, half, device, [(shape, dtype)]) of the last exchange
         self.shadowed = 0  # passes this rank answered with zeros after leaving the block
-        self._zeros = None
+        self._zeros = None  # (name, param, zero gradient) made from layout
+        self._key = None  # layout with parameters by identity, to tell when it changed
 
     def __enter__(self):
         d = self._dist
@@ -76,12 +77,12 @@ class Join:
     def record(self, threshold: int, first_bucket: int, half: bool, triples) -> None:
         """Remembers the buckets of an exchanging pass (what a rank out of data repeats with zeros) and the
         parameters they update."""
-        grads = [g.data for _, _, g in triples]
-        layout = (threshold, first_bucket, half, grads[0].device if grads else _CPU,
-                  [(name, p, list(g.shape), g.dtype) for (name, p, _), g in zip(triples, grads)])
-        if self.layout is None or layout[:4] != self.layout[:4] or \
-                [(n, id(p), s, d) for n, p, s, d in layout[4]] != [(n, id(p), s, d) for n, p, s, d in self.layout[4]]:
-            self.layout, self._zeros = layout, None
+        members = [(name, p, list(g.data.shape), g.data.dtype) for name, p, g in triples]
+        where = triples[0][2].data.device if triples else _CPU
+        key = (threshold, first_bucket, half, where, [(n, id(p), shape, dt) for n, p, shape, dt in members])
+        if key != self._key:  # a new layout: the zero gradients are made again at the next answer
+            self._key, self._zeros = key, None
+            self.layout = (threshold, first_bucket, half, where, members)
 
     def factor(self, contributors: int) -> float | None:
         """What the averaged gradients are multiplied by (the fused exchange divides by the world size), or

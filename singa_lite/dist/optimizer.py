@@ -29,6 +29,12 @@ before they are applied (every rank makes the same calls)::
 
 (``sgd.synchronize()`` / ``sgd.step()`` do the same on the step ``sgd.backward`` left open.)
 
+Training features built on it (each in its own module): gradient accumulation, ``backward_passes_per_step=k``
+and ``no_sync()`` (dist/accumulate.py); clipping by the global norm between the phases,
+``pending.clip_grad_norm(max_norm)`` / ``opt.clip_grad_norm(pairs, max_norm)`` (clip.py); buffers,
+``broadcast_buffers`` and ``sync_buffers(model)`` (dist/buffers.py; ``layer.SyncBatchNorm2d`` in
+sync_batchnorm.py); uneven inputs, ``with sgd.join():`` (dist/join.py).
+
 Differences from SINGA, on purpose: buffer bounds are checked; float16 sums divide first; top-K compares
 magnitudes as floats (SINGA's comparator truncated them); at the first step rank 0's parameters are
 broadcast and the ranks' models are compared (names, shapes, dtypes, order), raising ValueError on every

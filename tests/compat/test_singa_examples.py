@@ -3,7 +3,7 @@
 SINGA's files are never committed: they come from the ignored folder .singa_ref/ that
 ``python tools/singa_suite.py --mirror PATH tests`` fills from a git mirror of apache/singa. Without it
 (CI has no mirror) every test here is skipped. The ``mlp`` model lives in SINGA's examples/mlp, which the
-tool does not copy: it is taken from .singa_ref/examples/mlp, or from $SINGA_MIRROR, or its cases skip.
+tool copies too (older .singa_ref/ folders lack it: then $SINGA_MIRROR is read, or its cases skip).
 
 What runs: ``train_cnn.py`` (one process), ``train_mpi.py`` under ``mpiexec -n 2`` and
 ``train_multiprocess.py`` (2 processes) for the ``cnn`` and ``mlp`` models, the distributed scripts with

@@ -625,7 +625,8 @@ def _check_against(path, where, staged, model, dist, plain, sampler, rng) -> Non
                                   f"{unknown}; was it saved from another model?")
         for k, t in want.items():
             a = saved[k]
-            if not isinstance(a, np.ndarray) or tuple(a.shape) != tuple(t.shape) or a.dtype != np.dtype(t.dtype.name):
+            stored = np.float32 if t.dtype == tensor.bfloat16 else t.dtype.name  # bfloat16 is saved as float32
+            if not isinstance(a, np.ndarray) or tuple(a.shape) != tuple(t.shape) or a.dtype != np.dtype(stored):
                 got = f"{a.dtype} {tuple(a.shape)}" if isinstance(a, np.ndarray) else repr(a)
                 raise CheckpointError(f"{path}: model state {k!r} is {got} in the checkpoint, "
                                       f"{t.dtype.name} {tuple(t.shape)} in the model")

@@ -209,3 +209,19 @@ def test_checkpoint_resume_keeps_scaler_masters_and_optimizer_state(tmp_path):
     for k, want in values(straight).items():
         np.testing.assert_array_equal(values(resumed)[k], want, err_msg=k)
         np.testing.assert_array_equal(tensor.to_numpy(mp2.masters[k]), tensor.to_numpy(mp.masters[k]))
+
+
+def test_checkpoint_of_a_bfloat16_model(tmp_path):
+    # numpy has no bfloat16: the model's values are saved as float32 (exactly) and rounded back on load.
+    params = linear_model(tensor.bfloat16)
+    mp = amp.MixedPrecision(opt.SGD(lr=0.1, momentum=0.9))
+    autograd.training = True
+    for step in range(3):
+        mp(loss_of(params, *batch(step)))
+    checkpoint.save(str(tmp_path / "bf"), model=params, optimizer=mp)
+    other, mp2 = linear_model(tensor.bfloat16, seed=1), amp.MixedPrecision(opt.SGD(lr=0.1, momentum=0.9))
+    checkpoint.load(str(tmp_path / "bf"), model=other, optimizer=mp2)
+    for k in params:
+        assert other[k].dtype == tensor.bfloat16
+        np.testing.assert_array_equal(tensor.to_numpy(other[k]), tensor.to_numpy(params[k]))
+        np.testing.assert_array_equal(tensor.to_numpy(mp2.masters[k]), tensor.to_numpy(mp.masters[k]))

@@ -294,8 +294,8 @@ class Tensor(SingaTensorMethods):
         return float(_scalar(_core.mean(_core.abs(self.data))))
 
     def l2(self) -> float:
-        """Root mean square, as SINGA's l2 (the norm divided by sqrt(size))."""
-        return float(np.sqrt(_scalar(_core.mean(_core.square(self.data.cast(float64))))))
+        """The L2 norm divided by the size, as SINGA's l2 (its C++ Tensor::l2, like l1, divides by Size())."""
+        return float(np.sqrt(_scalar(_core.sum(_core.square(self.data.cast(float64)))))) / self.size()
 
     def item(self):
         if self.size() != 1:

@@ -5,6 +5,7 @@ The C++ tensor core lives in ``singa_lite._core``; the SINGA-compatible API is i
 """
 from __future__ import annotations
 
+# The one place the version is written: pyproject.toml reads it (scikit-build-core's regex provider).
 __version__ = "0.1.0"
 
 

@@ -564,9 +564,17 @@ class MpiCommunicator(Communicator):
         if counts is None:
             who = "the other ranks did not answer a query of their progress either"
         else:
-            late = [r for r, c in enumerate(counts) if c < mine]
+            late = [r for r, c in enumerate(counts) if 0 <= c < mine]
+            ended = {r: -1 - c for r, c in enumerate(counts) if c < 0}  # see _at_exit
             who = (f"ranks that had not entered it: {', '.join(map(str, late))}" if late else
-                   "every rank entered it, so one of them is stuck inside it")
+                   "every rank entered it, so one of them is stuck inside it" if not ended else "")
+            if ended:
+                who += ("; " if who else "") + "; ".join(
+                    f"rank {r} ended normally (its script finished without an error) after {n} collectives"
+                    for r, n in ended.items()) + (
+                    f", while this rank is inside #{mine}: the number of steps probably differed (uneven data "
+                    f"per rank?); give every rank the same number of batches, or train inside "
+                    f"`with dist_opt.join():`")
         return CommError(f"mpi {name} #{mine} (rank {self.rank} of {self.world_size}): not finished after "
                          f"{self.timeout:g} s; {who}. The job cannot continue: it is aborted at exit. Look at "
                          f"those ranks' output, or raise the timeout (timeout= or SINGA_LITE_COMM_TIMEOUT)")
@@ -588,6 +596,9 @@ class MpiCommunicator(Communicator):
     def _at_exit(self):
         if self._watch_name is not None:  # this rank's end is not a death: the watcher must not blame it
             watch.tell(self._watch_name, "done" if self._broken is None else "reported", self.rank)
+        if self._broken is None and not self.closed:  # on the board as -1 - count: a rank still waiting for
+            self._entered[0] = -1 - self._entered[0]  # this one names it as ended normally (_on_timeout)
+            self._board.Sync()
         if self._broken is None:
             self.close()  # the window must go before MPI_Finalize (mpi4py's own exit hook, which runs after)
         elif not self.closed:

@@ -22,3 +22,15 @@ def test_training_features_on_mpi(n):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert all(f"OK rank {r}" in out for r in range(n)), out
+
+
+def test_a_rank_that_finished_early_is_named_as_ended_normally():
+    import subprocess
+
+    proc = subprocess.run([mpiexec(), "-n", "3", sys.executable, JOB, "finished_early"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "JOB_TIMEOUT": "3"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out  # the waiting ranks fail and the job is aborted
+    assert ("rank 0 ended normally (its script finished without an error) after 0 collectives, while this rank "
+            "is inside #1: the number of steps probably differed") in out, out
+    assert "dist_opt.join()" in out and "died" not in out, out

@@ -346,6 +346,13 @@ class DistributedOptimizer:
         """Backward passes inside only accumulate gradients on this rank (see DistOpt.no_sync)."""
         return self._dist.no_sync()
 
+    def join(self, divide_by_initial_world_size: bool = False):
+        """A context for uneven inputs: ranks out of data answer the others' exchanges (see DistOpt.join)."""
+        if self._pending is not None:
+            raise RuntimeError("ddp.DistributedOptimizer.join: the gradients of a backward were not used; call "
+                               "step() or reset_grad() first")
+        return self._dist.join(divide_by_initial_world_size)
+
     def get_states(self) -> dict:
         return self._dist.get_states()
 

@@ -23,6 +23,8 @@ from dist_cases import run_ranks  # noqa: E402
     ("sync_buffers", 3),
     ("join", 2),
     ("join", 3),
+    ("join_ddp_and_accumulation", 2),
+    ("join_ddp_and_accumulation", 3),
 ])
 def test_scenario(name, world_size):
     out, _, _ = run_ranks(training_cases.run, world_size, timeout=300, args=(name,))

@@ -423,6 +423,47 @@ def scenario_finished_early(comm):
     raise AssertionError("the all-reduce finished without rank 0")
 
 
+def scenario_join_ddp_and_accumulation(comm):
+    """join() through ddp.DistributedOptimizer with no_sync(), and DistOpt's join with accumulation (k=2):
+    the same parameters as one process averaging the ranks that still have data."""
+    from singa_lite import ddp
+
+    P, r = comm.world_size, comm.rank
+    steps = [2 + q for q in range(P)]
+    want = join_reference(P, steps, False)
+    autograd.training = True
+    # ddp: each step is two half-batches, the first inside no_sync
+    params = make_params(0)
+    trainer = ddp.DistributedOptimizer(make_opt("sgd"), communicator=comm, threshold=150)
+    with trainer.join():
+        for step in range(steps[r]):
+            for j in range(2):
+                loss = loss_of(params, *micro_batch(comm, step, j, 2))
+                if j == 0:
+                    with trainer.no_sync():
+                        trainer.step(loss)
+                else:
+                    trainer.step(loss)
+    close(values(params), want, 1e-5, "ddp join + no_sync")
+    # DistOpt with backward_passes_per_step=2
+    params = make_params(0)
+    dopt = opt.DistOpt(make_opt("sgd"), communicator=comm, backward_passes_per_step=2)
+    with dopt.join():
+        for step in range(steps[r]):
+            for j in range(2):
+                dopt.backward_and_update(loss_of(params, *micro_batch(comm, step, j, 2)), 150)
+        try:
+            with dopt.join():
+                pass
+        except RuntimeError as e:
+            assert "do not nest" in str(e), e
+        else:
+            raise AssertionError("nested join() accepted")
+    close(values(params), want, 1e-5, "join + accumulation")
+    same_everywhere(comm, values(params), "join + accumulation")
+    return "ok"
+
+
 SCENARIOS = {
     "accumulation": scenario_accumulation,
     "accumulation_misuse": scenario_accumulation_misuse,
@@ -430,6 +471,7 @@ SCENARIOS = {
     "sync_batchnorm": scenario_sync_batchnorm,
     "sync_buffers": scenario_sync_buffers,
     "join": scenario_join,
+    "join_ddp_and_accumulation": scenario_join_ddp_and_accumulation,
 }
 
 

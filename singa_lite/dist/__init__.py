@@ -19,6 +19,13 @@ launcher's holder in ``SINGA_LITE_HOLDER`` and its rank in ``RANK`` / ``WORLD_SI
 ``SINGA_LITE_HOLDER`` marks a singa-run rank: a ``RANK`` left by another launcher alone changes nothing.
 The launcher's holder serves one rendezvous, so the first such call creates the rank's communicator and
 later ones return it (``comm = dist.init()`` and ``opt.DistOpt(sgd)`` in one script share it).
+
+CPU threads: ranks started by mpiexec or multiprocessing would each run the CPU kernels on every core of the
+host (OpenMP's default), so N ranks oversubscribe it N times and OpenMP's spinning barriers stall whenever a
+thread is descheduled (SINGA's examples/cnn, 2 ranks on 2 busy cores: 25 s instead of 4.6 s). So ``init()``
+gives each rank ``cores // ranks on this host`` threads (at least 1), as singa-run does, unless
+OMP_NUM_THREADS is set, device.set_num_threads() chose another count, or the launcher bound the rank to a
+subset of the cores (its choice then stands).
 """
 from __future__ import annotations
 
@@ -92,9 +99,9 @@ def init(backend: str | None = None, holder: NcclIdHolder | None = None, rank: i
     global _launched
     launched = holder is None and rank is None and world_size is None and from_launcher()
     if not launched:
-        return _create(backend, holder, rank, world_size, timeout, options)
+        return _share_cores(_create(backend, holder, rank, world_size, timeout, options))
     if _launched is None:
-        _launched = _create(backend, *launched, timeout, options, launched=True)
+        _launched = _share_cores(_create(backend, *launched, timeout, options, launched=True))
     elif _launched.closed:
         raise CommError("this singa-run rank's communicator was closed, and the launcher's holder serves one "
                         "rendezvous: keep the communicator open while the rank needs one")
@@ -137,6 +144,19 @@ def _create(backend, holder, rank, world_size, timeout, options, launched=False)
         raise TypeError(f"holder must be a NcclIdHolder, got {type(holder).__name__}")
     # A fresh name per use: a name seen in /dev/shm during an earlier rendezvous may have been re-created.
     return ShmCommunicator(holder.take_shm_name(), rank, world_size, timeout=timeout, **options)
+
+
+def _share_cores(comm: Communicator) -> Communicator:
+    """Gives this rank its share of the host's cores for the CPU kernels (see the module docstring)."""
+    if comm.local_size < 2 or "OMP_NUM_THREADS" in os.environ or not hasattr(os, "sched_getaffinity"):
+        return comm
+    from .. import _core
+
+    mine = len(os.sched_getaffinity(0))
+    if mine < (os.cpu_count() or mine) or _core.get_num_threads() != mine:
+        return comm  # bound to some cores by the launcher, or a count chosen by the user: theirs stands
+    _core.set_num_threads(max(1, mine // comm.local_size))
+    return comm
 
 
 def _auto_backend(holder) -> str:

@@ -1,0 +1,54 @@
+"""dist.init() gives each rank of a job its share of the host's cores for the CPU kernels (OpenMP would give
+every rank all of them: N ranks oversubscribe the host N times, and OpenMP's spinning barriers stall whenever
+a thread is descheduled; SINGA's examples/cnn on 2 ranks ran 5-8x slower, see singa_lite/dist/__init__.py).
+OMP_NUM_THREADS, a count chosen with device.set_num_threads and a launcher's core binding are kept."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "threads_job.py")
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+
+pytestmark = pytest.mark.skipif(CORES < 2 or CORES < (os.cpu_count() or 1),
+                                reason="needs 2+ cores, unbound (else a rank's share is what OpenMP gives it)")
+
+
+def _mpiexec():
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    found = here if os.path.exists(here) else shutil.which("mpiexec")
+    if found is None or subprocess.run([sys.executable, "-c", "import mpi4py"]).returncode != 0:
+        pytest.skip("needs mpiexec and mpi4py: pip install 'singa_lite[mpi]'")
+    return [found, "-n", "2"]
+
+
+def _threads(launcher: str, *args, **env) -> dict:
+    """{rank: threads} printed by the job's ranks; env: variables set (None: removed) for the job."""
+    full = {k: v for k, v in os.environ.items() if k not in env}
+    full.update({k: v for k, v in env.items() if v is not None})
+    prefix = _mpiexec() if launcher == "mpi" else []
+    proc = subprocess.run([*prefix, sys.executable, JOB, launcher, *args], capture_output=True, text=True,
+                          timeout=120, env=full)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    found = {int(r): int(n) for r, n in re.findall(r"threads rank (\d+): (\d+)", out)}
+    assert sorted(found) == [0, 1], out
+    return found
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "shm"])
+def test_each_rank_gets_its_share_of_the_cores(launcher):
+    assert _threads(launcher, OMP_NUM_THREADS=None) == {0: CORES // 2, 1: CORES // 2}
+
+
+@pytest.mark.parametrize("launcher", ["mpi", "shm"])
+def test_omp_num_threads_is_kept(launcher):
+    assert _threads(launcher, OMP_NUM_THREADS="3") == {0: 3, 1: 3}
+
+
+def test_a_count_set_before_init_is_kept():
+    n = CORES + 1  # not the default (all cores), so it is the user's
+    assert _threads("shm", "set", str(n), OMP_NUM_THREADS=None) == {0: n, 1: n}

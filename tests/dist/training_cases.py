@@ -308,6 +308,27 @@ def scenario_sync_batchnorm(comm):
             + tensor.to_numpy(bn.bias).reshape(1, -1, 1, 1)
         np.testing.assert_allclose(y_eval, want, rtol=1e-4, atol=1e-4)
     comm.barrier()
+    # bad input and a missing communicator: clear errors, no collective started
+    from singa_lite import layer
+
+    autograd.training = True
+    for bad in (np.ones((4, BN_C, 2), np.float32), np.ones((1, BN_C, 1, 1), np.float32) if P == 1 else None):
+        if bad is None:
+            continue
+        try:
+            bn(tensor.from_numpy(bad))
+        except ValueError as e:
+            assert "SyncBatchNorm2d" in str(e), e
+        else:
+            raise AssertionError(f"input of shape {bad.shape} accepted")
+    try:
+        layer.SyncBatchNorm2d(BN_C)(tensor.from_numpy(bn_data(0)[0]))
+    except RuntimeError as e:
+        assert "needs the ranks' communicator for training" in str(e), e
+    else:
+        raise AssertionError("SyncBatchNorm2d trained without a communicator")
+    autograd.training = False
+    layer.SyncBatchNorm2d(BN_C)(tensor.from_numpy(bn_data(0)[0]))  # evaluation needs none
     return "ok"
 
 

@@ -16,7 +16,7 @@ How :func:`all_reduce` sums (``backend=``):
   all driven by this process): one grouped ``ncclAllReduce`` per device, on each device's compute stream, so
   the GPUs exchange directly (NVLink / PCIe peer to peer) and later work on the tensors is ordered after it
   without the host waiting. Needs every tensor on a distinct CUDA device (NCCL cannot put two ranks on one
-  GPU), contiguous, float16/32/64 or int32/64, and NCCL loadable (``pip install 'singa_lite[cuda13]'``).
+  GPU), contiguous, float16/32/64, bfloat16 or int32/64, and NCCL loadable (``pip install 'singa_lite[cuda13]'``).
   One clique is created per tuple of device ordinals on first use, kept, and closed at exit; one that failed
   is replaced on the next call. Its timeout is ``SINGA_LITE_COMM_TIMEOUT`` (default 300 s).
 * ``"host"``: the seed's way: the sum is formed on the first tensor's device (``Tensor.to`` copies, GPU to GPU
@@ -43,7 +43,7 @@ __all__ = ["split_and_load", "replicate", "all_reduce", "choose_backend", "max_d
 
 BACKENDS = ("auto", "nccl", "host")
 # What NCCL moves (csrc/comm/nccl_common.h); "auto" sends other dtypes the host route.
-_NCCL_DTYPES = ("float16", "float32", "float64", "int32", "int64")
+_NCCL_DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
 _nccl_ready = False  # nccl.readiness() said "" once: not asked again on every all_reduce
 
 

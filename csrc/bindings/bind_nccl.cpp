@@ -61,7 +61,7 @@ A NCCL communicator on one GPU (the 'nccl' backend; use singa_lite.dist.init(bac
 
 Every rank constructs it with the same 128-byte unique id (nccl_get_unique_id on one rank, shared), the
 world size, its own rank and its GPU; the constructor returns once all ranks have joined (CommError after
-`timeout` seconds). Tensors: contiguous, on that GPU, float16/32/64, int32/64. Every operation returns an
+`timeout` seconds). Tensors: contiguous, on that GPU, float16/32/64, bfloat16, int32/64. Every operation returns an
 NcclWork at once; a watchdog aborts the communicator when an operation has not finished after `timeout`
 seconds or NCCL reports an error, after which every call raises CommError.)doc")
       .def(py::init([](const py::bytes& unique_id, int rank, int world_size, int device, double timeout) {
@@ -111,7 +111,7 @@ NCCL's single-process multi-device communicator: one NCCL rank per listed GPU, a
 
 devices: distinct CUDA device ordinals (rank i on cuda:devices[i]); the constructor returns once every
 communicator is initialised (CommError after `timeout` seconds). all_reduce and broadcast take one tensor
-per device in that order (contiguous, one shape and dtype: float16/32/64, int32/64) and run on the devices'
+per device in that order (contiguous, one shape and dtype: float16/32/64, bfloat16, int32/64) and run on the devices'
 compute streams, so later work on those tensors is ordered after them; they return once NCCL has queued
 the work. A failure aborts every communicator, after which every call raises CommError.)doc")
       .def(py::init([](const std::vector<int>& devices, double timeout) {

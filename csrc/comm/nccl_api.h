@@ -39,6 +39,7 @@ enum ncclDataType_t : int {
   ncclFloat16 = 6,
   ncclFloat32 = 7,
   ncclFloat64 = 8,
+  ncclBfloat16 = 9,  // NCCL 2.10 and later
 };
 enum ncclRedOp_t : int { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4 };
 

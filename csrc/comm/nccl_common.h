@@ -81,10 +81,11 @@ inline ncclDataType_t nccl_type(DType t, const char* op) {
     case DType::kFloat64: return ncclFloat64;
     case DType::kInt32: return ncclInt32;
     case DType::kInt64: return ncclInt64;
+    case DType::kBFloat16: return ncclBfloat16;
     default: break;
   }
-  throw TypeError(str(op, ": the nccl backend moves float16, float32, float64, int32 and int64 tensors, got ",
-                      dtype_name(t), "; cast with as_type()"));
+  throw TypeError(str(op, ": the nccl backend moves float16, bfloat16, float32, float64, int32 and int64 ",
+                      "tensors, got ", dtype_name(t), "; cast with as_type()"));
 }
 
 inline ncclRedOp_t nccl_op(const std::string& op, DType t, const char* what) {

@@ -25,7 +25,7 @@ host (OpenMP's default), so N ranks oversubscribe it N times and OpenMP's spinni
 thread is descheduled (SINGA's examples/cnn, 2 ranks on 2 busy cores: 25 s instead of 4.6 s). So ``init()``
 gives each rank ``cores // ranks on this host`` threads (at least 1), as singa-run does, unless
 OMP_NUM_THREADS is set, device.set_num_threads() chose another count, or the launcher bound the rank to a
-subset of the cores (its choice then stands).
+subset of its own cores (its choice then stands).
 """
 from __future__ import annotations
 
@@ -153,7 +153,11 @@ def _share_cores(comm: Communicator) -> Communicator:
     from .. import _core
 
     mine = len(os.sched_getaffinity(0))
-    if mine < (os.cpu_count() or mine) or _core.get_num_threads() != mine:
+    try:  # the launcher's own cores (mpiexec's proxy, the script of multiprocessing ranks; a container's set)
+        launcher = len(os.sched_getaffinity(os.getppid()))
+    except OSError:
+        launcher = os.cpu_count() or mine
+    if mine < launcher or _core.get_num_threads() != mine:
         return comm  # bound to some cores by the launcher, or a count chosen by the user: theirs stands
     _core.set_num_threads(max(1, mine // comm.local_size))
     return comm

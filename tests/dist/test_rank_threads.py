@@ -13,8 +13,7 @@ import pytest
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "threads_job.py")
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
-pytestmark = pytest.mark.skipif(CORES < 2 or CORES < (os.cpu_count() or 1),
-                                reason="needs 2+ cores, unbound (else a rank's share is what OpenMP gives it)")
+pytestmark = pytest.mark.skipif(CORES < 2, reason="needs 2+ cores (with one, every rank gets 1 thread anyway)")
 
 
 def _mpiexec():
@@ -52,3 +51,24 @@ def test_omp_num_threads_is_kept(launcher):
 def test_a_count_set_before_init_is_kept():
     n = CORES + 1  # not the default (all cores), so it is the user's
     assert _threads("shm", "set", str(n), OMP_NUM_THREADS=None) == {0: n, 1: n}
+
+
+def test_a_rank_bound_by_its_launcher_keeps_its_cores(monkeypatch):
+    # In-process, with the affinities made up: a rank on all of its launcher's 4 cores shares them (2 each of
+    # 2 local ranks); a rank bound to 4 of its launcher's 8 cores keeps the 4 OpenMP gives it.
+    from singa_lite import _core, dist
+
+    class TwoLocalRanks:
+        local_size = 2
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = _core.get_num_threads()
+    try:
+        for mine, launcher, want in ((4, 4, 2), (4, 8, 4)):
+            _core.set_num_threads(mine)  # OpenMP's default: the rank's cores
+            monkeypatch.setattr(os, "sched_getaffinity",
+                                lambda pid, m=mine, l=launcher: set(range(m if pid == 0 else l)))
+            dist._share_cores(TwoLocalRanks())
+            assert _core.get_num_threads() == want, (mine, launcher)
+    finally:
+        _core.set_num_threads(before)

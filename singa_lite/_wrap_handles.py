@@ -17,21 +17,10 @@ import numbers
 
 from . import _core
 from ._wrap_ops import _t
+from .raw import pair
 
 CTensor = _core.Tensor
 _EPS = 1e-5  # SINGA's batch-norm epsilon (fixed in its handles)
-
-
-def _pair(v, what: str, op: str, minimum: int) -> tuple:
-    if isinstance(v, numbers.Integral) and not isinstance(v, bool):
-        v = (v, v)
-    try:
-        h, w = (int(e) for e in v)
-    except (TypeError, ValueError):
-        raise TypeError(f"{op}: {what} must be a pair of ints (height, width), got {v!r}") from None
-    if h < minimum or w < minimum:
-        raise ValueError(f"{op}: {what} must be >= {minimum}, got {(h, w)}")
-    return h, w
 
 
 def _out_size(op, size, k, s, p, axis, x_shape) -> int:
@@ -56,9 +45,9 @@ class ConvHandle:
     def __init__(self, input, kernel_size, stride, padding, in_channels, out_channels, bias, groups=1):  # noqa: A002
         op = type(self).__name__
         x = _nchw(input, op, "input")
-        self.kernel_h, self.kernel_w = _pair(kernel_size, "kernel_size", op, 1)
-        self.stride_h, self.stride_w = _pair(stride, "stride", op, 1)
-        self.pad_h, self.pad_w = _pair(padding, "padding", op, 0)
+        self.kernel_h, self.kernel_w = pair(kernel_size, f"{op}: kernel_size", 1)
+        self.stride_h, self.stride_w = pair(stride, f"{op}: stride", 1)
+        self.pad_h, self.pad_w = pair(padding, f"{op}: padding", 0)
         self.channels, self.num_filters, self.group = int(in_channels), int(out_channels), int(groups)
         self.bias_term = bool(bias)
         if self.group < 1 or self.channels % self.group or self.num_filters % self.group:
@@ -170,9 +159,9 @@ class PoolingHandle:
     def __init__(self, input, kernel_size, stride, padding, is_max=True):  # noqa: A002
         op = type(self).__name__
         x = _nchw(input, op, "input")
-        self.kernel_h, self.kernel_w = _pair(kernel_size, "kernel_size", op, 1)
-        self.stride_h, self.stride_w = _pair(stride, "stride", op, 1)
-        self.pad_h, self.pad_w = _pair(padding, "padding", op, 0)
+        self.kernel_h, self.kernel_w = pair(kernel_size, f"{op}: kernel_size", 1)
+        self.stride_h, self.stride_w = pair(stride, f"{op}: stride", 1)
+        self.pad_h, self.pad_w = pair(padding, f"{op}: padding", 0)
         if 2 * self.pad_h > self.kernel_h or 2 * self.pad_w > self.kernel_w:
             raise ValueError(f"{op}: padding {(self.pad_h, self.pad_w)} must be at most half the kernel "
                              f"{(self.kernel_h, self.kernel_w)}")

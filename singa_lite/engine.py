@@ -57,6 +57,7 @@ import numbers
 import numpy as np
 
 from . import _core
+from .raw import zeros
 from .tensor import Tensor
 
 CTensor = _core.Tensor
@@ -169,7 +170,7 @@ def backward(y: Tensor, dy=None):
     held = []  # (param, gradient or _Pending) behind a hook's pending gradient, yielded after the pass
     while ready:
         op = ready.pop()
-        dys = [g[0] if g is not None else _zeros(*meta) for g, meta in zip(grads.pop(op), op.y_meta)]
+        dys = [g[0] if g is not None else zeros(*meta) for g, meta in zip(grads.pop(op), op.y_meta)]
         dxs = op.backward(*dys) if _timer is None else _timer.backward(op, dys)
         dxs = dxs if isinstance(dxs, (tuple, list)) else (dxs,)
         if len(dxs) != len(op.src):
@@ -338,12 +339,6 @@ def _accumulate(slot, dx, owned: bool):
 
 
 # ---------------------------------------------------------------- helpers on raw tensors
-def _zeros(shape, dtype, device) -> CTensor:
-    t = CTensor(list(shape), dtype, device)
-    _core.fill_(t, 0.0)
-    return t
-
-
 def _reduce_to(dx: CTensor, shape) -> CTensor:
     """Sums dx over the axes along which a tensor of `shape` was broadcast to dx's shape."""
     shape = tuple(shape)

@@ -21,6 +21,7 @@ import numpy as np
 from . import functional as F
 from . import tensor
 from .device import as_device
+from .raw import pair
 from .tensor import Tensor
 
 __all__ = ["Layer", "Linear", "Conv2d", "SeparableConv2d", "Pooling2d", "MaxPool2d", "AvgPool2d", "MaxPool1d",
@@ -33,14 +34,6 @@ PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 ACTIVATIONS = ("NOTSET", "RELU")
 
 
-def _pair(v, what: str) -> tuple:
-    if isinstance(v, int):
-        return (v, v)
-    if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(i, int) for i in v):
-        return tuple(v)
-    raise TypeError(f"{what} must be an int or a pair of ints, got {v!r}")
-
-
 def _padding(v, layer: str) -> tuple:
     """SINGA's padding: an int, (h, w), or ONNX's (top, bottom, left, right). Returns ((h, w), extra): the
     kernels pad both sides of an axis alike by (h, w); `extra` = (top, bottom, left, right) is what an
@@ -49,7 +42,7 @@ def _padding(v, layer: str) -> tuple:
         top, bottom, left, right = v
         h, w = min(top, bottom), min(left, right)
         return (h, w), (top - h, bottom - h, left - w, right - w)
-    return _pair(v, f"{layer}: padding"), NO_EXTRA
+    return pair(v, f"{layer}: padding"), NO_EXTRA
 
 
 NO_EXTRA = (0, 0, 0, 0)
@@ -319,10 +312,10 @@ class Conv2d(Layer):
             stride = args[1]
         if len(args) > 2:
             padding = args[2]
-        self.nb_kernels, self.kernel_size = nb_kernels, _pair(kernel_size, "kernel_size")
-        self.stride = _pair(stride, "stride")
+        self.nb_kernels, self.kernel_size = nb_kernels, pair(kernel_size, "kernel_size")
+        self.stride = pair(stride, "stride")
         self.padding, self.odd_padding = _padding(padding, "Conv2d")
-        self.dilation, self.group, self.bias = _pair(dilation, "dilation"), group, bias
+        self.dilation, self.group, self.bias = pair(dilation, "dilation"), group, bias
         self.pad_mode = _choice(pad_mode, PAD_MODES, "Conv2d: pad_mode")
         self.activation = _choice(activation, ACTIVATIONS, "Conv2d: activation")
         if self.pad_mode == "VALID":
@@ -377,9 +370,9 @@ class SeparableConv2d(Layer):
             stride = args[1]
         if len(args) > 2:
             padding = args[2]
-        self.nb_kernels, self.kernel_size = nb_kernels, _pair(kernel_size, "kernel_size")
+        self.nb_kernels, self.kernel_size = nb_kernels, pair(kernel_size, "kernel_size")
         _padding(padding, "SeparableConv2d")  # checked here, applied by the depthwise Conv2d
-        self.stride, self.padding, self.bias = _pair(stride, "stride"), padding, bias
+        self.stride, self.padding, self.bias = pair(stride, "stride"), padding, bias
 
     def initialize(self, x):
         if x.ndim() != 4:
@@ -443,8 +436,8 @@ class Pooling2d(Layer):
                  count_include_pad: bool = True, name: str | None = None):
         super().__init__(name)
         what = type(self).__name__
-        self.kernel_size = _pair(kernel_size, f"{what}: kernel_size")
-        self.stride = self.kernel_size if stride is None else _pair(stride, f"{what}: stride")
+        self.kernel_size = pair(kernel_size, f"{what}: kernel_size")
+        self.stride = self.kernel_size if stride is None else pair(stride, f"{what}: stride")
         self.padding, self.odd_padding = _padding(padding, what)
         self.is_max, self.count_include_pad = bool(is_max), count_include_pad
         self.pad_mode = _choice(pad_mode, PAD_MODES, f"{what}: pad_mode")

@@ -41,7 +41,7 @@ from . import _core
 from . import engine
 from ._wrap_handles import BatchNormHandle, ConvHandle, PoolingHandle
 from .engine import CTensor, Operator
-from .ops_host import grad_like
+from .raw import grad_like, pair
 from .tensor import Tensor
 
 __all__ = ["conv2d", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "globalaveragepool", "batchnorm_2d",
@@ -81,20 +81,6 @@ def _needs(op) -> tuple:
     return tuple(op.__dict__.get("needs_grad", (True, True, True))) + (False,) * 3
 
 
-def _pair(v, what: str, op: str, minimum: int) -> list:
-    """An int or a pair of ints as [h, w], each >= minimum."""
-    if isinstance(v, (numbers.Integral,)) and not isinstance(v, bool):
-        p = [int(v), int(v)]
-    elif isinstance(v, (tuple, list)) and len(v) == 2 and all(
-            isinstance(e, numbers.Integral) and not isinstance(e, bool) for e in v):
-        p = [int(v[0]), int(v[1])]
-    else:
-        raise ValueError(f"{op}: {what} must be an int or a pair of ints, got {v!r}")
-    if p[0] < minimum or p[1] < minimum:
-        raise ValueError(f"{op}: {what} must be >= {minimum}, got {tuple(p)}")
-    return p
-
-
 def _out_size(op, size, k, s, p, d, axis, x_shape):
     span = d * (k - 1) + 1
     if size + 2 * p < span:
@@ -126,9 +112,9 @@ class _Conv2d(Operator):
                  odd_padding=(0, 0, 0, 0)):
         super().__init__(name)
         self.odd = _odd(odd_padding, "conv2d")
-        self.stride = _pair(stride, "stride", "conv2d", 1)
-        self.padding = _pair(padding, "padding", "conv2d", 0)
-        self.dilation = _pair(dilation, "dilation", "conv2d", 1)
+        self.stride = pair(stride, "conv2d: stride", 1)
+        self.padding = pair(padding, "conv2d: padding", 0)
+        self.dilation = pair(dilation, "conv2d: dilation", 1)
         if not isinstance(groups, numbers.Integral) or isinstance(groups, bool) or groups < 1:
             raise ValueError(f"conv2d: groups must be a positive int, got {groups!r}")
         self.groups = int(groups)
@@ -272,9 +258,9 @@ def _conv2d_with_handle(handle, x, W, b=None, odd_padding=(0, 0, 0, 0)):
 
 # ---------------------------------------------------------------- pooling
 def _pool_args(op, kernel, stride, padding):
-    k = _pair(kernel, "kernel", op, 1)
-    s = k if stride is None else _pair(stride, "stride", op, 1)
-    p = _pair(padding, "padding", op, 0)
+    k = pair(kernel, f"{op}: kernel", 1)
+    s = k if stride is None else pair(stride, f"{op}: stride", 1)
+    p = pair(padding, f"{op}: padding", 0)
     if 2 * p[0] > k[0] or 2 * p[1] > k[1]:
         raise ValueError(f"{op}: padding {tuple(p)} must be at most half the kernel {tuple(k)}")
     return k, list(s), p

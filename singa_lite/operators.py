@@ -12,8 +12,8 @@ import numbers
 
 from . import _core, tensor
 from . import engine
-from .engine import CTensor, Operator, _axis, _const, _log_softmax, _reduce_to, _softmax, _swap_last, _zeros
-from .ops_host import CompatError
+from .engine import CTensor, Operator, _axis, _const, _log_softmax, _reduce_to, _softmax, _swap_last
+from .raw import CompatError, zeros
 
 __all__ = [  # everything below: autograd re-exports it
     'Add', 'Sub', 'Mul', 'Div', 'Pow', 'add', 'sub', 'mul', 'div', 'pow', 'Matmul', 'matmul', 'AddBias',
@@ -312,7 +312,7 @@ class Slice(Operator):
         return self._view(x)
 
     def backward(self, dy):
-        dx = _zeros(*self.xmeta)
+        dx = zeros(*self.xmeta)
         _core.copy_(self._view(dx), dy)
         return dx
 

@@ -3,13 +3,13 @@
 Every loss returns a tensor of shape (1,), as SINGA's do (``tensor.to_numpy(loss)[0]`` is the value;
 ``float(loss)`` and ``loss.item()`` work too). ``backward`` takes ``dy`` as the engine passes it or, called
 directly as SINGA scripts do, None / a number (SINGA's default ``dy=1.0``).
-Bad shapes raise ``ops_host.CompatError``: a ValueError that is also the AssertionError SINGA raises.
+Bad shapes raise ``raw.CompatError``: a ValueError that is also the AssertionError SINGA raises.
 """
 from __future__ import annotations
 
 from . import _core
 from .engine import CTensor, Operator, _log_softmax
-from .ops_host import CompatError, grad_like, mask
+from .raw import CompatError, grad_like, mask
 from .tensor import Tensor
 
 __all__ = [

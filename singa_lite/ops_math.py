@@ -15,7 +15,7 @@ import numpy as np
 from . import _core
 from .engine import CTensor, Operator, _const, _reduce_to
 from .operators import Sum
-from .ops_host import from_host, grad_like, mask, to_host, zeros
+from .raw import from_host, grad_like, mask, to_host, zeros
 from .tensor import Tensor
 
 __all__ = [

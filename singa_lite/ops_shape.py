@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _core
 from .engine import CTensor, Operator, _axis, _reduce_to
-from .ops_host import CompatError, from_host, grad_like, to_host, zeros
+from .raw import CompatError, from_host, grad_like, to_host, zeros
 from .tensor import Tensor
 
 __all__ = [

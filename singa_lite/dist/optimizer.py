@@ -57,6 +57,7 @@ import numpy as np
 
 from .. import _core, autograd, tensor
 from ..opt import SGD, Optimizer
+from ..raw import to_host, zeros
 from ..tensor import Tensor
 from . import buffers, replicas
 from .accumulate import Accumulator, check_passes
@@ -76,22 +77,10 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.
 _CPU = _core.Device("cpu")
 
 
-def _host(t: CTensor, dtype=None) -> np.ndarray:
-    """t's values as a numpy array (a copy when t lives on a GPU; bfloat16, which numpy lacks, as float32)."""
-    t = t if t.device.is_cpu() else t.to(_CPU)
-    return np.asarray(t.cast(tensor.float32) if t.dtype == tensor.bfloat16 else t, dtype)
-
-
 def _on(device, a: np.ndarray) -> CTensor:
     """A tensor on `device` holding numpy array a."""
     t = CTensor.from_buffer(np.ascontiguousarray(a))
     return t if device.is_cpu() else t.to(device)
-
-
-def _zeros(shape, dtype, device) -> CTensor:
-    t = CTensor(list(shape), dtype, device)  # the raw constructor leaves memory uninitialised
-    _core.fill_(t, 0)
-    return t
 
 
 def _user_stacklevel() -> int:
@@ -109,7 +98,7 @@ def _all_finite(t: CTensor) -> bool:
     core, where max(abs(x)) took 320 us (the max reduction does not vectorise as the sum does)."""
     if t.numel == 0:
         return True
-    return math.isfinite(float(_host(_core.sum(_core.mul_scalar(t, 0.0)))))
+    return math.isfinite(float(to_host(_core.sum(_core.mul_scalar(t, 0.0)))))
 
 
 class DistOpt:
@@ -520,7 +509,7 @@ class DistOpt:
         self._require_no_accumulation("get_states")
         return {"opt": self.opt.get_states(), "partial": int(self.partial), "skipped_steps": int(self.skipped_steps),
                 "synced": bool(self._synced),
-                "residuals": {tuple(k): np.array(_host(v)) for k, v in self._residuals.items()}}
+                "residuals": {tuple(k): np.array(to_host(v)) for k, v in self._residuals.items()}}
 
     def set_states(self, states: dict) -> None:
         """Restores what get_states() returned. ``synced`` and ``skipped_steps`` may be absent (states of an
@@ -593,7 +582,7 @@ class DistOpt:
         verdicts[self.global_rank if local else 0] = 0 if all(_all_finite(r) for r in regions) else 1
         bad = _on(where, verdicts)
         self.communicator.all_reduce(bad, "max")
-        bad = _host(bad)
+        bad = to_host(bad)
         if not bad.any():
             return True
         what = (f"the gradients of rank {', '.join(map(str, np.flatnonzero(bad)))}" if local
@@ -647,7 +636,7 @@ class DistOpt:
             raise TypeError("DistOpt: the tensors of one sparse group must share one dtype and device, got "
                             + ", ".join(f"{r.dtype.name} on {r.device}" for r in raws))
         n = sum(r.numel for r in raws)
-        flat = _core.concat([r.reshape([r.numel]) for r in raws], 0) if raws else _zeros([0], dtype, where)
+        flat = _core.concat([r.reshape([r.numel]) for r in raws], 0) if raws else zeros([0], dtype, where)
         res = None
         if corr:
             res = residual.reshape([n]) if residual is not None else self._residual(tuple(names), n, dtype, where)
@@ -670,7 +659,7 @@ class DistOpt:
         device and dtype after set_states, which restores residuals on the host)."""
         res = self._residuals.get(key)
         if res is None or res.numel != n:
-            res = _zeros([n], dtype, where)
+            res = zeros([n], dtype, where)
         elif res.device != where or res.dtype != dtype:
             res = res.reshape([n]).cast(dtype).to(where) if res.device.is_cpu() else res.to(where).cast(dtype)
         self._residuals[key] = res
@@ -681,15 +670,15 @@ class DistOpt:
         pairs are all-gathered (indices as int32 when they fit), then added in rank order, so every rank
         gets the same result."""
         comm = self.communicator
-        counts = _host(comm.all_gather(_on(where, np.array([idx.numel], np.int64))))[:, 0]
+        counts = to_host(comm.all_gather(_on(where, np.array([idx.numel], np.int64))))[:, 0]
         width = max(int(counts.max()), 1)
         wire = tensor.int32 if n < 2 ** 31 else tensor.int64
-        my_idx, my_val = _zeros([width], wire, where), _zeros([width], dtype, where)
+        my_idx, my_val = zeros([width], wire, where), zeros([width], dtype, where)
         if idx.numel:
             _core.copy_(my_idx.slice(0, 0, idx.numel, 1), idx)
             _core.copy_(my_val.slice(0, 0, idx.numel, 1), vals)
         all_idx, all_val = comm.all_gather(my_idx), comm.all_gather(my_val)
-        dense = _zeros([n], dtype, where)
+        dense = zeros([n], dtype, where)
         for r in range(comm.world_size):
             c = int(counts[r])
             if c:

@@ -13,9 +13,9 @@ import warnings
 import numpy as np
 
 from .. import _core
+from ..raw import to_host
 from ..tensor import Tensor
 
-_CPU = _core.Device("cpu")
 
 
 def named_parameters(model, who: str) -> list:
@@ -76,7 +76,7 @@ def check_parameter_closeness(comm, named, rtol: float = 1e-5, atol: float = 1e-
     for name, p in named:
         ref = p.data.clone()
         comm.broadcast(ref, 0)
-        excess = _excess(_host(p.data), _host(ref), rtol, atol)
+        excess = _excess(to_host(p.data, np.float64), to_host(ref, np.float64), rtol, atol)
         if excess > worst:
             worst, worst_name = excess, name
     flags = comm.all_gather_object([worst, worst_name])
@@ -107,7 +107,3 @@ def _excess(mine: np.ndarray, theirs: np.ndarray, rtol: float, atol: float) -> f
     with np.errstate(invalid="ignore", over="ignore"):
         excess = np.abs(mine - theirs) / (atol + rtol * np.abs(theirs))
     return float(np.nan_to_num(np.where(same, 0.0, excess), nan=np.inf).max())
-
-
-def _host(t) -> np.ndarray:
-    return np.asarray(t if t.device.is_cpu() else t.to(_CPU), np.float64)

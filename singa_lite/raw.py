@@ -1,4 +1,5 @@
-"""Helpers shared by the operator modules: gradients handed to ``backward`` directly, masks, host copies.
+"""Helpers on raw tensors (``_core.Tensor``), one home for each: zero-filled tensors, host copies both ways,
+gradients handed to ``backward`` directly, masks; used by the engine, the operator modules and DistOpt.
 
 SINGA's tests and scripts call ``op.backward(dy)`` themselves, with dy possibly a Python float (SINGA's
 default ``dy=1.0``), None, or a tensor in another float dtype; :func:`grad_like` turns any of these into a
@@ -31,22 +32,42 @@ def grad_like(dy, shape, dtype, device) -> CTensor:
     return dy if dy.dtype == dtype else dy.cast(dtype)
 
 
+def pair(v, what: str, minimum: int = 0) -> tuple:
+    """An int or a pair of ints as (h, w), each >= minimum: kernel sizes, strides, paddings of the operators,
+    layers and handles. `what` names the argument (with its op) in the error: TypeError for something that is
+    not an int or a sequence of ints, ValueError for a sequence of another length or a value below minimum."""
+    def is_int(e):
+        return isinstance(e, numbers.Integral) and not isinstance(e, bool)
+
+    if is_int(v):
+        v = (v, v)
+    if not (isinstance(v, (tuple, list)) and all(is_int(e) for e in v)):
+        raise TypeError(f"{what} must be an int or a pair of ints (height, width), got {v!r}")
+    if len(v) != 2:
+        raise ValueError(f"{what} must be an int or a pair of ints (height, width), got {len(v)} values: {v!r}")
+    h, w = int(v[0]), int(v[1])
+    if h < minimum or w < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {(h, w)}")
+    return h, w
+
+
 def mask(t: CTensor, dtype) -> CTensor:
     """A bool tensor as 0 / 1 in `dtype`."""
     return t if t.dtype == dtype else t.cast(dtype)
 
 
 def zeros(shape, dtype, device) -> CTensor:
+    """A zero-filled raw tensor (the raw constructor leaves memory uninitialised)."""
     t = CTensor(list(shape), dtype, device)
     _core.fill_(t, 0.0)
     return t
 
 
-def to_host(x: CTensor) -> np.ndarray:
-    """x's values as a numpy array (a view of CPU memory; do not write to it). bfloat16, which numpy lacks,
-    comes as a float32 copy (exact)."""
+def to_host(x: CTensor, dtype=None) -> np.ndarray:
+    """x's values as a numpy array (a view of CPU memory unless a copy is needed: do not write to it), in
+    numpy `dtype` if given. A GPU tensor is copied; bfloat16, which numpy lacks, comes as float32 (exact)."""
     x = x if x.device.is_cpu() else x.to(_CPU)
-    return np.asarray(x.cast(_core.DType.float32) if x.dtype == _core.DType.bfloat16 else x)
+    return np.asarray(x.cast(_core.DType.float32) if x.dtype == _core.DType.bfloat16 else x, dtype)
 
 
 def from_host(arr, device, dtype=None) -> CTensor:

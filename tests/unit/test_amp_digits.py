@@ -12,7 +12,7 @@ from singa_lite import amp, autograd, opt, tensor
 
 
 # ---------------------------------------------------------------- the digits CNN in float16
-@pytest.mark.slow  # float16 runs ~2-4x slower than float32 on the CPU; 230 s in all with the 2 cores 6x oversubscribed
+@pytest.mark.slow  # 35 s for both runs on the 2 shared cores
 def test_digits_cnn_in_float16_reaches_the_float32_accuracy():
     pytest.importorskip("sklearn")
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
@@ -28,8 +28,9 @@ def test_digits_cnn_in_float16_reaches_the_float32_accuracy():
     def run(dtype):
         device.get_default_device().SetRandSeed(0)
         model = CNN()
-        sgd = opt.SGD(lr=0.05, momentum=0.9)
-        o = sgd if dtype == tensor.float32 else amp.MixedPrecision(sgd, amp.LossScaler(growth_interval=20))
+        # the rate decays to 0: the last iterate is settled, not one point of a noisy walk (both runs alike)
+        sgd = opt.SGD(lr=opt.LinearDecay(0.05, 0.0, STEPS), momentum=0.9)
+        o = sgd if dtype == tensor.float32 else amp.MixedPrecision(sgd)  # the default LossScaler
         rng = np.random.default_rng(0)
         autograd.training = True
         for _ in range(STEPS):
@@ -47,4 +48,4 @@ def test_digits_cnn_in_float16_reaches_the_float32_accuracy():
     assert acc16 >= acc32 - 0.01, (acc16, acc32)
 
 
-STEPS = 100  # about 2 epochs of the 1437 training digits, batch 32: both reach ~97%
+STEPS = 100  # about 2 epochs of the 1437 training digits, batch 32: seeds 0-2 gave 95.8-97.8% in float32, float16 within 0.3 points

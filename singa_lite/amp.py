@@ -33,7 +33,9 @@ How it works
   load`` store them).
 
 float32 parameters (e.g. batch norm's, or a model left in float32) work too: they are their own master and
-only get the unscaling and the overflow check. numpy has no bfloat16: bfloat16 tensors read out as float32.
+only get the unscaling and the overflow check. A half parameter changed by other means (loaded without
+these states, averaged by DistOpt's partial update, assigned by hand) is noticed at the next step (it is
+no longer its master rounded) and its master weight is taken from it again. numpy has no bfloat16: bfloat16 tensors read out as float32.
 """
 from __future__ import annotations
 
@@ -125,6 +127,16 @@ def _finite(t: _core.Tensor) -> bool:
         return True
     s = _core.sum(_core.mul_scalar(t, 0.0), None, False)
     return math.isfinite(float(np.asarray(s if s.device.is_cpu() else s.to(_core.Device("cpu"))).reshape(-1)[0]))
+
+
+def _changed_outside(master: _core.Tensor, p: _core.Tensor) -> bool:
+    """Whether the half parameter is no longer its master weight rounded: it was set by other means (loaded
+    without these states, averaged by DistOpt's partial update, assigned by hand)."""
+    if p.numel == 0:
+        return False
+    differ = _core.ne(master.cast(p.dtype), p).cast(tensor.int32)
+    n = _core.sum(differ, None, False)
+    return int(np.asarray(n if n.device.is_cpu() else n.to(_core.Device("cpu"))).reshape(-1)[0]) != 0
 
 
 class MixedPrecision(Optimizer):
@@ -243,11 +255,11 @@ class MixedPrecision(Optimizer):
             raise ValueError(f"MixedPrecision: the master weight of {name!r} has shape {tuple(m.shape)} but the "
                              f"parameter has {tuple(p.shape)}; the states loaded belong to another model, or "
                              f"two parameters share this name")
-        if m is None:  # the parameter's current (half) values, exactly
-            m = Tensor(data=p.data.cast(self.master_dtype), requires_grad=False, name=name)
-            self.masters[name] = m
-        elif m.data.device != p.data.device:
+        if m is not None and m.data.device != p.data.device:
             m = Tensor(data=m.data.to(p.data.device), requires_grad=False, name=name)
+            self.masters[name] = m
+        if m is None or _changed_outside(m.data, p.data):  # the parameter's current (half) values, exactly
+            m = Tensor(data=p.data.cast(self.master_dtype), requires_grad=False, name=name)
             self.masters[name] = m
         return m
 

@@ -225,3 +225,18 @@ def test_checkpoint_of_a_bfloat16_model(tmp_path):
         assert other[k].dtype == tensor.bfloat16
         np.testing.assert_array_equal(tensor.to_numpy(other[k]), tensor.to_numpy(params[k]))
         np.testing.assert_array_equal(tensor.to_numpy(mp2.masters[k]), tensor.to_numpy(mp.masters[k]))
+
+
+def test_a_parameter_set_by_other_means_reseeds_its_master():
+    # Loading a model (or DistOpt's partial-update averaging) writes the half parameters directly: the next
+    # step must start from those values, not write the old master weights back over them.
+    params = linear_model(tensor.float16)
+    mp = amp.MixedPrecision(opt.SGD(lr=0.1), amp.LossScaler(init_scale=1.0))
+    autograd.training = True
+    mp(loss_of(params, *batch(0)))
+    params["W"].copy_from_numpy(np.full((6, 3), 0.25, np.float32))
+    g = tensor.Tensor(data=np.ones((6, 3)), dtype=tensor.float16)
+    mp.apply("W", params["W"], g)
+    mp.step()
+    np.testing.assert_array_equal(tensor.to_numpy(params["W"]), np.float16(0.25 - 0.1))
+    np.testing.assert_array_equal(tensor.to_numpy(mp.masters["W"]), np.float32(0.25) - np.float32(0.1))

@@ -123,7 +123,31 @@ def scenario_amp_bf16_half_wire(comm, steps=10):
     return "ok"
 
 
+def scenario_amp_partial_update(comm, steps=6):
+    """backward_and_partial_update with MixedPrecision: parameter values averaged by DistOpt (not through the
+    optimizer) become the masters at the next step, so the ranks' replicas agree after average_parameters."""
+    params = half_params(0, tensor.float16)
+    mp = amp.MixedPrecision(opt.SGD(lr=0.1), amp.LossScaler(init_scale=2.0 ** 8))
+    dopt = opt.DistOpt(mp, communicator=comm)
+    per = N // comm.world_size
+    autograd.training = True
+    for step in range(steps):
+        x, y = data(step)
+        x, y = x[comm.rank * per:(comm.rank + 1) * per], y[comm.rank * per:(comm.rank + 1) * per]
+        dopt.backward_and_partial_update(half_loss(params, x, y), threshold=150)
+    dopt.average_parameters()
+    names = sorted(params)
+    masters = np.concatenate([tensor.to_numpy(mp._master(k, params[k])).reshape(-1) for k in names])
+    gathered = np.asarray(comm.all_gather(_core.Tensor.from_buffer(masters)))
+    for r in range(comm.world_size):
+        np.testing.assert_array_equal(gathered[r], gathered[0])
+    flat = np.concatenate([tensor.to_numpy(params[k]).astype(np.float32).reshape(-1) for k in names])
+    np.testing.assert_array_equal(masters, flat)  # the averaged half values, exactly
+    return "ok"
+
+
 SCENARIOS = {
+    "amp_partial": scenario_amp_partial_update,
     "all_reduce_bf16": scenario_all_reduce_bf16,
     "half_bf16": scenario_half_bf16,
     "amp_skip": scenario_amp_skip_on_every_rank,

@@ -18,6 +18,8 @@ from dist_cases import run_ranks  # noqa: E402
     ("amp_skip", 2),
     ("amp_skip", 3),
     ("amp_bf16_wire", 2),
+    ("amp_partial", 2),
+    ("amp_partial", 3),
 ])
 def test_scenario(name, world_size):
     out, _, _ = run_ranks(amp_cases.run, world_size, timeout=300, args=(name,))

@@ -333,8 +333,9 @@ _TIMER = _Timer()
 
 def _install_timer() -> None:
     """The engine's hook is set while any device profiles, and None (one global test per op) otherwise."""
-    from . import engine  # the engine imports tensor, which imports this module
-    engine._timer = _TIMER if any(d._verbosity > 0 for d in _instances.values()) else None
+    from . import engine, timeline  # the engine imports tensor, which imports this module
+    # The timeline (timeline.py), while it records, takes the hook and times around the profiler.
+    engine._timer = timeline.wrap(_TIMER if any(d._verbosity > 0 for d in _instances.values()) else None)
 
 
 def _as_bool(v, what: str) -> bool:

@@ -34,7 +34,7 @@ How backward works
 Time profiling (``Device.SetVerbosity``): while some device profiles, ``_timer`` is set and the engine calls
 ``_timer.forward(op, raw_inputs)`` / ``_timer.backward(op, dys)`` in place of ``op.forward`` /
 ``op.backward``, which times them per operator type (see ``device.py``); otherwise ``_timer`` is None and
-each operator call pays one global test.
+each operator call pays one global test. The timeline (``timeline.py``) uses the same hook while it records.
 
 Broadcasting: binary operators broadcast like numpy; their backward sums the gradient over the axes an input
 was broadcast along (``_reduce_to``: the leading axes it lacks and the axes where it has size 1).
@@ -380,3 +380,9 @@ def _log_softmax(x: CTensor, axis: int) -> CTensor:
     shifted = _core.sub(x, _core.max(x, [axis], True))
     lse = _core.log(_core.sum(_core.exp(shifted), [axis], True))
     return _core.sub(shifted, lse, out=shifted)
+
+
+# SINGA_LITE_TIMELINE=path: record from the first operator on (the timeline installs itself as _timer).
+from . import timeline as _timeline  # noqa: E402  (it needs the engine defined)
+
+_timeline._start_from_environment()

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import functools
 
-from . import autograd, model_states
+from . import autograd, model_states, timeline
 from .layer import Layer
 from .model_states import (  # noqa: F401
     AUX_STATE_TYPE,
@@ -95,6 +95,7 @@ def _training_step(fn):
             dev.RunGraph(self.sequential)
         else:
             dev._end_iteration()
+        timeline.step_end()  # a no-op when DistOpt ended the step already
         return out
 
     train_one_batch.__singa_lite_step__ = True

@@ -14,6 +14,7 @@ import base64
 import json
 import queue
 import threading
+import time
 
 import numpy as np
 
@@ -40,8 +41,12 @@ class Work:
         self._done = threading.Event()
         self._result = None
         self._error = None
+        # perf_counter() when the operation started and ended on the communication thread (the timeline
+        # draws them); None until then, and for backends that complete elsewhere.
+        self.started_at = self.finished_at = None
 
     def _finish(self, result=None, error=None):
+        self.finished_at = time.perf_counter()
         self._result, self._error = result, error
         self._done.set()
 
@@ -98,6 +103,7 @@ class _Runner:
             work, fn = self._queue.get()
             try:
                 with self.lock:
+                    work.started_at = time.perf_counter()
                     result = fn()
                 work._finish(result=result)
             except BaseException as e:  # handed to whoever waits on the work

@@ -14,8 +14,9 @@ parallel.DataParallel share one rule for when a bucket leaves.
 from __future__ import annotations
 
 import numbers
+import time
 
-from .. import _core
+from .. import _core, timeline
 
 CTensor = _core.Tensor
 DEFAULT_THRESHOLD = 2097152  # elements, SINGA's default
@@ -43,10 +44,11 @@ def check_first_bucket(first_bucket, who: str) -> int:
 
 
 class _Bucket:
-    __slots__ = ("start", "end", "members", "work", "scale")
+    __slots__ = ("start", "end", "members", "work", "scale", "trace")
 
     def __init__(self, start: int):
         self.start, self.end, self.members, self.work, self.scale = start, start, [], None, None
+        self.trace = None  # (name, launch time) while a timeline records
 
 
 class Fuser:
@@ -66,6 +68,7 @@ class Fuser:
         self._direct = []  # (work, tensor, staging or None): tensors all-reduced on their own
         self.bytes_sent = 0  # payload handed to all-reduces (per rank), for measurements
         self._threshold = self._cap = None  # the pass under way (begin .. finish); None between passes
+        self._launches = 0  # collectives launched in this pass (names them on the timeline)
 
     # ----- a pass: one backward's gradients
     def begin(self, threshold: int, first_bucket: int = 0) -> None:
@@ -78,6 +81,7 @@ class Fuser:
         threshold = check_threshold(threshold, self.buff_elems, "fusion")
         first_bucket = check_first_bucket(first_bucket, "fusion")
         self._threshold, self._cap = threshold, min(threshold, first_bucket or threshold)
+        self._launches = 0
 
     @property
     def in_pass(self) -> bool:
@@ -152,43 +156,73 @@ class Fuser:
                 continue
             region = self._buffers[d].slice(0, bucket.start, bucket.end)
             self.bytes_sent += region.nbytes
+            t0 = time.perf_counter()
             bucket.work = self.comm.all_reduce(region, self.op, async_op=True)
+            if timeline._active is not None:
+                bucket.trace = self._traced_launch("bucket", t0, region.nbytes)
             self._in_flight.append((d, bucket))
 
     def send_alone(self, t: CTensor) -> None:
         """All-reduces t by itself (a tensor larger than the fusion threshold), asynchronously."""
         wire = self.wire_dtype or t.dtype
-        if wire == t.dtype and t.is_contiguous():
-            self.bytes_sent += t.nbytes
-            self._direct.append((self.comm.all_reduce(t, self.op, async_op=True), t, None))
-            return
-        staging = CTensor(list(t.shape), wire, t.device)
-        self.bytes_sent += staging.nbytes
-        _core.copy_(staging, t)
-        self._direct.append((self.comm.all_reduce(staging, self.op, async_op=True), t, staging))
+        staging = None
+        if wire != t.dtype or not t.is_contiguous():
+            staging = CTensor(list(t.shape), wire, t.device)
+            _core.copy_(staging, t)
+        sent = t if staging is None else staging
+        self.bytes_sent += sent.nbytes
+        t0 = time.perf_counter()
+        work = self.comm.all_reduce(sent, self.op, async_op=True)
+        trace = self._traced_launch("tensor", t0, sent.nbytes) if timeline._active is not None else None
+        self._direct.append((work, t, staging, trace))
 
     # ----- unpacking
     def wait(self) -> list:
         """Sends what is still open, waits for every bucket, writes results back into the tensors. Returns
         the reduced wire-format regions (for checks such as finiteness)."""
         self.send()
+        t0 = time.perf_counter()
+        waited = len(self._in_flight) + len(self._direct)
         regions = []
         for d, bucket in self._in_flight:
             bucket.work.wait()
+            if bucket.trace is not None:
+                self._traced_end(bucket.trace, bucket.work, bucket.end - bucket.start, len(bucket.members), d)
             buf = self._buffers[d]
             for t, off, n in bucket.members:
                 self._write_back(t, buf.slice(0, off, off + n))
             regions.append(buf.slice(0, bucket.start, bucket.end))
         self._in_flight.clear()
-        for work, t, staging in self._direct:
+        for work, t, staging, trace in self._direct:
             work.wait()
+            if trace is not None:
+                self._traced_end(trace, work, t.numel, 1, (staging if staging is not None else t).dtype)
             if staging is not None:
                 self._write_back(t, staging)
             elif self.scale is not None:
                 _core.mul_scalar(t, self.scale, out=t)
             regions.append(t if staging is None else staging)
         self._direct.clear()
+        if waited:  # the time the caller blocked on the exchange (and unpacked it), for the timeline
+            timeline.record("wait", "wait", t0, {"collectives": waited})
         return regions
+
+    # ----- timeline events (only while a timeline records)
+    def _traced_launch(self, what: str, t0: float, nbytes: int):
+        rec = timeline._active
+        if rec is None:  # stopped between the test and here
+            return None
+        rec.saw_communicator(self.comm)
+        name = f"all_reduce {what} {self._launches}"
+        self._launches += 1
+        rec.add(f"send {what}", "launch", timeline.COMPUTE, t0, time.perf_counter(), {"bytes": nbytes})
+        return name, t0, nbytes
+
+    def _traced_end(self, trace, work, elems: int, tensors: int, dtype) -> None:
+        rec = timeline._active
+        if rec is not None:
+            name, launched, nbytes = trace
+            rec.bucket(name, work, launched, nbytes, elems, tensors, dtype)
 
     def _write_back(self, t: CTensor, region: CTensor) -> None:
         _core.copy_(t, region.reshape(list(t.shape)))  # casts back from the wire dtype

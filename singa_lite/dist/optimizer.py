@@ -51,11 +51,12 @@ import math
 import numbers
 import os
 import sys
+import time
 import warnings
 
 import numpy as np
 
-from .. import _core, autograd, tensor
+from .. import _core, autograd, tensor, timeline
 from ..opt import SGD, Optimizer
 from ..raw import to_host, zeros
 from ..tensor import Tensor
@@ -778,9 +779,12 @@ class PendingStep:
             if self.accumulating:
                 self._dist._accum.add(self._triples)
             elif self._finite:
+                t0 = time.perf_counter()
                 self._dist._apply(self._triples)
+                timeline.record("update", "update", t0, {"params": len(self._triples)})
         finally:
             self._close("finished")
+            timeline.step_end()
 
     def discard(self) -> None:
         """Drops the gradients; their exchange is completed first (the other ranks made it too), so the
@@ -795,6 +799,7 @@ class PendingStep:
                     self._dist.communicator.all_reduce(_on(where, np.zeros(1, np.int32)), "max")
         finally:
             self._close("discarded")
+            timeline.step_end()
 
     def _require(self, state: str, what: str) -> None:
         if self._state != state:

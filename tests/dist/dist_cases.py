@@ -194,49 +194,24 @@ def check_all(comm, big: bool = True):
 def run_ranks(fn, world_size: int, method: str = "spawn", timeout: float = 60.0, comm_timeout: float = 30.0,
               args=()):
     """Runs fn(comm, *args) on `world_size` processes that share one NcclIdHolder, as a SINGA script does.
-    Returns ({rank: ("ok", value) | ("error", type name, message)}, holder, seconds). Processes that do not
-    report within `timeout` are killed: the test fails instead of hanging."""
-    import multiprocessing as mp
-    import queue as queue_mod
-    import time
-
+    Returns ({rank: ("ok", value) | ("error", type name, message)}, holder, seconds). A rank that dies without
+    reporting is missing from the results; processes that do not report within `timeout` are killed: the test
+    fails instead of hanging (ranks.run_group)."""
+    from ranks import run_group
     from singa_lite import dist
 
-    ctx = mp.get_context(method)
     holder = dist.NcclIdHolder()
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(fn, holder, r, world_size, comm_timeout, results, args))
-             for r in range(world_size)]
-    start = time.monotonic()
-    for p in procs:
-        p.start()
-    out = {}
-    deadline = start + timeout
-    while len(out) < world_size and time.monotonic() < deadline:
-        try:
-            rank, *result = results.get(timeout=0.2)
-            out[rank] = tuple(result)
-        except queue_mod.Empty:
-            if all(not p.is_alive() for p in procs) and results.empty():
-                break
-    elapsed = time.monotonic() - start
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            p.kill()
-            p.join()
-    return out, holder, elapsed
+    group = run_group(_rank_main, range(world_size), (fn, holder, world_size, comm_timeout, args), ctx=method,
+                      timeout=timeout, strict=False, exit_grace=None, reraise=True)
+    out = {r: ("ok", value) if kind == "ok" else ("error", *value) for r, (kind, value) in group.results.items()}
+    return out, holder, group.seconds
 
 
-def _rank_main(fn, holder, rank, world_size, comm_timeout, results, args):
+def _rank_main(rank, fn, holder, world_size, comm_timeout, args):
     from singa_lite import dist
 
-    try:
-        comm = dist.init(backend="shm", holder=holder, rank=rank, world_size=world_size, timeout=comm_timeout)
-        results.put((rank, "ok", fn(comm, *args)))
-    except BaseException as e:  # reported to the test, which decides what was expected
-        results.put((rank, "error", type(e).__name__, str(e)))
-        raise
+    comm = dist.init(backend="shm", holder=holder, rank=rank, world_size=world_size, timeout=comm_timeout)
+    return fn(comm, *args)
 
 
 def scenario_collectives(comm):

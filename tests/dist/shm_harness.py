@@ -11,10 +11,9 @@ whether a test left a segment behind.
 from __future__ import annotations
 
 import itertools
-import multiprocessing as mp
 import os
-import queue
-import time
+
+from ranks import run_group
 
 SHM_DIR = "/dev/shm"
 PREFIX = f"sl_shmtest_{os.getpid()}_"
@@ -30,56 +29,19 @@ def leftovers() -> list[str]:
     return sorted(f for f in os.listdir(SHM_DIR) if f.startswith(PREFIX))
 
 
-def _entry(fn, rank, P, name, args, q):
-    try:
-        q.put((rank, "ok", fn(rank, P, name, *args)))
-    except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
-        q.put((rank, "exc", (type(e).__name__, str(e))))
+def _call(rank, fn, P, name, args):
+    return fn(rank, P, name, *args)
 
 
 def run_ranks(fn, P, *args, ranks=None, ctx="spawn", timeout=60.0, silent=(), name=None):
     """Runs fn(rank, P, name, *args) on one process per rank in `ranks` (default all P) with the
     multiprocessing context `ctx`; returns {rank: (kind, value)}, kind "ok" or "exc" (value = (exception
     type name, message)). Ranks in `silent` are expected to die without reporting: they are neither waited
-    for nor reaped until the others have reported (so a dead one stays a zombie meanwhile). Whatever is
-    still running after `timeout` seconds is killed and the test fails."""
+    for nor reaped until the others have reported (so a dead one stays a zombie meanwhile). A rank that exits
+    without reporting, or whatever is still running after `timeout` seconds, fails the test (ranks.run_group)."""
     name = name or new_name()
-    context = mp.get_context(ctx)
-    q = context.Queue()
     ranks = list(range(P)) if ranks is None else list(ranks)
-    procs = {r: context.Process(target=_entry, args=(fn, r, P, name, args, q), daemon=True) for r in ranks}
-    for p in procs.values():
-        p.start()
-    want = [r for r in ranks if r not in silent]
-    results = {}
-    deadline = time.monotonic() + timeout
-    try:
-        while any(r not in results for r in want):
-            left = deadline - time.monotonic()
-            missing = [r for r in want if r not in results]
-            assert left > 0, f"ranks {missing} did not report within {timeout} s"
-            try:
-                r, kind, value = q.get(timeout=min(left, 0.5))
-                results[r] = (kind, value)
-            except queue.Empty:
-                gone = [r for r in missing if procs[r].exitcode is not None]
-                if gone:  # give the queue a moment: a rank may have reported just before exiting
-                    try:
-                        while True:
-                            r, kind, value = q.get(timeout=1.0)
-                            results[r] = (kind, value)
-                    except queue.Empty:
-                        pass
-                    gone = [r for r in gone if r not in results]
-                    assert not gone, f"ranks {gone} exited ({[procs[r].exitcode for r in gone]}) without reporting"
-    finally:
-        for p in procs.values():
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        q.close()
-    return results
+    return run_group(_call, ranks, (fn, P, name, args), ctx=ctx, timeout=timeout, silent=silent).results
 
 
 def ok_values(results):

@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 
+from .. import timeline
 from . import HOLDER_VAR
 from .holder import NcclIdHolder
 
@@ -46,6 +47,7 @@ environment of each rank:
   LOCAL_RANK, LOCAL_WORLD_SIZE   the same on this host (singa-run starts ranks on one host)
   {BACKEND_VAR} --backend, when not auto
   {TIMEOUT_VAR} --timeout, when given
+  {timeline.ENV_VAR}     --timeline DIR: each rank writes DIR/timeline.rank<r>.json at exit
   OMP_NUM_THREADS         cores / ranks, unless already set
   PYTHONUNBUFFERED=1      with --prefix, unless already set (so lines arrive as they are printed)
 
@@ -72,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default: {BACKEND_VAR} when set, else auto)")
     p.add_argument("--timeout", type=float, metavar="SECONDS",
                    help=f"communicator timeout in the ranks (sets {TIMEOUT_VAR}; default 300)")
+    p.add_argument("--timeline", metavar="DIR",
+                   help=f"record a Chrome-trace timeline of every rank (sets {timeline.ENV_VAR}=DIR/): each "
+                        f"rank writes DIR/timeline.rank<r>.json at exit, and singa-run then merges them into "
+                        f"DIR/timeline.json, one process per rank (open it in ui.perfetto.dev)")
     p.add_argument("--prefix", action=argparse.BooleanOptionalAction, default=True,
                    help="prefix every output line with its rank")
     p.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
@@ -84,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-_TAKE_A_VALUE = {"-np", "-n", "--np", "--backend", "--timeout", "--grace"}
+_TAKE_A_VALUE = {"-np", "-n", "--np", "--backend", "--timeout", "--grace", "--timeline"}
 
 
 def parse_command_line(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:
@@ -115,6 +121,8 @@ def check_args(args) -> None:
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     if not args.grace >= 0:
         raise UsageError(f"--grace must be a number of seconds >= 0, got {args.grace}")
+    if args.timeline is not None and os.path.exists(args.timeline) and not os.path.isdir(args.timeline):
+        raise UsageError(f"--timeline wants a directory for the ranks' files, but {args.timeline!r} is a file")
     if args.module:
         top = args.target.split(".")[0]
         if not all(part.isidentifier() for part in args.target.split(".")):
@@ -145,6 +153,8 @@ def rank_environment(args, rank: int, holder_text: str, base=None) -> dict:
         env[BACKEND_VAR] = args.backend
     if args.timeout is not None:
         env[TIMEOUT_VAR] = repr(args.timeout)
+    if getattr(args, "timeline", None) is not None:  # a directory: the rank names its own file in it
+        env[timeline.ENV_VAR] = os.path.join(os.path.abspath(args.timeline), "")
     if "OMP_NUM_THREADS" not in env:  # N ranks of all cores each would oversubscribe the CPU
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         env["OMP_NUM_THREADS"] = str(max(1, cores // args.np))
@@ -252,10 +262,14 @@ class Job:
             holder = NcclIdHolder()
             if self.args.backend == "nccl" and holder.nccl_id is None:
                 raise UsageError(f"--backend nccl, but NCCL cannot be used here: {holder.nccl_error}")
+            if self.args.timeline is not None:
+                os.makedirs(self.args.timeline, exist_ok=True)
             self._start(holder.to_string())
             code = self._supervise()
             self._drain()
             self._report()
+            if self.args.timeline is not None:
+                self._merge_timelines()
             return code
         finally:
             if self._running() or self.stopping:
@@ -269,6 +283,21 @@ class Job:
                 holder._cleanup()  # the segment's name, if the ranks did not remove it (one never joined)
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+    def _merge_timelines(self) -> None:
+        """One trace of the whole job from the ranks' files (a rank stopped by a signal wrote none)."""
+        folder = self.args.timeline
+        paths = [timeline.rank_path(os.path.join(folder, ""), r) for r in range(self.args.np)]
+        found = [p for p in paths if os.path.exists(p)]
+        if not found:
+            self.say(f"no rank wrote a timeline into {folder}")
+            return
+        try:
+            out = timeline.merge(found, os.path.join(folder, "timeline.json"))
+        except ValueError as e:
+            self.say(f"could not merge the timelines: {e}")
+            return
+        self.say(f"timeline of {len(found)} of {self.args.np} rank(s): {out}")
 
     def _start(self, holder_text: str) -> None:
         cmd = command(self.args)

@@ -209,8 +209,9 @@ class _Recorder:
         does not say) to when it ended (when the waiter saw it, likewise)."""
         began = getattr(work, "started_at", None) or launched
         ended = getattr(work, "finished_at", None) or _now()
-        self.add(name, "comm", COMM, began, ended, {"bytes": nbytes, "elements": elems, "tensors": tensors,
-                                                    "dtype": str(dtype), "queued_us": _us(began - launched)})
+        self.add(name, "comm", COMM, began, ended,
+                 {"bytes": nbytes, "elements": elems, "tensors": tensors, "dtype": getattr(dtype, "name", str(dtype)),
+                  "queued_us": _us(began - launched)})
 
     def saw_communicator(self, comm) -> None:
         if self.rank is None:

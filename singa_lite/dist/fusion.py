@@ -48,7 +48,7 @@ class _Bucket:
 
     def __init__(self, start: int):
         self.start, self.end, self.members, self.work, self.scale = start, start, [], None, None
-        self.trace = None  # (name, launch time) while a timeline records
+        self.trace = None  # (name, launch time, bytes) while a timeline records
 
 
 class Fuser:

@@ -102,7 +102,57 @@ def test_buckets_on_the_comm_track(job, rank):
         assert len(updates) == 1 and waits
         assert max(w["ts"] for w in waits) <= updates[0]["ts"]  # the update follows the wait
     for e in comm:  # each collective ends after its launch; the comm thread runs them one at a time
-        assert e["dur"] > 0 and e["args"]["queued_us"] >= 0
+        assert e["dur"] > 0 and e["args"]["queued_us"] >= 0 and e["args"]["dtype"] == "float32"
     lane1 = sorted((e for e in comm if e["tid"] == 1), key=lambda e: e["ts"])
     for a, b in zip(lane1, lane1[1:]):
         assert a["ts"] + a["dur"] <= b["ts"] + 1e-3
+
+
+def _spawned_rank(rank, holder, out, queue):
+    """A rank started by multiprocessing (no RANK in the environment): the file is named after the rank of
+    the communicator DistOpt uses, which the timeline learns from the first bucket."""
+    try:
+        import numpy as np
+
+        from singa_lite import autograd, layer, opt, tensor, timeline
+
+        lin = layer.Linear(4)
+        sgd = opt.DistOpt(opt.SGD(lr=0.1), nccl_id=holder, local_rank=rank, world_size=2, timeout=60)
+        x = tensor.from_numpy(np.ones((2, 3), np.float32) * (rank + 1))
+        y = tensor.from_numpy(np.eye(4, dtype=np.float32)[[0, 1]])
+        autograd.training = True
+        timeline.start(out)
+        for _ in range(2):
+            sgd.backward_and_update(autograd.softmax_cross_entropy(lin(x), y))
+        queue.put((rank, timeline.stop()))
+        sgd.communicator.close()
+    except BaseException as e:  # reported to the test, which names the rank
+        queue.put((rank, f"error: {type(e).__name__}: {e}"))
+
+
+def test_multiprocessing_ranks_name_their_files(tmp_path):
+    import multiprocessing as mp
+
+    from singa_lite.dist import NcclIdHolder
+
+    ctx = mp.get_context("spawn")
+    holder, queue = NcclIdHolder(), ctx.Queue()
+    out = str(tmp_path / "trace.json")
+    env_rank = os.environ.pop("RANK", None)
+    try:
+        procs = [ctx.Process(target=_spawned_rank, args=(r, holder, out, queue)) for r in range(2)]
+        for p in procs:
+            p.start()
+        got = dict(queue.get(timeout=120) for _ in procs)
+        for p in procs:
+            p.join(30)
+    finally:
+        if env_rank is not None:
+            os.environ["RANK"] = env_rank
+        holder._cleanup()
+    assert got == {r: str(tmp_path / f"trace.rank{r}.json") for r in range(2)}, got
+    for r in range(2):
+        doc, evs = _events(got[r])
+        assert doc["otherData"]["rank"] == r and doc["otherData"]["world_size"] == 2
+        assert [e["name"] for e in evs if e["cat"] == "step"] == ["step 0", "step 1"]
+        assert len([e for e in evs if e["cat"] == "comm"]) >= 2

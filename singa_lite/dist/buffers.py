@@ -19,7 +19,7 @@ bit); call sync_buffers before saving to keep one set.
 from __future__ import annotations
 
 from ..tensor import Tensor
-from .replicas import describe_difference
+from .replicas import check_same_layout
 
 BUFFER_MODES = (True, False, "broadcast", "average")
 
@@ -64,13 +64,7 @@ def sync_buffers(comm, named, mode: str, root: int = 0, who: str = "sync_buffers
     """Compares the ranks' buffers (names, shapes, dtypes; ValueError on every rank with the first
     difference), then broadcasts rank root's values (mode "broadcast") or averages them (mode "average"),
     in place. Integer buffers (counters) are broadcast in both modes."""
-    mine = [[n, list(t.shape), t.dtype.name] for n, t in named]
-    every = comm.all_gather_object(mine)
-    differences = [describe_difference(every[root], other, root, r) for r, other in enumerate(every)
-                   if other != every[root]]
-    if differences:
-        raise ValueError(f"{who}: the ranks' buffers differ: " + "; ".join(differences)
-                         + ". Every rank must build the same model (same layers, in the same order)")
+    check_same_layout(comm, named, root, who, "buffers")
     for _, t in named:
         raw = t.data
         if mode == "average" and raw.dtype.name.startswith(("float", "bfloat")):

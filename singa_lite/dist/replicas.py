@@ -12,7 +12,6 @@ import warnings
 
 import numpy as np
 
-from .. import _core
 from ..raw import to_host
 from ..tensor import Tensor
 
@@ -54,16 +53,22 @@ def named_parameters(model, who: str) -> list:
     return found
 
 
-def broadcast_parameters(comm, named, root: int = 0, who: str = "broadcast_parameters") -> None:
-    """Compares the ranks' models (names, shapes, dtypes, order), raising ValueError on every rank with the
-    first difference, then copies rank `root`'s parameter values into every rank's, in place."""
-    mine = [[n, list(p.shape), p.dtype.name] for n, p in named]
+def check_same_layout(comm, named, root: int, who: str, what: str = "models") -> None:
+    """Compares the ranks' named tensors (names, shapes, dtypes, order) in one collective, raising ValueError
+    on every rank with each rank's first difference from rank `root`'s."""
+    mine = [[n, list(t.shape), t.dtype.name] for n, t in named]
     every = comm.all_gather_object(mine)
     differences = [describe_difference(every[root], other, root, r) for r, other in enumerate(every)
                    if other != every[root]]
     if differences:
-        raise ValueError(f"{who}: the ranks' models differ: " + "; ".join(differences)
+        raise ValueError(f"{who}: the ranks' {what} differ: " + "; ".join(differences)
                          + ". Every rank must build the same model (same layers, in the same order)")
+
+
+def broadcast_parameters(comm, named, root: int = 0, who: str = "broadcast_parameters") -> None:
+    """Compares the ranks' models (names, shapes, dtypes, order), raising ValueError on every rank with the
+    first difference, then copies rank `root`'s parameter values into every rank's, in place."""
+    check_same_layout(comm, named, root, who)
     for _, p in named:
         comm.broadcast(p.data, root)
 

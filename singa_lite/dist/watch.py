@@ -18,8 +18,8 @@ The first rank to end without having said either is the one that died: the watch
 the job's stderr and exits. When it wakes to several ends at once (a busy host: mpiexec had ended the
 others before the watcher ran), it tells them apart by a progress board, a memfd (no name, nothing to clean
 up) that every rank maps through /proc and where it counts the collectives it entered: the dead rank is the
-one the others had gone past, waiting for it in a later collective. It exits silently once every rank ended, when a ``reported`` rank ends, when a
-rank ends within a second of a ``done`` one (a rank that ended with ``sys.exit(code)`` says ``done`` too, and
+one the others had gone past, waiting for it in a later collective. It exits silently once every rank ended,
+when a ``reported`` rank ends, when a rank ends within a second of a ``done`` one (a rank that ended with ``sys.exit(code)`` says ``done`` too, and
 mpiexec, which reports that code itself, then ends the others), or when the PIDs cannot be watched (no
 pidfd: not Linux >= 5.3).
 """

@@ -37,7 +37,8 @@ only get the unscaling and the overflow check. A half parameter changed by other
 these states, averaged by DistOpt's partial update, assigned by hand) is noticed at the next step (it is
 no longer its master rounded) and its master weight is taken from it again.
 ``backward_and_sparse_update`` keeps its error-feedback residuals in loss-scaled units: for the step after
-the scale changes they count double (or half), a small bias; prefer a static scale (``dynamic=False``) there. numpy has no bfloat16: bfloat16 tensors read out as float32.
+the scale changes they count double (or half), a small bias; prefer a static scale (``dynamic=False``)
+there. numpy has no bfloat16: bfloat16 tensors read out as float32.
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ start(), else that of the communicator DistOpt uses, else ``RANK`` from the envi
 Cost: while off, each operator call pays the engine's one test of its profiling hook (``engine._timer``),
 the same test as without this module, and DistOpt a few per step. While on, each operator adds two clock
 reads and one list append (see docs/benchmarks.md). Memory is bounded: after ``max_events`` events (default
-1,000,000, about 150 MB; ``SINGA_LITE_TIMELINE_MAX_EVENTS``) new ones are dropped with one warning, and the
+1,000,000, about 200 MB; ``SINGA_LITE_TIMELINE_MAX_EVENTS``) new ones are dropped with one warning, and the
 file says how many (``otherData.dropped_events``). The file is written at stop() or at exit, atomically
 (a temporary file renamed into place). On a GPU, operator times are the host's: kernels run asynchronously.
 """
@@ -158,7 +158,9 @@ class _Recorder:
         self.path, self.rank, self.max_events = path, rank, max_events
         self.world_size = None
         self.inner = None  # the device's time profiler, when one is on: we time around it
-        self.events = []  # (name, cat, tid, t0, t1, args) in seconds of perf_counter()
+        # (name, cat, tid, t0, t1, args) in seconds of perf_counter(); args: a dict, or an op's type name (a
+        # shared string: an op event then costs one tuple, two floats and its name, about 200 bytes)
+        self.events = []
         self.dropped = 0
         self.steps = 0
         self.step_start = None  # perf_counter() of the open step's first operator; None between steps
@@ -180,7 +182,7 @@ class _Recorder:
         if self.step_start is None:
             self._step_begins(t0)
         out = op.forward(*raw) if self.inner is None else self.inner.forward(op, raw)
-        self.add(op.name, "forward", COMPUTE, t0, _now(), {"type": type(op).__name__})
+        self.add(op.name, "forward", COMPUTE, t0, _now(), type(op).__name__)
         return out
 
     def backward(self, op, dys):
@@ -188,7 +190,7 @@ class _Recorder:
         if self.step_start is None:
             self._step_begins(t0)
         out = op.backward(*dys) if self.inner is None else self.inner.backward(op, dys)
-        self.add(op.name, "backward", COMPUTE, t0, _now(), {"type": type(op).__name__})
+        self.add(op.name, "backward", COMPUTE, t0, _now(), type(op).__name__)
         return out
 
     def _step_begins(self, t0: float) -> None:
@@ -238,7 +240,7 @@ class _Recorder:
             ev = {"name": name, "cat": cat, "ph": "X", "pid": rank, "tid": tid, "ts": _us(t0),
                   "dur": _us(t1 - t0)}
             if args:
-                ev["args"] = args
+                ev["args"] = {"type": args} if isinstance(args, str) else args
             evs.append(ev)
         meta = [{"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}},
                 {"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}},

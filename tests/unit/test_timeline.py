@@ -173,3 +173,29 @@ def test_environment_variable_writes_at_exit(tmp_path):
     assert doc["otherData"]["rank"] == 1 and all(e["pid"] == 1 for e in evs)
     assert [e["name"] for e in evs if e["cat"] == "step"] == ["step 0", "step 1"]
     assert sorted(os.listdir(tmp_path / "out")) == ["timeline.rank1.json"]  # no temporary file left
+
+
+def test_plot_tool_draws_a_step(tmp_path):
+    """tools/plot_timeline.py (docs/benchmarks.md's picture) reads a trace and writes a PNG of one step."""
+    pytest.importorskip("matplotlib")
+    x, y = _data()
+    m = _model(x)
+    with timeline.timeline(str(tmp_path / "t.json"), rank=0) as rec:
+        for _ in range(3):
+            m(x, y)
+    tool = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "plot_timeline.py")
+    png = tmp_path / "step.png"
+    r = subprocess.run([sys.executable, tool, rec.path, "--step", "1", "-o", str(png)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = subprocess.run([sys.executable, tool, rec.path, "--step", "7", "-o", str(png)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "no step 7" in r.stderr and "0..2" in r.stderr
+
+
+def test_bad_max_events_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv(timeline.MAX_EVENTS_VAR, "lots")
+    with pytest.raises(ValueError, match="SINGA_LITE_TIMELINE_MAX_EVENTS"):
+        timeline.start(str(tmp_path / "t.json"))
+    assert not timeline.is_active()

@@ -156,3 +156,19 @@ def test_multiprocessing_ranks_name_their_files(tmp_path):
         assert doc["otherData"]["rank"] == r and doc["otherData"]["world_size"] == 2
         assert [e["name"] for e in evs if e["cat"] == "step"] == ["step 0", "step 1"]
         assert len([e for e in evs if e["cat"] == "comm"]) >= 2
+
+
+def test_singa_run_timeline_option_checks(tmp_path):
+    """--timeline names a directory (a file there is refused before anything starts); each rank gets the
+    variable that makes it write its own file there."""
+    script = tmp_path / "job.py"
+    script.write_text("pass\n")
+    taken = tmp_path / "afile"
+    taken.write_text("")
+    r = subprocess.run([sys.executable, "-m", "singa_lite.run", "-np", "2", "--timeline", str(taken), str(script)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--timeline wants a directory" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "singa_lite.run", "-np", "2", "--dry-run", "--timeline",
+                        str(tmp_path / "tl"), str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count(f"SINGA_LITE_TIMELINE={tmp_path / 'tl'}{os.sep}") == 2

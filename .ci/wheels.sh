@@ -117,9 +117,10 @@ print("the CUDA wheel pulls in", ", ".join(sorted(n for n in names if n.startswi
 EOF
   # Without NVIDIA's wheels and without a GPU: it must import, and say what is missing.
   PATH="$run_path" "$cuda_venv/bin/python" -m pip install -q --disable-pip-version-check --only-binary :all: \
-    --no-deps "$cuda_wheel"
-  PATH="$run_path" "$cuda_venv/bin/python" -m pip install -q --disable-pip-version-check --only-binary :all: \
     numpy scipy-openblas32
+  echo "installing the CUDA wheel without NVIDIA's wheels (pip names them as missing: on purpose)"
+  PATH="$run_path" "$cuda_venv/bin/python" -m pip install -q --disable-pip-version-check --only-binary :all: \
+    --no-deps "$cuda_wheel"
   cd "$run_dir"
   report="$(PATH="$run_path" "$cuda_venv/bin/python" -m singa_lite)"
   cd "$root"

@@ -77,6 +77,7 @@ def start(path, rank: int | None = None, max_events: int | None = None) -> None:
     _active = _Recorder(os.fspath(path), rank, max_events)
     _install()
     atexit.register(_stop_at_exit)
+    _at_process_exit(_active)
 
 
 def stop() -> str | None:
@@ -165,6 +166,11 @@ class _Recorder:
         self.steps = 0
         self.step_start = None  # perf_counter() of the open step's first operator; None between steps
         self.last_end = None  # perf_counter() at the end of the previous step
+
+    def restart(self) -> None:
+        """Forgets what was recorded (in a forked child) and the rank (the child has its own)."""
+        self.events, self.dropped, self.steps, self.step_start, self.last_end = [], 0, 0, None, None
+        self.rank = self.world_size = None
 
     def add(self, name, cat, tid, t0, t1, args=None) -> None:
         if len(self.events) >= self.max_events:
@@ -298,6 +304,14 @@ def wrap(profiler):
 
 
 def _stop_at_exit() -> None:
+    global _active
+    if _active is not None and not _active.events:
+        # A process that ran no step, e.g. the parent that started multiprocessing ranks: its empty file
+        # would take the name of rank 0's (it has no rank of its own) and replace it.
+        _active = None
+        _install()
+        print(f"singa_lite timeline: nothing recorded in process {os.getpid()}, no file written", file=sys.stderr)
+        return
     try:
         path = stop()
     except Exception as e:  # at exit there is nobody left to catch it: say what went wrong
@@ -305,6 +319,23 @@ def _stop_at_exit() -> None:
         return
     if path:
         print(f"singa_lite timeline: wrote {path}", file=sys.stderr)
+
+
+def _at_process_exit(rec) -> None:
+    """Writes rec's file when this process ends. A multiprocessing child ends with os._exit, which skips
+    atexit, and its start clears the exit hooks it inherited or registered while unpickling its target:
+    the hook is registered again once the child has started (register_after_fork runs in every child,
+    whatever the start method)."""
+    from multiprocessing import util
+
+    util.Finalize(None, _stop_at_exit, exitpriority=0)
+    util.register_after_fork(rec, _in_child)
+
+
+def _in_child(rec) -> None:
+    if _active is rec:
+        rec.restart()  # a forked child: the parent's events are the parent's
+        _at_process_exit(rec)
 
 
 def _start_from_environment() -> None:

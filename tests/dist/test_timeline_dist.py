@@ -172,3 +172,55 @@ def test_singa_run_timeline_option_checks(tmp_path):
                         str(tmp_path / "tl"), str(script)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.count(f"SINGA_LITE_TIMELINE={tmp_path / 'tl'}{os.sep}") == 2
+
+
+MP_JOB = textwrap.dedent("""
+    import multiprocessing as mp
+    import sys
+
+    import numpy as np
+
+    from singa_lite import autograd, layer, opt, tensor
+    from singa_lite.dist import NcclIdHolder
+
+    def rank_main(rank, holder):
+        lin = layer.Linear(4)
+        sgd = opt.DistOpt(opt.SGD(lr=0.1), nccl_id=holder, local_rank=rank, world_size=2, timeout=60)
+        x = tensor.from_numpy(np.ones((2, 3), np.float32) * (rank + 1))
+        y = tensor.from_numpy(np.eye(4, dtype=np.float32)[[0, 1]])
+        autograd.training = True
+        for _ in range(2):
+            sgd.backward_and_update(autograd.softmax_cross_entropy(lin(x), y))
+        sgd.communicator.close()
+
+    if __name__ == "__main__":
+        ctx = mp.get_context(sys.argv[1])
+        holder = NcclIdHolder()
+        procs = [ctx.Process(target=rank_main, args=(r, holder)) for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        sys.exit(max(p.exitcode for p in procs))
+""")
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_environment_variable_with_multiprocessing_ranks(tmp_path, method):
+    """SINGA_LITE_TIMELINE set for a script that starts its ranks with multiprocessing (SINGA's seed
+    pattern): each rank writes its own file although multiprocessing children skip atexit, and the parent,
+    which ran no step, does not replace rank 0's file with an empty one."""
+    script = tmp_path / "mp_job.py"
+    script.write_text(MP_JOB)
+    out = tmp_path / "tl"
+    env = dict(os.environ, SINGA_LITE_TIMELINE=str(out) + os.sep)
+    env.pop("RANK", None)
+    r = subprocess.run([sys.executable, str(script), method], env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(out)) == ["timeline.rank0.json", "timeline.rank1.json"]
+    for rank in range(2):
+        doc, evs = _events(out / f"timeline.rank{rank}.json")
+        assert doc["otherData"]["rank"] == rank
+        assert [e["name"] for e in evs if e["cat"] == "step"] == ["step 0", "step 1"]
+        assert len([e for e in evs if e["cat"] == "comm"]) >= 2

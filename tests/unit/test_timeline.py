@@ -199,3 +199,17 @@ def test_bad_max_events_variable(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="SINGA_LITE_TIMELINE_MAX_EVENTS"):
         timeline.start(str(tmp_path / "t.json"))
     assert not timeline.is_active()
+
+
+def test_a_process_that_recorded_nothing_writes_no_file(tmp_path):
+    """The parent of multiprocessing ranks inherits SINGA_LITE_TIMELINE but runs no op: at exit it must not
+    write an empty file under rank 0's name (it would replace the real rank 0's)."""
+    out = tmp_path / "trace.json"
+    (tmp_path / "trace.rank0.json").write_text("rank 0's")
+    env = dict(os.environ, SINGA_LITE_TIMELINE=str(out))
+    env.pop("RANK", None)
+    r = subprocess.run([sys.executable, "-c", "import singa_lite"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "nothing recorded" in r.stderr
+    assert (tmp_path / "trace.rank0.json").read_text() == "rank 0's"

@@ -26,7 +26,9 @@ monotonic clock, so the files of ranks on one host line up):
 
 The path: ``.rank{r}`` is inserted before the extension (``trace.json`` -> ``trace.rank0.json``); a path that
 is a directory (or ends with ``/``) gets ``timeline.rank{r}.json`` inside. The rank is the one given to
-start(), else that of the communicator DistOpt uses, else ``RANK`` from the environment, else 0.
+start(), else that of the communicator DistOpt uses, else ``RANK`` from the environment, else 0. Ranks that
+a script starts with multiprocessing (fork or spawn) inherit the variable and write their own files; a
+process that recorded nothing (the parent that started them) writes none at exit.
 
 Cost: while off, each operator call pays the engine's one test of its profiling hook (``engine._timer``),
 the same test as without this module, and DistOpt a few per step. While on, each operator adds two clock

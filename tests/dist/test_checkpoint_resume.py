@@ -1,7 +1,7 @@
 """A resumed run continues bit for bit as an uninterrupted one: 2 ranks, every DistOpt method (plain, half,
 partial, sparse top-K and threshold), under mpiexec (mpi backend), singa-run and Python multiprocessing
 (shm backend). For each
-launcher three jobs run tests/dist/ckpt_job.py: the whole run, the first part ending in a checkpoint, and
+launcher three jobs run tests/dist/jobs/ckpt_job.py: the whole run, the first part ending in a checkpoint, and
 the rest in new processes from that checkpoint; every subprocess has a hard time limit."""
 import glob
 import os
@@ -14,9 +14,11 @@ import pytest
 
 from singa_lite import _core
 
+from paths import JOBS, job  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-JOB = os.path.join(HERE, "ckpt_job.py")
-sys.path.insert(0, HERE)
+JOB = job("ckpt_job.py")
+sys.path.insert(0, JOBS)  # the job's model and settings, shared with the test
 from ckpt_job import BATCH, METHODS, STOP, Net  # noqa: E402
 
 from singa_lite import checkpoint, opt, tensor  # noqa: E402

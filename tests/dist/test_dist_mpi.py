@@ -1,5 +1,5 @@
 """The mpi backend under a real ``mpiexec`` (the MPICH wheel's), 1 to 3 ranks: every collective and the
-failure paths. Each case runs tests/dist/mpi_job.py in a fresh MPI job with a hard time limit."""
+failure paths. Each case runs tests/dist/jobs/mpi_job.py in a fresh MPI job with a hard time limit."""
 import os
 import shutil
 import subprocess
@@ -11,7 +11,9 @@ import pytest
 pytest.importorskip("mpi4py", reason="the mpi backend tests need mpi4py and an MPI library: pip install "
                                      "'singa_lite[mpi]'")
 
-JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_job.py")
+from paths import job  # noqa: E402
+
+JOB = job("mpi_job.py")
 
 
 def mpiexec() -> str:
@@ -41,7 +43,7 @@ def test_every_collective(n):
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_distopt(n):
     # equivalence with one process on the whole batch (SGD, Adam, small buckets), half, sparse, partial,
-    # first-step synchronisation and the model check: tests/dist/distopt_cases.py
+    # first-step synchronisation and the model check: tests/dist/helpers/distopt_cases.py
     proc, _ = run_job(n, "distopt", limit=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out

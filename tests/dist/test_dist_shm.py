@@ -68,7 +68,7 @@ def test_mismatched_sizes_are_reported_on_every_rank():
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_distopt_on_shm(world_size):
-    # the same DistOpt checks as under mpiexec (tests/dist/distopt_cases.py), on the shm backend
+    # the same DistOpt checks as under mpiexec (tests/dist/helpers/distopt_cases.py), on the shm backend
     out, holder, _ = run_ranks(scenario_distopt, world_size, timeout=240)
     for r in range(world_size):
         assert out[r][0] == "ok" and "equivalence_sgd" in out[r][1] and "buckets_leave_during_backward" in out[r][1], out

@@ -5,7 +5,7 @@ under each launcher: singa-run, mpiexec and seed 001's multiprocessing pattern. 
 watcher) and no shared-memory segment (ours or MPICH's) left behind. A NaN gradient on one rank must skip the
 step on every rank, or raise on every rank, in every DistOpt mode: never on some ranks only.
 
-Each drill is tests/dist/drill_job.py in a fresh job, under a hard time limit."""
+Each drill is tests/dist/jobs/drill_job.py in a fresh job, under a hard time limit."""
 import ast
 import glob
 import os
@@ -18,10 +18,11 @@ import pytest
 
 from singa_lite import _core
 
+from paths import job
 from procs import processes_running, survivors
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-JOB = os.path.join(HERE, "drill_job.py")
+JOB = job("drill_job.py")
 LIMIT_S = 10.0  # the issue's bound for the surviving ranks; the whole job, start-up included, must fit in it
 # Variables of an enclosing launcher must not leak into the drills.
 CLEAN = {k: v for k, v in os.environ.items()

@@ -2,7 +2,6 @@
 every mismatch of kind, op, dtype or count raises ValueError on every rank, naming what each rank called
 (before, small calls were checked only with verify=True: rank 0's all_reduce of ten float32 against rank 1's
 barrier returned -1.6e29 and exited 0; float32 against float64 returned 2.875)."""
-import os
 import re
 import subprocess
 import sys
@@ -11,7 +10,9 @@ import pytest
 
 from test_dist_mpi import mpiexec
 
-JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_mismatch_job.py")
+from paths import job
+
+JOB = job("mpi_mismatch_job.py")
 RANK0 = "rank 0 called all_reduce of 10 float32 elements, op sum"
 RANK1 = {
     "barrier": "rank 1 called barrier",

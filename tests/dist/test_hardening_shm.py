@@ -24,13 +24,13 @@ from singa_lite import _core, dist
 from singa_lite.dist import holder as holder_mod
 from singa_lite.dist.shm import ShmCommunicator
 
+from paths import job
 from procs import survivors
 
 pytestmark = pytest.mark.skipif(not hasattr(_core, "ShmComm") or not os.path.isdir("/dev/shm"),
                                 reason="needs the shm backend and /dev/shm")
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second uid (65534 'nobody')")
-HERE = os.path.dirname(os.path.abspath(__file__))
 CLEAN = {k: v for k, v in os.environ.items()
          if k not in ("SINGA_LITE_HOLDER", "SINGA_LITE_COMM_BACKEND", "SINGA_LITE_COMM_TIMEOUT", "RANK",
                       "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
@@ -202,7 +202,7 @@ def _children(pid):
 @pytest.mark.parametrize("point", ["at_start", "holder_made", "rank0_in_rendezvous", "both_joined"])
 def test_singa_run_killed_at_any_point_of_start_up_leaves_no_segment(point, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "singa_lite.run", "-np", "2", "--timeout", "60",
-                             os.path.join(HERE, "hardening_job.py"), "5"], cwd=tmp_path, env=CLEAN,
+                             job("hardening_job.py"), "5"], cwd=tmp_path, env=CLEAN,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     ranks = []
     try:
@@ -226,7 +226,7 @@ def test_singa_run_killed_at_any_point_of_start_up_leaves_no_segment(point, tmp_
 
 @pytest.mark.parametrize("point", ["rank0_in_rendezvous", "both_joined"])
 def test_a_killed_multiprocessing_job_leaves_no_segment(point, tmp_path):
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "hardening_job.py"), "--mp", "5"], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, job("hardening_job.py"), "--mp", "5"], cwd=tmp_path,
                             env=CLEAN, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             start_new_session=True)
     everyone = [proc.pid]

@@ -14,12 +14,12 @@ import pytest
 
 from singa_lite import _core, dist
 
+from paths import HELPERS
 from procs import survivors
 
 pytestmark = pytest.mark.skipif(not hasattr(_core, "ShmComm"), reason="this build has no shm backend")
 
 RUN = [sys.executable, "-m", "singa_lite.run"]
-HERE = os.path.dirname(os.path.abspath(__file__))
 # Variables of an enclosing launcher (or of singa-run itself, should the tests run under it) must not leak in.
 CLEAN = {k: v for k, v in os.environ.items()
          if k not in ("SINGA_LITE_HOLDER", "SINGA_LITE_COMM_BACKEND", "SINGA_LITE_COMM_TIMEOUT", "RANK",
@@ -169,7 +169,7 @@ def test_ranks_find_each_other_from_the_environment(scripts, n):
 
 
 def test_distopt_from_the_environment(scripts):
-    r = launch(["-np", "3", "distopt.py", HERE], scripts)
+    r = launch(["-np", "3", "distopt.py", HELPERS], scripts)
     assert r.returncode == 0, r.err
     for rank in range(3):
         assert r.lines(r.out, rank)[-2:] == [

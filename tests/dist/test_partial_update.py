@@ -1,4 +1,4 @@
-"""DistOpt.backward_and_partial_update on 2 ranks under mpiexec (tests/dist/partial_job.py): a model within
+"""DistOpt.backward_and_partial_update on 2 ranks under mpiexec (tests/dist/jobs/partial_job.py): a model within
 one partition is averaged whole at every call (equal to the fused gradient average to rounding, as SINGA's
 examples show: the same losses for partialUpdate as for plain), and several partitions are averaged one per
 call, round robin, numbered as SINGA numbers them."""
@@ -11,7 +11,9 @@ import pytest
 
 pytest.importorskip("mpi4py", reason="needs mpi4py and an MPI library: pip install 'singa_lite[mpi]'")
 
-JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "partial_job.py")
+from paths import job  # noqa: E402
+
+JOB = job("partial_job.py")
 
 
 def test_partial_update_partitions():

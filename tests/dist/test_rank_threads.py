@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "threads_job.py")
+from paths import job
+
+JOB = job("threads_job.py")
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
 pytestmark = pytest.mark.skipif(CORES < 2, reason="needs 2+ cores (with one, every rank gets 1 thread anyway)")

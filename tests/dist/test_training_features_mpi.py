@@ -10,7 +10,9 @@ pytest.importorskip("mpi4py", reason="the mpi backend tests need mpi4py and an M
 
 from test_dist_mpi import mpiexec  # noqa: E402
 
-JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "training_job.py")
+from paths import job  # noqa: E402
+
+JOB = job("training_job.py")
 
 
 @pytest.mark.parametrize("n", [2, 3])

@@ -4,7 +4,7 @@ test_training_features_mpi.py under ``mpiexec -n N``: ``python training_job.py [
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers"))
 
 from singa_lite import dist  # noqa: E402
 

@@ -3,7 +3,7 @@ AssertionError on a wrong result. Values depend on the rank and the position (so
 wrong-rank bug cannot pass) and are small integers, exact in every dtype, so the expected results are
 closed forms computed in numpy.
 
-Used by tests/dist/mpi_job.py (under mpiexec) and tests/dist/test_dist_shm.py (multiprocessing workers).
+Used by tests/dist/jobs/mpi_job.py (under mpiexec) and tests/dist/test_dist_shm.py (multiprocessing workers).
 """
 from __future__ import annotations
 

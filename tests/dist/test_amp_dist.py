@@ -1,5 +1,5 @@
 """bfloat16 on the wire and mixed precision (amp.MixedPrecision) under DistOpt, on 2 and 3 shm ranks started
-by multiprocessing. Scenarios live in amp_cases.py."""
+by multiprocessing. Scenarios live in helpers/amp_cases.py."""
 import pytest
 
 from singa_lite import _core

@@ -1,5 +1,4 @@
 """bfloat16 and mixed precision on the mpi backend under a real mpiexec, 2 and 3 ranks (amp_mpi_job.py)."""
-import os
 import subprocess
 import sys
 
@@ -8,9 +7,10 @@ import pytest
 pytest.importorskip("mpi4py", reason="the mpi backend tests need mpi4py and an MPI library: pip install "
                                      "'singa_lite[mpi]'")
 
+from paths import job  # noqa: E402
 from test_dist_mpi import mpiexec  # noqa: E402
 
-JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "amp_mpi_job.py")
+JOB = job("amp_mpi_job.py")
 
 
 @pytest.mark.parametrize("n", [2, 3])

@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers"))
 
 from singa_lite import _core, tensor  # noqa: E402
 from singa_lite.dist.mpi import MpiCommunicator  # noqa: E402

@@ -16,6 +16,18 @@ from paths import job  # noqa: E402
 JOB = job("mpi_job.py")
 
 
+def run_job_under_mpiexec(name: str, n: int, timeout: float) -> str:
+    """Runs jobs/<name> on n ranks under mpiexec; asserts it exited 0 and every rank printed "OK rank r"."""
+    from paths import job
+
+    proc = subprocess.run([mpiexec(), "-n", str(n), sys.executable, job(name)], capture_output=True, text=True,
+                          timeout=timeout)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert all(f"OK rank {r}" in out for r in range(n)), out
+    return out
+
+
 def mpiexec() -> str:
     # The one next to this interpreter first: mpi4py's wheel talks to the MPICH wheel installed with it.
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")

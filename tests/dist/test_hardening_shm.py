@@ -25,7 +25,7 @@ from singa_lite.dist import holder as holder_mod
 from singa_lite.dist.shm import ShmCommunicator
 
 from paths import job
-from procs import survivors
+from procs import fork_as, survivors
 
 pytestmark = pytest.mark.skipif(not hasattr(_core, "ShmComm") or not os.path.isdir("/dev/shm"),
                                 reason="needs the shm backend and /dev/shm")
@@ -34,23 +34,6 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as 
 CLEAN = {k: v for k, v in os.environ.items()
          if k not in ("SINGA_LITE_HOLDER", "SINGA_LITE_COMM_BACKEND", "SINGA_LITE_COMM_TIMEOUT", "RANK",
                       "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-
-
-def fork_as(uid, fn) -> int:
-    """Runs fn() in a forked child as `uid` (None: ours) and returns the child's pid; the child reports on fd
-    `w` of fn's choosing and exits 0 when fn returns."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            if uid is not None:
-                os.setgid(uid)
-                os.setuid(uid)
-            fn()
-            code = 0
-        finally:
-            os._exit(code)
-    return pid
 
 
 def wait_for(predicate, seconds=30.0):

@@ -13,6 +13,8 @@ import pytest
 
 from singa_lite.dist import watch
 
+from procs import fork_as
+
 pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="the watcher needs pidfd (Linux >= 5.3)")
 NOBODY = 65534
 
@@ -21,18 +23,11 @@ def send_as(uid, name: str, text: str) -> int:
     """Sends `text` to the abstract socket `name` from a forked child running as `uid` (None: ours); the
     child's exit status: 0 once the message was delivered."""
     import socket
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            if uid is not None:
-                os.setgid(uid)
-                os.setuid(uid)
-            socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(text.encode(), b"\0" + name.encode())
-            code = 0
-        finally:
-            os._exit(code)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+    def send():
+        socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(text.encode(), b"\0" + name.encode())
+
+    return os.waitstatus_to_exitcode(os.waitpid(fork_as(uid, send), 0)[1])
 
 
 def run_watch(sender_uid):

@@ -1,5 +1,5 @@
-"""Process checks shared by the launcher and failure-drill tests: is a rank still alive, and waiting (bounded)
-for the processes of a finished job to be gone."""
+"""Process checks shared by the launcher, failure-drill and hardening tests: is a rank still alive, waiting
+(bounded) for the processes of a finished job to be gone, and running a function as another user."""
 import os
 import time
 
@@ -32,3 +32,20 @@ def processes_running(marker: bytes) -> list:
         except OSError:
             pass
     return found
+
+
+def fork_as(uid, fn) -> int:
+    """Runs fn() in a forked child as `uid` (None: ours; a uid needs root) and returns the child's pid; the
+    child exits 0 when fn returns, 1 when it raised. The hardening tests use it for another local user."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            if uid is not None:
+                os.setgid(uid)
+                os.setuid(uid)
+            fn()
+            code = 0
+        finally:
+            os._exit(code)
+    return pid

@@ -60,7 +60,7 @@ def main():
              "singa nocheck": dist.init(backend="mpi", verify=False)}
     if not args.no_shm and hasattr(_core, "ShmComm"):
         name = dist.broadcast_bytes(dist.NcclIdHolder().shm_name.encode() if rank == 0 else None).decode()
-        from singa_lite.dist.shm import ShmCommunicator
+        from singa_lite.comm.shm import ShmCommunicator
         impls["singa shm"] = ShmCommunicator(name, rank, P)
     if rank == 0:
         print(f"all-reduce, float32 sum, {P} ranks, {MPI.Get_library_version().splitlines()[0].strip()}; "

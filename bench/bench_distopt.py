@@ -97,7 +97,7 @@ def main():
 
     if ARGS.backend == "shm":
         name = dist.broadcast_bytes(dist.NcclIdHolder().shm_name.encode() if rank == 0 else None).decode()
-        from singa_lite.dist.shm import ShmCommunicator
+        from singa_lite.comm.shm import ShmCommunicator
         comm = ShmCommunicator(name, rank, P)
     else:
         comm = dist.init(backend="mpi")

@@ -8,7 +8,7 @@ the hook-based wrapper (seed 003's MyDP), with a replica check every --check-eve
     mpiexec -n 2 python examples/mlp_ddp.py --mode hooks --launcher mpi
 
 Every step takes one global batch of --batch-size rows; each of the P ranks trains on its contiguous
-1/P of it (singa_lite.ddp.partition_dataset), so P ranks follow the single-process run step for step (up to
+1/P of it (singa_lite.parallel.ddp.partition_dataset), so P ranks follow the single-process run step for step (up to
 rounding): the printed losses can be compared across modes. The data are generated identically on every
 rank (scikit-learn's make_classification with a fixed random state), as the seed does.
 """
@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import dist_training  # noqa: E402
 
-from singa_lite import autograd, ddp, device, layer, opt, parallel, tensor  # noqa: E402
+from singa_lite import autograd, device, layer, opt, parallel, tensor  # noqa: E402
+from singa_lite.parallel import ddp
 
 
 class MLP(layer.Layer):

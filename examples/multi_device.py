@@ -6,7 +6,7 @@
     python examples/multi_device.py --device cuda --replicas 2 --allreduce host   # sum through the host
 
 The seed's LeNet (conv 20@3x3, avg-pool, conv 50@5x5, avg-pool, fc 128, fc 10), written as a function of
-a parameter list. The parameters are replicated on every device (singa_lite.multi_device.replicate); each
+a parameter list. The parameters are replicated on every device (singa_lite.parallel.multi_device.replicate); each
 batch is split across the replicas (split_and_load: sizes may differ by one), every replica runs forward
 and backward on its part, the gradients are summed into the first replica and copied back (all_reduce),
 and every replica applies the same SGD step, so the replicas stay identical: checked after every epoch.
@@ -39,7 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from train_cnn import load_digits, load_mnist  # noqa: E402
 
-from singa_lite import CudaError, autograd, device, multi_device, opt, tensor  # noqa: E402
+from singa_lite import CudaError, autograd, device, opt, tensor  # noqa: E402
+from singa_lite.parallel import multi_device
 from singa_lite.dist import CommError  # noqa: E402
 
 

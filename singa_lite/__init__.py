@@ -67,7 +67,7 @@ def build_info() -> dict:
     """What this build compiled in (BLAS, CUDA, cuDNN, NCCL, with versions) and what the runtime sees."""
     info = _core.build_info()
     info["version"] = __version__
-    from .dist import nccl
+    from .comm import nccl
 
     ok = nccl.available()
     info["nccl"] = {"compiled": nccl.compiled(), "version": nccl.version() if ok else None,

@@ -252,7 +252,7 @@ def _check_header(fpath: str, header, expect: dict) -> None:
 # ---------------------------------------------------------------- what is saved
 def _parts(optimizer):
     """(DistOpt or None, the plain Optimizer or None, the communicator or None)."""
-    from .dist.optimizer import DistOpt
+    from .parallel.dist_opt import DistOpt
 
     inner = getattr(optimizer, "dist_opt", None)  # ddp.DistributedOptimizer wraps a DistOpt
     if isinstance(inner, DistOpt):

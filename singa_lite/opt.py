@@ -612,9 +612,9 @@ class Adam(Optimizer):
 
 
 def __getattr__(name):
-    # DistOpt lives with the communication layer (singa_lite/dist/optimizer.py), which imports this module;
+    # DistOpt lives with the data-parallel wrappers (singa_lite/parallel/dist_opt.py), which imports this module;
     # it is loaded on first use so that `opt.DistOpt` works as in SINGA without an import cycle.
     if name == "DistOpt":
-        from .dist.optimizer import DistOpt
+        from .parallel.dist_opt import DistOpt
         return DistOpt
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -29,8 +29,8 @@ from ._wrap_handles import (BatchNormHandle, ConvHandle, CpuBatchNormBackwardx, 
                             CpuConvForward, CpuPoolingBackward, CpuPoolingForward, PoolingHandle)
 from ._wrap_ops import *  # noqa: F401,F403 - SINGA's function names, listed in _wrap_ops.__all__
 from ._wrap_ops import __all__ as _OPS
-from .dist import nccl as _nccl
-from .dist.holder import NcclIdHolder
+from .comm import nccl as _nccl
+from .comm.holder import NcclIdHolder
 
 USE_CUDA = bool(_core.cuda_compiled())
 USE_DIST = True  # the mpi and shm backends are always built; nccl needs a CUDA build with NCCL

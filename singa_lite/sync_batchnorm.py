@@ -9,7 +9,7 @@ gives the global mean and (biased) variance, and the running statistics are upda
 variance made unbiased with the global count), so every rank's running statistics are the same. Backward
 all-reduces the per-channel sums of dy and dy * xhat, so dx is the gradient through the global statistics;
 scale and bias get this rank's own gradients, which the data-parallel exchange then averages. P ranks x n
-examples train as one process x P*n examples with BatchNorm2d (tests/dist/test_training_features.py).
+examples train as one process x P*n examples with BatchNorm2d (tests/multiproc/test_training_features.py).
 
 Evaluation mode uses the running statistics, with no communication. Every rank must run the same forward and
 backward passes (each training forward and backward of the layer is a collective).
@@ -121,7 +121,7 @@ class SyncBatchNorm2d(BatchNorm2d):
     def _comm(self):
         if self.communicator is not None:
             return self.communicator
-        from . import ddp
+        from .parallel import ddp
 
         if ddp._state["comm"] is not None:
             return ddp._state["comm"]

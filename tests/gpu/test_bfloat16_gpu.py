@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from singa_lite import _core, device, dist, tensor
-from singa_lite.dist import nccl
+from singa_lite.comm import nccl
 
 pytestmark = pytest.mark.gpu
 

@@ -12,8 +12,9 @@ import sys
 import numpy as np
 import pytest
 
-from singa_lite import _core, device, multi_device, tensor
-from singa_lite.dist import CommError, nccl
+from singa_lite import _core, device, tensor
+from singa_lite.parallel import multi_device
+from singa_lite.comm import CommError, nccl
 
 pytestmark = pytest.mark.gpu
 

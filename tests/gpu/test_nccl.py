@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from singa_lite import _core, autograd, device, dist, opt, tensor
-from singa_lite.dist import nccl
+from singa_lite.comm import nccl
 
 pytestmark = pytest.mark.gpu
 

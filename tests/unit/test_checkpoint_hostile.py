@@ -100,7 +100,7 @@ def peak_of(prep: str, run: str) -> tuple:
         "import sys, tracemalloc",
         "import numpy as np",
         "from singa_lite import autograd, checkpoint, layer, model, tensor",
-        "import singa_lite.dist.optimizer  # imported by load on first use: not the load's own memory",
+        "import singa_lite.parallel.dist_opt  # imported by load on first use: not the load's own memory",
         prep,
         "tracemalloc.start()",
         "try:",

@@ -174,16 +174,41 @@ def test_autograd_is_a_facade_over_the_layers():
 
 
 def test_the_former_cycles_are_one_way():
-    # opt <-> dist.optimizer and dist.holder <-> dist.nccl were cycles through imports inside functions; the
+    # opt <-> DistOpt's module and holder <-> nccl were cycles through imports inside functions; the
     # dependency now runs one way at import time (opt.DistOpt resolves through the module's __getattr__)
     graph = singa_lite_graph()
-    assert "singa_lite.opt" in graph["singa_lite.dist.optimizer"]
-    assert "singa_lite.dist.optimizer" not in graph["singa_lite.opt"]
-    assert "singa_lite.dist.nccl" in graph["singa_lite.dist.holder"]
-    assert "singa_lite.dist.holder" not in graph["singa_lite.dist.nccl"]
-    tree = ast.parse((PACKAGE_DIR / "dist" / "nccl.py").read_text())
+    assert "singa_lite.opt" in graph["singa_lite.parallel.dist_opt"]
+    assert "singa_lite.parallel.dist_opt" not in graph["singa_lite.opt"]
+    assert "singa_lite.comm.nccl" in graph["singa_lite.comm.holder"]
+    assert "singa_lite.comm.holder" not in graph["singa_lite.comm.nccl"]
+    tree = ast.parse((PACKAGE_DIR / "comm" / "nccl.py").read_text())
     lazy = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "holder"]
-    assert not lazy, f"dist/nccl.py imports holder again (line {lazy}); holder imports nccl"
+    assert not lazy, f"comm/nccl.py imports holder again (line {lazy}); holder imports nccl"
+
+
+def _every_import(path: pathlib.Path) -> list:
+    """(line, module text) of every import statement in the file, function bodies included."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            found.append((node.lineno, "." * node.level + (node.module or "")
+                          + ":" + ",".join(a.name for a in node.names)))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+    return found
+
+
+def test_the_communication_layer_sits_below_the_data_parallel_wrappers():
+    # comm/ (communicators, backends, bootstraps, launcher) knows nothing of parallel/ (DistOpt, ddp, the
+    # wrappers), not even inside a function; parallel/ uses comm; dist is only comm's façade
+    for path in sorted((PACKAGE_DIR / "comm").glob("*.py")):
+        bad = [(line, text) for line, text in _every_import(path) if "parallel" in text or "dist_opt" in text]
+        assert not bad, f"comm/{path.name} imports the data-parallel layer: {bad}"
+    graph = singa_lite_graph()
+    assert "singa_lite.comm" in graph["singa_lite.dist"]
+    assert not {m for m in graph["singa_lite.dist"] if m.startswith("singa_lite.parallel")}
+    assert "singa_lite.comm.communicator" in graph["singa_lite.parallel.dist_opt"]
+    assert not (PACKAGE_DIR / "dist").exists(), "a folder named dist is where packaging tools write wheels"
 
 
 def test_the_cycle_finder_on_a_small_package(tmp_path):

@@ -4,7 +4,8 @@ tests/gpu/test_multi_device_nccl.py)."""
 import numpy as np
 import pytest
 
-from singa_lite import autograd, device, multi_device, tensor
+from singa_lite import autograd, device, tensor
+from singa_lite.parallel import multi_device
 from singa_lite.tensor import Tensor
 
 CPU = device.create_cpu_device()

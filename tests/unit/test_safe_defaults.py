@@ -1,7 +1,7 @@
 """Safe defaults (issue 8): nothing in the package loads a pickle from disk or network (except the CIFAR-10
 reader's restricted unpickler, which builds only plain data), the holder keeps NCCL's bootstrap on loopback,
 and the launcher opens no listening socket at all (its ranks find each other through an owner-only
-shared-memory segment, tested in tests/dist/test_shm_core.py)."""
+shared-memory segment, tested in tests/multiproc/test_shm_core.py)."""
 import ast
 import os
 import pathlib
@@ -10,7 +10,7 @@ import pytest
 
 import singa_lite
 from singa_lite import dist
-from singa_lite.dist import holder as holder_module
+from singa_lite.comm import holder as holder_module
 
 PACKAGE = pathlib.Path(singa_lite.__file__).parent
 SOURCES = sorted(PACKAGE.rglob("*.py"))
@@ -50,7 +50,7 @@ def test_no_unrestricted_unpickling_and_no_listening_socket(path):
 
 def test_the_watcher_socket_is_abstract():
     # watch.py binds a datagram socket in Linux's abstract namespace: no file, nothing reachable off the host
-    from singa_lite.dist import watch
+    from singa_lite.comm import watch
     assert watch.socket_name(123).startswith(b"\0")
 
 

@@ -1,0 +1,175 @@
+"""Distributed communication: one Communicator interface, three backends, two bootstraps.
+
+==================================  ======================  ====================================
+launched by                         CPU tensors             GPU tensors
+==================================  ======================  ====================================
+``mpiexec`` (any number of hosts)   ``mpi`` (mpi4py)        ``nccl``, id broadcast over MPI
+multiprocessing / singa-run +       ``shm`` (C++ shared     ``nccl``, id carried by the holder
+``NcclIdHolder`` (one host)         memory)
+==================================  ======================  ====================================
+
+``init()`` picks the backend: ``backend=`` if given, else ``SINGA_LITE_COMM_BACKEND``, else from the
+situation: ``nccl`` when the default device is a GPU (``device.set_default_device``); otherwise CPU
+tensors: a holder -> shm; started by mpiexec -> mpi; neither -> mpi as a one-process job when mpi4py is
+installed, else shm with one rank. Scripts that create their GPU after the optimizer (as SINGA's examples
+do) pass ``backend="nccl"`` or set ``SINGA_LITE_COMM_BACKEND=nccl`` (``singa-run --backend nccl``).
+
+Under ``singa-run`` (singa_lite/comm/launcher.py) a plain ``init()`` (and so ``DistOpt(sgd)``) finds the
+launcher's holder in ``SINGA_LITE_HOLDER`` and its rank in ``RANK`` / ``WORLD_SIZE``. Only
+``SINGA_LITE_HOLDER`` marks a singa-run rank: a ``RANK`` left by another launcher alone changes nothing.
+The launcher's holder serves one rendezvous, so the first such call creates the rank's communicator and
+later ones return it (``comm = dist.init()`` and ``opt.DistOpt(sgd)`` in one script share it).
+
+CPU threads: ranks started by mpiexec or multiprocessing would each run the CPU kernels on every core of the
+host (OpenMP's default), so N ranks oversubscribe it N times and OpenMP's spinning barriers stall whenever a
+thread is descheduled (SINGA's examples/cnn, 2 ranks on 2 busy cores: 25 s instead of 4.6 s). So ``init()``
+gives each rank ``cores // ranks on this host`` threads (at least 1), as singa-run does, unless
+OMP_NUM_THREADS is set, device.set_num_threads() chose another count, or the launcher bound the rank to a
+subset of its own cores (its choice then stands).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator, Work
+from .holder import NcclIdHolder
+from .mpi import broadcast_bytes, launched_by_mpiexec
+
+BACKENDS = ("mpi", "shm", "nccl")
+HOLDER_VAR = "SINGA_LITE_HOLDER"  # set by singa-run: the holder's to_string()
+_launched = None  # the communicator a singa-run rank made from its environment
+
+__all__ = ["init", "Communicator", "CommError", "NcclIdHolder", "Work", "broadcast_bytes", "BACKENDS",
+           "REDUCE_OPS", "DTYPES", "DEFAULT_TIMEOUT", "default_timeout", "launched_by_singa_run", "from_launcher"]
+
+
+def default_timeout() -> float:
+    """SINGA_LITE_COMM_TIMEOUT (seconds) when set, else 300."""
+    raw = os.environ.get("SINGA_LITE_COMM_TIMEOUT")
+    if raw is None:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"SINGA_LITE_COMM_TIMEOUT must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+def launched_by_singa_run() -> bool:
+    """Was this process started as a rank by singa-run (SINGA_LITE_HOLDER set)?"""
+    return bool(os.environ.get(HOLDER_VAR))
+
+
+def from_launcher() -> tuple[NcclIdHolder, int, int] | None:
+    """(holder, rank, world_size) of a rank started by singa-run, from its environment; None otherwise."""
+    if not launched_by_singa_run():
+        return None
+    holder = NcclIdHolder.from_string(os.environ[HOLDER_VAR])
+    values = {}
+    for name in ("RANK", "WORLD_SIZE"):
+        raw = os.environ.get(name)
+        try:
+            values[name] = int(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"{HOLDER_VAR} is set (a singa-run rank), so {name} must be an integer, got "
+                             f"{raw!r}; start the script with singa-run, or unset {HOLDER_VAR}") from None
+    rank, world_size = values["RANK"], values["WORLD_SIZE"]
+    if not 0 <= rank < world_size:
+        raise ValueError(f"singa-run environment: need 0 <= RANK < WORLD_SIZE, got RANK={rank}, "
+                         f"WORLD_SIZE={world_size}")
+    return holder, rank, world_size
+
+
+def init(backend: str | None = None, holder: NcclIdHolder | None = None, rank: int | None = None,
+         world_size: int | None = None, timeout: float | None = None, **options) -> Communicator:
+    """A communicator for this process.
+
+    backend: "mpi", "shm" or "nccl" (default: see the module docstring). holder, rank, world_size: the
+    multiprocessing bootstrap (every rank passes the parent's holder, its rank and the world size); under
+    singa-run, when none of the three is given, they come from the environment (see from_launcher), and
+    the communicator the first such call made is returned by the later ones.
+    timeout: seconds before a stuck operation raises CommError (default SINGA_LITE_COMM_TIMEOUT or 300).
+    options: backend-specific (shm: slot_bytes; mpi: comm, an mpi4py communicator to use instead of
+    COMM_WORLD; nccl: device, the GPU (default: the default device when it is a GPU, else cuda:<local
+    rank>), and comm, an mpi4py communicator to bootstrap from).
+    """
+    global _launched
+    launched = holder is None and rank is None and world_size is None and from_launcher()
+    if not launched:
+        return _share_cores(_create(backend, holder, rank, world_size, timeout, options))
+    if _launched is None:
+        _launched = _share_cores(_create(backend, *launched, timeout, options, launched=True))
+    elif _launched.closed:
+        raise CommError("this singa-run rank's communicator was closed, and the launcher's holder serves one "
+                        "rendezvous: keep the communicator open while the rank needs one")
+    elif backend not in (None, _launched.backend):
+        raise ValueError(f"this singa-run rank already has a {_launched.backend!r} communicator (from an earlier "
+                         f"init() or DistOpt), so it cannot make a {backend!r} one; use singa-run --backend")
+    return _launched
+
+
+def _create(backend, holder, rank, world_size, timeout, options, launched=False) -> Communicator:
+    timeout = default_timeout() if timeout is None else timeout
+    chosen = backend or os.environ.get("SINGA_LITE_COMM_BACKEND") or _auto_backend(holder)
+    if chosen not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {chosen!r}"
+                         + ("" if backend else " (from SINGA_LITE_COMM_BACKEND)"))
+    if launched and chosen == "mpi":
+        raise ValueError("backend 'mpi' takes its ranks from mpiexec, but this process is a singa-run rank "
+                         f"({HOLDER_VAR} is set): use backend 'shm' (CPU tensors) or 'nccl' (GPU tensors), "
+                         "e.g. singa-run --backend shm")
+    if chosen == "nccl":
+        from .nccl import create
+
+        return create(holder=holder, rank=rank, world_size=world_size, timeout=timeout, **options)
+    if chosen == "mpi":
+        if holder is not None:
+            raise ValueError("backend 'mpi' takes its ranks from mpiexec; a NcclIdHolder is for processes "
+                             "started by multiprocessing (backend 'shm' or 'nccl')")
+        from .mpi import MpiCommunicator
+        return MpiCommunicator(timeout=timeout, **options)
+    from .shm import ShmCommunicator
+    if holder is None:
+        if world_size not in (None, 1):
+            raise ValueError(f"backend 'shm' with world_size={world_size} needs the parent's NcclIdHolder: "
+                             f"create one before starting the processes and pass it with holder=")
+        holder, rank, world_size = NcclIdHolder(), 0, 1
+    if rank is None or world_size is None:
+        raise ValueError("backend 'shm' needs rank= and world_size= with the holder (e.g. the gpu_num and "
+                         "gpu_per_node your launcher passes)")
+    if not isinstance(holder, NcclIdHolder):
+        raise TypeError(f"holder must be a NcclIdHolder, got {type(holder).__name__}")
+    # A fresh name per use: a name seen in /dev/shm during an earlier rendezvous may have been re-created.
+    return ShmCommunicator(holder.take_shm_name(), rank, world_size, timeout=timeout, **options)
+
+
+def _share_cores(comm: Communicator) -> Communicator:
+    """Gives this rank its share of the host's cores for the CPU kernels (see the module docstring)."""
+    if comm.local_size < 2 or "OMP_NUM_THREADS" in os.environ or not hasattr(os, "sched_getaffinity"):
+        return comm
+    from .. import _core
+
+    mine = len(os.sched_getaffinity(0))
+    try:  # the launcher's own cores (mpiexec's proxy, the script of multiprocessing ranks; a container's set)
+        launcher = len(os.sched_getaffinity(os.getppid()))
+    except OSError:
+        launcher = os.cpu_count() or mine
+    if mine < launcher or _core.get_num_threads() != mine:
+        return comm  # bound to some cores by the launcher, or a count chosen by the user: theirs stands
+    _core.set_num_threads(max(1, mine // comm.local_size))
+    return comm
+
+
+def _auto_backend(holder) -> str:
+    from ..device import get_default_device
+
+    if get_default_device().is_cuda():
+        return "nccl"  # the user chose a GPU: its tensors need the GPU backend
+    if holder is not None:
+        return "shm"
+    if launched_by_mpiexec():
+        return "mpi"
+    return "mpi" if importlib.util.find_spec("mpi4py") is not None else "shm"

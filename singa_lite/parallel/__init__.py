@@ -1,0 +1,19 @@
+"""Data parallelism over a communicator (singa_lite.comm): one wrapper per way users write a training loop.
+
+- ``DistOpt`` (dist_opt.py): SINGA's distributed optimizer, also ``opt.DistOpt``; its two-phase step
+  (``backward`` -> ``PendingStep``) is public.
+- ``ddp`` (ddp.py): the Needle / seed-000 module API (``ddp.init``, ``ddp.DistributedOptimizer``, ...).
+- ``DataParallel`` (data_parallel.py): a model wrapper driven by gradient hooks (also seed 003's name, ``MyDP``).
+- ``multi_device`` (multi_device.py): several devices driven by one process.
+
+What they share, one home each: fusion.py (the buckets and their all-reduces), replicas.py (comparing and
+broadcasting the ranks' parameters), accumulate.py (gradient accumulation), join.py (uneven inputs) and
+buffers.py (batch-norm statistics).
+"""
+from __future__ import annotations
+
+from . import ddp, multi_device
+from .data_parallel import DataParallel, MyDP
+from .dist_opt import DistOpt, PendingStep
+
+__all__ = ["DistOpt", "PendingStep", "DataParallel", "MyDP", "ddp", "multi_device"]

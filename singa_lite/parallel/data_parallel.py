@@ -1,0 +1,169 @@
+"""A data-parallel model wrapper driven by gradient hooks (seed 003, exercise 4: ``MyDP``).
+
+    rank, device = ddp.init()            # or a communicator from dist.init
+    model = parallel.DataParallel(model)  # rank 0's weights on every rank; one hook per parameter
+    sgd = opt.SGD(lr=0.1)                 # any optimizer: nothing distributed about it
+    for x, y in loader:                   # this rank's share of each batch (ddp.partition_dataset)
+        loss = loss_fn(model(x), y)
+        sgd(loss)                         # gradients reach sgd averaged over the ranks
+
+Construction broadcasts rank 0's parameter values (after comparing the ranks' models) and registers a
+gradient hook on every parameter. In each backward pass, as soon as a parameter's gradient is final the
+hook copies it into a fusion buffer (parallel/fusion.Fuser, shared with DistOpt): small gradients are packed
+together, a bucket's asynchronous all-reduce ("avg") starts as soon as it is full, and a gradient larger
+than the threshold goes alone, so the exchange overlaps the rest of the backward pass. The hook hands the
+autograd engine a pending gradient; the engine yields the pairs after the pass, once the exchange has been
+waited for, so whatever consumes ``autograd.backward`` -- an optimizer, ``autograd.gradients``, a loop of
+the user's -- only ever sees averaged gradients ("wait before the optimizer step").
+
+Every rank must run the same backward passes (same model, same loss): the hooks issue one collective per
+bucket in the order gradients become final, which is then the same on every rank. Do not combine with
+DistOpt, which averages the gradients again.
+
+Clipping by the global norm works on what backward yields, since those gradients are already averaged and
+the same on every rank (clip.py)::
+
+    pairs = list(autograd.backward(loss))
+    opt.clip_grad_norm(pairs, max_norm=1.0)
+    for p, g in pairs:
+        sgd.apply(p.name, p, g)
+    sgd.step()
+
+Gradient accumulation, buffers and uneven inputs are DistOpt's (``backward_passes_per_step``, ``no_sync``,
+``sync_buffers``, ``join``): this wrapper exchanges at every backward pass.
+"""
+from __future__ import annotations
+
+from . import fusion, replicas
+from .fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD, Fuser
+
+__all__ = ["DataParallel", "MyDP"]
+
+
+class DataParallel:
+    """Wraps `model` for data-parallel training (seed 003's ``MyDP``; PyTorch's DDP in spirit).
+
+    model: a Layer / Model, or a plain class whose attributes are layers (seed 001's ``CNN``); its parameters
+    must exist (layers that infer their input size create them on their first call: run one forward pass or
+    ``model.compile([x])`` first). communicator: default the one of ``ddp.init`` (joined with its defaults if
+    needed). buffSize, threshold, first_bucket: as DistOpt (fusion buffer elements; a gradient above threshold
+    is sent alone; a pass's first bucket leaves at first_bucket elements). root: the rank whose weights every
+    rank starts from.
+
+    Calling the wrapper calls the model; ``forward`` calls ``model.forward``; other attributes are the
+    model's (``get_params``, ``train``, ``save_states``...). ``check_parameter_closeness()`` is seed 003's
+    check; ``remove_hooks()`` turns the wrapper off.
+    """
+
+    def __init__(self, model, communicator=None, *, buffSize: int = 4194304, threshold: int = DEFAULT_THRESHOLD,
+                 first_bucket: int = DEFAULT_FIRST_BUCKET, root: int = 0):
+        from . import ddp
+
+        if isinstance(buffSize, bool) or not isinstance(buffSize, int) or buffSize < 1:
+            raise ValueError(f"DataParallel: buffSize must be an int >= 1, got {buffSize!r}")
+        threshold = fusion.check_threshold(threshold, buffSize, "DataParallel")
+        first_bucket = fusion.check_first_bucket(first_bucket, "DataParallel")
+        if communicator is None:
+            ddp.init()  # joins the group with its defaults, or returns the one already joined
+            communicator = ddp.communicator()
+        lazy = _uninitialized_layers(model)
+        if lazy:
+            raise ValueError(f"DataParallel: {', '.join(lazy)} create their parameters on their first call, so they "
+                             f"do not exist yet; run one forward pass (or model.compile([x])) before wrapping, or "
+                             f"give the layers their input sizes")
+        object.__setattr__(self, "model", model)
+        self.communicator = communicator
+        self.threshold, self.first_bucket = int(threshold), int(first_bucket)
+        named, seen = [], set()
+        for name, p in replicas.named_parameters(model, "DataParallel"):
+            if id(p) not in seen:  # a parameter shared by two layers is exchanged once
+                seen.add(id(p))
+                named.append((name, p))
+        self._named = named
+        replicas.broadcast_parameters(communicator, named, root, who="DataParallel")
+        self._fuser = Fuser(communicator, int(buffSize), op="avg")  # a pass per backward: begin at its first hook
+        self._handles = [p.register_hook(self._hook) for _, p in named]
+
+    # ----- the model's face
+    @property
+    def module(self):
+        """The wrapped model (PyTorch's name; ``model`` is seed 003's)."""
+        return self.model
+
+    def __call__(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        return self.model.forward(*args, **kwargs)
+
+    def __getattr__(self, name):
+        if name == "model":  # not set yet (a failed __init__): no recursion
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+    def __repr__(self):
+        return (f"DataParallel({type(self.model).__name__}, {len(self._named)} parameters, rank "
+                f"{self.communicator.rank} of {self.communicator.world_size})")
+
+    # ----- replicas
+    def check_parameter_closeness(self, rtol: float = 1e-5, atol: float = 1e-8) -> bool:
+        """True when every rank's parameters equal rank 0's within atol + rtol * |rank 0's|; otherwise a
+        RuntimeWarning names the worst parameter, and False. The same answer on every rank."""
+        return replicas.check_parameter_closeness(self.communicator, self._named, rtol, atol,
+                                                  who="DataParallel.check_parameter_closeness")
+
+    def remove_hooks(self) -> None:
+        """Unregisters the hooks (after completing an exchange in progress): gradients stay local."""
+        self._finish()
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    # ----- the exchange
+    def _hook(self, grad):
+        """A gradient is final: queue it for the averaged all-reduce; the engine waits before yielding it."""
+        if not self._fuser.in_pass:  # the first gradient of a backward pass
+            self._fuser.begin(self.threshold, self.first_bucket)
+        self._fuser.push(grad.data)
+        return _Averaged(self, grad)
+
+    def _finish(self) -> None:
+        """Sends the open bucket and waits for every bucket; results are written back into the gradients."""
+        if self._fuser.in_pass:
+            self._fuser.finish()
+
+
+class _Averaged:
+    """A gradient whose all-reduce is under way; ``wait()`` returns it averaged over the ranks."""
+
+    __slots__ = ("dp", "grad")
+
+    def __init__(self, dp: DataParallel, grad):
+        self.dp, self.grad = dp, grad
+
+    def wait(self):
+        self.dp._finish()  # the first wait of a pass completes the whole exchange; later ones return at once
+        return self.grad
+
+
+MyDP = DataParallel  # seed 003's name
+
+
+def _uninitialized_layers(model) -> list:
+    """Attribute paths of the model's layers that create parameters on their first call and have not been
+    called yet."""
+    from ..layer import Layer
+
+    if isinstance(model, Layer):
+        stack = [("", model)]
+    elif hasattr(model, "__dict__") and not isinstance(model, (dict, list, tuple)):
+        stack = [(k, v) for k, v in vars(model).items() if isinstance(v, Layer)]
+    else:
+        stack = []
+    lazy = []
+    while stack:
+        path, layer = stack.pop()
+        if not layer._initialized and type(layer).initialize is not Layer.initialize:
+            lazy.append(f"{path or 'the model'} ({type(layer).__name__})")
+        stack.extend((f"{path}.{k}" if path else k, sub) for k, sub in layer._layers.items())
+    return sorted(lazy)

@@ -1,0 +1,126 @@
+"""Uneven inputs: ``with dist_opt.join():`` lets ranks whose data ran out keep answering the collectives of
+the ranks that still train, so the job ends cleanly instead of hanging or failing in a collective
+(PyTorch DDP's ``join()``, Horovod's ``hvd.join()``)::
+
+    sgd = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9))
+    with sgd.join():
+        for x, y in my_shard:                 # ranks may have different numbers of batches
+            sgd.backward_and_update(loss_fn(model(x), y))
+    # every rank gets here once all of them are out of data
+
+Inside the block, every exchanging pass begins with one vote (an all-reduce of one int32: 1 for a rank that
+trains). A rank that leaves the block keeps voting 0 and, for each pass the others make, sends zeros in the
+buckets of its own last exchanging pass (same sizes, same order: same model, same threshold), takes part in
+the vote on finiteness and applies the same averaged gradients with its optimizer, so its parameters and
+optimizer state stay those of the others. When a vote counts 0, every rank has left and all leave together.
+
+Averaging: the gradients are divided by the number of ranks that contributed to that pass (the mean over the
+batches that exist), not by the world size: ``join(divide_by_initial_world_size=True)`` divides by the world
+size instead (PyTorch DDP's default there; joined ranks then count as zero gradients).
+
+Limits: every rank must enter the block and make at least one exchanging pass in it before running out (its
+buckets are what it repeats), and use one threshold for all passes; backward_and_update, _half and the
+two-phase step are followed (gradient accumulation too: only exchanging passes vote); the partial and sparse
+updates and the low-level calls (all_reduce...) are refused or not followed inside the block. Other
+collectives the training ranks make (SyncBatchNorm2d, sync_buffers, a metric's all-reduce) are not answered:
+keep them outside the block or make them on every rank.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from .. import _core, tensor
+
+CTensor = _core.Tensor
+_CPU = _core.Device("cpu")
+
+
+class Join:
+    """The context ``DistOpt.join()`` returns; see the module."""
+
+    def __init__(self, dist_opt, divide_by_initial_world_size: bool = False):
+        self._dist = dist_opt
+        self.divide_by_initial_world_size = bool(divide_by_initial_world_size)
+        self.layout = None  # (threshold, first_bucket, half, device, [(shape, dtype)]) of the last exchange
+        self.shadowed = 0  # passes this rank answered with zeros after leaving the block
+        self._zeros = None  # (name, param, zero gradient) made from layout
+        self._key = None  # layout with parameters by identity, to tell when it changed
+
+    def __enter__(self):
+        d = self._dist
+        if d._join is not None:
+            raise RuntimeError("DistOpt.join: already inside a join() block of this DistOpt; they do not nest")
+        d._require_no_open_step("join")
+        d._join = self
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if exc_type is None:
+                self._answer_until_all_left()
+        finally:
+            self._dist._join = None
+        return False
+
+    # ----- the training ranks' side
+    def vote(self, training: bool) -> int:
+        """One all-reduce: how many ranks still train (this one counts if `training`)."""
+        comm = self._dist.communicator
+        where = getattr(getattr(comm, "device", None), "core", None) or _CPU
+        flag = CTensor.from_buffer(np.array([1 if training else 0], np.int32))
+        flag = flag if where.is_cpu() else flag.to(where)
+        comm.all_reduce(flag, "sum")
+        return int(np.asarray(flag if flag.device.is_cpu() else flag.to(_CPU))[0])
+
+    def record(self, threshold: int, first_bucket: int, half: bool, triples) -> None:
+        """Remembers the buckets of an exchanging pass (what a rank out of data repeats with zeros) and the
+        parameters they update."""
+        members = [(name, p, list(g.data.shape), g.data.dtype) for name, p, g in triples]
+        where = triples[0][2].data.device if triples else _CPU
+        key = (threshold, first_bucket, half, where, [(n, id(p), shape, dt) for n, p, shape, dt in members])
+        if key != self._key:  # a new layout: the zero gradients are made again at the next answer
+            self._key, self._zeros = key, None
+            self.layout = (threshold, first_bucket, half, where, members)
+
+    def factor(self, contributors: int) -> float | None:
+        """What the averaged gradients are multiplied by (the fused exchange divides by the world size), or
+        None for nothing."""
+        world = self._dist.world_size
+        if self.divide_by_initial_world_size or contributors in (0, world):
+            return None
+        return world / contributors
+
+    # ----- the side of a rank out of data
+    def _answer_until_all_left(self) -> None:
+        """Each pass the others make: zeros into the same buckets, then the same update with the average
+        they get (so this replica and its optimizer state stay the same as theirs), until all have left."""
+        from .dist_opt import PendingStep
+
+        d = self._dist
+        if not d._accum.empty:
+            warnings.warn(f"DistOpt.join: rank {d.global_rank} left the join() block with {d._accum.passes} "
+                          f"accumulated backward pass(es) not exchanged; they are dropped (end the block after "
+                          f"an updating pass)", RuntimeWarning, stacklevel=3)
+            d._accum.clear()
+        while True:
+            contributors = self.vote(False)
+            if contributors == 0:
+                return
+            if self.layout is None:
+                raise RuntimeError(f"DistOpt.join: rank {d.global_rank} left the join() block before making any "
+                                   f"exchanging pass in it, so it does not know the buckets to answer with; give "
+                                   f"every rank at least one batch (the others will time out)")
+            threshold, first_bucket, half, where, members = self.layout
+            if self._zeros is None:
+                self._zeros = [(name, p, tensor.Tensor(data=CTensor(shape, dtype, where), requires_grad=False))
+                               for name, p, shape, dtype in members]
+            fuser = d._fuser(tensor.float16 if half is True else (half or None))  # half: a bool or the wire dtype
+            fuser.begin(threshold, first_bucket)
+            for _, _, z in self._zeros:
+                _core.fill_(z.data, 0)  # the last answer left the average in them
+                fuser.push(z.data)
+            d._pending = PendingStep(d, fuser, list(self._zeros), self.factor(contributors))
+            d._pending.finish()  # the averaged gradients, the finiteness vote, the update
+            self.shadowed += 1

@@ -51,6 +51,12 @@ and whatever else happens to: each rank hashes its model states and its optimize
 whose hash differs from rank 0's (batch-norm statistics of its own batches; parameters and momenta
 between partial updates) keeps that part in its own file too. So loading on N ranks restores each rank.
 
+Buffers (batch norm's running statistics). The shared file holds one model whose buffers are what
+``DistOpt.sync_buffers`` would give: rank 0's (``broadcast_buffers=True``, the default, and ``False``) or the
+ranks' mean (``"average"``). Every rank whose buffers differ from those keeps its own in its file, so the
+same job resumes bit for bit, while a resharded load (another number of ranks, one process included) gets
+the one model. Saving changes no rank's live buffers.
+
 Format: every file is written atomically (:func:`atomic_write`: a temporary file, fsync, rename, fsync of
 the directory; owner-only permissions). A ``.slckpt`` is a zip of ``header.json`` (magic, format
 version, rank, token), ``state.json`` (the state as JSON, arrays referenced as ``{"$array": k, "dtype":
@@ -282,6 +288,36 @@ def _replicated(model, dist_states, plain) -> dict:
     return parts
 
 
+def _averages_buffers(dist, comm) -> bool:
+    """Does the checkpoint's one model take the mean of the ranks' buffers (DistOpt broadcast_buffers="average")
+    rather than rank 0's (True) or, with False, rank 0's too (each rank keeps its own in its file anyway)?"""
+    return dist is not None and comm is not None and comm.world_size > 1 and dist.broadcast_buffers == "average"
+
+
+def _float_buffers(model, replicated) -> dict | None:
+    """{name: array} of the model's floating-point buffers (batch norm's running statistics), as saved."""
+    if model is None or "model" not in replicated:
+        return None
+    from .parallel.buffers import named_buffers
+
+    state = replicated["model"][0]
+    names = [n for n, _ in named_buffers(model, "checkpoint.save")]
+    # as JSON-able values: objects cross the communicator as JSON, never pickle
+    return {n: {"dtype": state[n].dtype.str, "shape": list(state[n].shape), "data": state[n].tobytes()}
+            for n in names if n in state and state[n].dtype.kind == "f"}
+
+
+def _mean_buffers(per_rank: list) -> dict:
+    """The ranks' mean of each buffer (as _float_buffers sent it), summed in rank order in float64: the same
+    bits on every rank."""
+    def array(b):
+        return np.frombuffer(b["data"], np.dtype(b["dtype"])).reshape(b["shape"])
+
+    first = per_rank[0] or {}
+    return {n: (sum(array(b[n]).astype(np.float64) for b in per_rank) / len(per_rank)).astype(first[n]["dtype"])
+            for n in first}
+
+
 def _own(dist_states, sampler, rng, position) -> dict:
     """The parts that belong to one rank."""
     own = {"generators": {str(d): list(d.get_rng_state()) for d in _devices()}}
@@ -363,18 +399,24 @@ def _save(path, model, optimizer, sampler, rng, extra, position, communicator, l
             arrays = []
             replicated[name] = (state, _digest(_encode(state, arrays, name), arrays))
         own = _own(dist_states, sampler, rng, position)
-        first = {"token": secrets.token_hex(8), "digests": {k: d for k, (_, d) in replicated.items()}}
+        first = {"token": secrets.token_hex(8), "digests": {k: d for k, (_, d) in replicated.items()},
+                 "buffers": _float_buffers(model, replicated) if _averages_buffers(dist, comm) else None}
     except Exception as e:
         error = _failure(comm, e, "save", path)
     firsts = _gather(comm, first, error, "save", path)
     token, digests0 = firsts[0]["token"], firsts[0]["digests"]
     entry, mine = None, []
     try:  # phase 2: write this rank's files (rank 0: the shared one too), each atomically
+        common = {k: state for k, (state, _) in replicated.items()}  # rank 0's: what the shared file holds
+        if first["buffers"] is not None:  # the model with the ranks' mean buffers, the same on every rank
+            common["model"] = {**replicated["model"][0], **_mean_buffers([f["buffers"] for f in firsts])}
+            arrays = []
+            digests0 = {**digests0, "model": _digest(_encode(common["model"], arrays, "model"), arrays)}
         differs = sorted(k for k, (_, d) in replicated.items() if d != digests0.get(k))
         own.update({f"own_{k}": replicated[k][0] for k in differs})
         files = []
         if rank == 0:
-            shared = {**{k: state for k, (state, _) in replicated.items()}, "extra": extra}
+            shared = {**common, "extra": extra}
             files.append(("shared", f"shared.{token}.slckpt",
                           _pack({"kind": "shared", "token": token, "world_size": world}, shared)))
         files.append(("rank", f"rank-{rank:05d}.{token}.slckpt",

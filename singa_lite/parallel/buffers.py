@@ -13,8 +13,9 @@ SINGA's examples do); call it yourself before evaluating or saving a model built
     sgd.sync_buffers(model)        # every rank: the same running statistics
     model.eval()
 
-Checkpoints (singa_lite.checkpoint) keep each rank's own buffers on purpose (a resumed job continues bit for
-bit); call sync_buffers before saving to keep one set.
+Checkpoints (singa_lite.checkpoint) hold one model with the buffers this mode gives (rank 0's, or the
+ranks' mean), and each rank's own besides: a job resumed on the same ranks continues bit for bit, a
+resharded load gets the one model. Saving does not change the live buffers.
 """
 from __future__ import annotations
 

@@ -117,7 +117,8 @@ class DistOpt:
     passes (``no_sync()`` defers the exchange by hand); average_accumulated=True divides the gathered sum by
     the number of passes, so a mean-reduced loss needs no 1/k (False sums them: divide the loss by k).
     broadcast_buffers: what ``sync_buffers(model)`` (called by Model.eval()) does with batch norm's running
-    statistics: True, rank 0's to every rank; "average", their mean; False, nothing (parallel/buffers.py).
+    statistics: True, rank 0's to every rank; "average", their mean; False, nothing (parallel/buffers.py);
+    also which buffers a checkpoint's one model gets (rank 0's, or with "average" the mean; singa_lite.checkpoint).
     Gradient accumulation (parallel/accumulate.py)::
 
         sgd = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), backward_passes_per_step=4)

@@ -21,6 +21,8 @@ from dist_cases import run_ranks  # noqa: E402
     ("sync_batchnorm", 3),
     ("sync_buffers", 2),
     ("sync_buffers", 3),
+    ("buffers_at_checkpoint", 2),
+    ("buffers_at_checkpoint", 3),
     ("join", 2),
     ("join", 3),
     ("join_ddp_and_accumulation", 2),

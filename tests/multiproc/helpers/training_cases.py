@@ -375,6 +375,62 @@ def scenario_sync_buffers(comm):
     return "ok"
 
 
+def scenario_buffers_at_checkpoint(comm):
+    # A checkpoint holds one model whose buffers are what sync_buffers would give (rank 0's, or the ranks'
+    # mean with "average"), and every rank's own buffers besides: the same job resumes bit for bit, a
+    # resharded load (here: one process) gets the one model. Saving changes no rank's live buffers.
+    import shutil
+    import tempfile
+
+    from singa_lite import checkpoint, layer, model as model_mod
+
+    class Net(model_mod.Model):
+        def __init__(self):
+            super().__init__()
+            self.bn = layer.BatchNorm2d(BN_C)
+
+        def forward(self, x):
+            return self.bn(x)
+
+    def buffers(net):
+        return {"mean": tensor.to_numpy(net.bn.running_mean).copy(), "var": tensor.to_numpy(net.bn.running_var).copy()}
+
+    path = comm.broadcast_object(tempfile.mkdtemp(prefix="sl_bufckpt_") if comm.rank == 0 else None, 0)
+    try:
+        for how in (True, "average", False):
+            net = Net()
+            dopt = opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, broadcast_buffers=how)
+            net.set_optimizer(dopt)
+            net.train()
+            net.forward(tensor.from_numpy(bn_data(comm.rank)[0]))  # each rank's own running statistics
+            mine = buffers(net)
+            every = {k: tensor.to_numpy(comm.all_gather(tensor.from_numpy(v))) for k, v in mine.items()}
+            checkpoint.save(path, net, dopt)
+            for k, v in buffers(net).items():
+                assert np.array_equal(v, mine[k]), f"save changed the live buffer {k} ({how})"
+            again = Net()
+            again.forward(tensor.from_numpy(bn_data(0)[0]))  # creates the states
+            checkpoint.load(path, again, opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, broadcast_buffers=how))
+            for k, v in buffers(again).items():  # the same number of ranks: each rank's own, bit for bit
+                assert np.array_equal(v, mine[k]), f"rank {comm.rank}'s {k} not restored exactly ({how})"
+            comm.barrier()
+            if comm.rank == 0:  # the checkpoint's one model, loaded by one process
+                single = Net()
+                single.forward(tensor.from_numpy(bn_data(0)[0]))
+                checkpoint.load(path, single, reshard=True)
+                for k, v in buffers(single).items():
+                    want = every[k].mean(0) if how == "average" else every[k][0]
+                    np.testing.assert_allclose(v, want, rtol=1e-6, atol=1e-7, err_msg=f"{how} {k}")
+                    if how == "average":
+                        assert not np.array_equal(v, every[k][0]), f"{k}: rank 0's, not the mean"
+            comm.barrier()
+    finally:
+        comm.barrier()
+        if comm.rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+    return "ok"
+
+
 # ---------------------------------------------------------------- uneven inputs: join
 def shard_grads(params, rank: int, world: int, step: int) -> dict:
     x, y = data(step)
@@ -492,6 +548,7 @@ SCENARIOS = {
     "clip_grad_norm": scenario_clip_grad_norm,
     "sync_batchnorm": scenario_sync_batchnorm,
     "sync_buffers": scenario_sync_buffers,
+    "buffers_at_checkpoint": scenario_buffers_at_checkpoint,
     "join": scenario_join,
     "join_ddp_and_accumulation": scenario_join_ddp_and_accumulation,
 }

@@ -1,4 +1,4 @@
-"""Distributed communication: one Communicator interface, three backends, two bootstraps.
+"""Distributed communication: one Communicator interface, its backends, and the bootstraps that start them.
 
 ==================================  ======================  ====================================
 launched by                         CPU tensors             GPU tensors
@@ -6,19 +6,29 @@ launched by                         CPU tensors             GPU tensors
 ``mpiexec`` (any number of hosts)   ``mpi`` (mpi4py)        ``nccl``, id broadcast over MPI
 multiprocessing / singa-run +       ``shm`` (C++ shared     ``nccl``, id carried by the holder
 ``NcclIdHolder`` (one host)         memory)
+torchrun, Kubernetes, Slurm's       ``shm`` (one host) or   ``nccl``, id shared through the TCP
+srun, singa-run --hostfile          ``tcp`` (several)       store at MASTER_ADDR:MASTER_PORT
+(``init_method="env"``)
 ==================================  ======================  ====================================
 
-``init()`` picks the backend: ``backend=`` if given, else ``SINGA_LITE_COMM_BACKEND``, else from the
-situation: ``nccl`` when the default device is a GPU (``device.set_default_device``); otherwise CPU
-tensors: a holder -> shm; started by mpiexec -> mpi; neither -> mpi as a one-process job when mpi4py is
-installed, else shm with one rank. Scripts that create their GPU after the optimizer (as SINGA's examples
-do) pass ``backend="nccl"`` or set ``SINGA_LITE_COMM_BACKEND=nccl`` (``singa-run --backend nccl``).
+``init()`` with no arguments finds its launcher in this order (comm/env.py has the details): explicit
+arguments (``holder=``/``rank=``/``world_size=``, or ``init_method="env"``); a singa-run rank on one host
+(``SINGA_LITE_HOLDER``); mpiexec; a complete torchrun environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``); a Slurm step of several tasks; else one process.
+
+The backend: ``backend=`` if given, else ``SINGA_LITE_COMM_BACKEND``, else from the situation: ``nccl`` when
+the default device is a GPU (``device.set_default_device``); otherwise CPU tensors: a holder -> shm; started by
+mpiexec -> mpi; the environment rendezvous -> shm when every rank is on one host, else tcp; none of these ->
+mpi as a one-process job when mpi4py is installed, else shm with one rank. Scripts that create their GPU after
+the optimizer (as SINGA's examples do) pass ``backend="nccl"`` or set ``SINGA_LITE_COMM_BACKEND=nccl``
+(``singa-run --backend nccl``).
 
 Under ``singa-run`` (singa_lite/comm/launcher.py) a plain ``init()`` (and so ``DistOpt(sgd)``) finds the
 launcher's holder in ``SINGA_LITE_HOLDER`` and its rank in ``RANK`` / ``WORLD_SIZE``. Only
-``SINGA_LITE_HOLDER`` marks a singa-run rank: a ``RANK`` left by another launcher alone changes nothing.
-The launcher's holder serves one rendezvous, so the first such call creates the rank's communicator and
-later ones return it (``comm = dist.init()`` and ``opt.DistOpt(sgd)`` in one script share it).
+``SINGA_LITE_HOLDER`` (or a complete torchrun environment) marks a launched rank: a ``RANK`` left by another
+launcher alone changes nothing. A launcher's rendezvous serves once, so the first such call creates the
+rank's communicator and later ones return it (``comm = dist.init()`` and ``opt.DistOpt(sgd)`` in one script
+share it).
 
 CPU threads: ranks started by mpiexec or multiprocessing would each run the CPU kernels on every core of the
 host (OpenMP's default), so N ranks oversubscribe it N times and OpenMP's spinning barriers stall whenever a
@@ -34,11 +44,12 @@ import os
 
 from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator, Work
 from .holder import NcclIdHolder
+from . import env
 from .mpi import broadcast_bytes, launched_by_mpiexec
 
 BACKENDS = ("mpi", "shm", "nccl")
 HOLDER_VAR = "SINGA_LITE_HOLDER"  # set by singa-run: the holder's to_string()
-_launched = None  # the communicator a singa-run rank made from its environment
+_launched = None  # the communicator a rank made from its launcher's environment (see init)
 
 __all__ = ["init", "Communicator", "CommError", "NcclIdHolder", "Work", "broadcast_bytes", "BACKENDS",
            "REDUCE_OPS", "DTYPES", "DEFAULT_TIMEOUT", "default_timeout", "launched_by_singa_run", "from_launcher"]
@@ -84,30 +95,58 @@ def from_launcher() -> tuple[NcclIdHolder, int, int] | None:
 
 
 def init(backend: str | None = None, holder: NcclIdHolder | None = None, rank: int | None = None,
-         world_size: int | None = None, timeout: float | None = None, **options) -> Communicator:
+         world_size: int | None = None, timeout: float | None = None, init_method: str | None = None,
+         **options) -> Communicator:
     """A communicator for this process.
 
-    backend: "mpi", "shm" or "nccl" (default: see the module docstring). holder, rank, world_size: the
-    multiprocessing bootstrap (every rank passes the parent's holder, its rank and the world size); under
-    singa-run, when none of the three is given, they come from the environment (see from_launcher), and
-    the communicator the first such call made is returned by the later ones.
+    backend: "mpi", "shm", "nccl" or "tcp" (default: see the module docstring). holder, rank, world_size: the
+    multiprocessing bootstrap (every rank passes the parent's holder, its rank and the world size).
+    init_method="env": the ranks find each other through the launcher's variables (torchrun's, Slurm's,
+    singa-run --hostfile's) and a TCP rendezvous at MASTER_ADDR:MASTER_PORT (comm/env.py). With none of
+    holder, rank, world_size or init_method, the launcher is detected (in comm/env.py's order of precedence:
+    singa-run, mpiexec, a complete torchrun environment, a Slurm step, else one process); under a launcher
+    the communicator the first such call made is returned by the later ones (one rendezvous per rank).
     timeout: seconds before a stuck operation raises CommError (default SINGA_LITE_COMM_TIMEOUT or 300).
     options: backend-specific (shm: slot_bytes; mpi: comm, an mpi4py communicator to use instead of
     COMM_WORLD; nccl: device, the GPU (default: the default device when it is a GPU, else cuda:<local
     rank>), and comm, an mpi4py communicator to bootstrap from).
     """
+    if init_method not in (None, "env"):
+        raise ValueError(f"init_method must be 'env' (the launcher's environment variables) or None (detect the "
+                         f"launcher), got {init_method!r}")
+    explicit = holder is not None or rank is not None or world_size is not None
+    if init_method == "env":
+        if explicit:
+            raise ValueError("init_method='env' reads the rank and the world size from the environment: leave out "
+                             "holder=, rank= and world_size=")
+        how = "env"
+    else:
+        how = None if explicit else env.detect()
+    if how == "singa-run":
+        return _once(backend, "singa-run rank", lambda: _create(backend, *from_launcher(), timeout, options,
+                                                                launched=True))
+    if how in ("env", "torchrun", "slurm"):
+        launch = env.read() if how == "env" else env.read_torchrun() if how == "torchrun" else env.read_slurm()
+        chosen = default_timeout() if timeout is None else timeout
+        return _once(backend, "rank started by " + launch.launcher,
+                     lambda: env.rendezvous(launch, backend, chosen, **options))
+    return _share_cores(_create(backend, holder, rank, world_size, timeout, options))
+
+
+def _once(backend, who: str, make) -> Communicator:
+    """The communicator of a rank whose launcher described its job: made by the first call, returned by the
+    later ones (the launcher's rendezvous serves once)."""
     global _launched
-    launched = holder is None and rank is None and world_size is None and from_launcher()
-    if not launched:
-        return _share_cores(_create(backend, holder, rank, world_size, timeout, options))
     if _launched is None:
-        _launched = _share_cores(_create(backend, *launched, timeout, options, launched=True))
+        _launched = _share_cores(make())
     elif _launched.closed:
-        raise CommError("this singa-run rank's communicator was closed, and the launcher's holder serves one "
-                        "rendezvous: keep the communicator open while the rank needs one")
+        what = "the launcher's holder serves" if who == "singa-run rank" else "its launcher's variables serve"
+        raise CommError(f"this {who}'s communicator was closed, and {what} one rendezvous: keep the communicator "
+                        f"open while the rank needs one")
     elif backend not in (None, _launched.backend):
-        raise ValueError(f"this singa-run rank already has a {_launched.backend!r} communicator (from an earlier "
-                         f"init() or DistOpt), so it cannot make a {backend!r} one; use singa-run --backend")
+        hint = "use singa-run --backend" if who == "singa-run rank" else f"set {env.BACKEND_VAR} for every rank"
+        raise ValueError(f"this {who} already has a {_launched.backend!r} communicator (from an earlier init() or "
+                         f"DistOpt), so it cannot make a {backend!r} one; {hint}")
     return _launched
 
 

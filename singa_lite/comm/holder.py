@@ -102,14 +102,18 @@ def sweep_stale_segments(directory: str = SHM_DIR) -> list:
     return removed
 
 
+def new_shm_name() -> str:
+    """A name for a new shared-memory segment: owner-only and unguessable, so another user cannot pre-create
+    or join it; the creator's pid, start time and pid namespace in it tell sweep_stale_segments when it is
+    stale."""
+    return f"/singa_lite_{os.getpid()}_{_start_time(os.getpid()) or 0}_{_pid_namespace()}_{secrets.token_hex(8)}"
+
+
 class NcclIdHolder:
     def __init__(self):
         # Leftovers of jobs killed during their start-up: this is the next start.
         sweep_stale_segments()
-        # Owner-only segment with an unguessable name: another user cannot pre-create or join it. The
-        # creator's pid, start time and pid namespace in the name tell a later sweep when it is stale.
-        self.shm_name = (f"/singa_lite_{os.getpid()}_{_start_time(os.getpid()) or 0}_{_pid_namespace()}_"
-                         f"{secrets.token_hex(8)}")
+        self.shm_name = new_shm_name()
         self._secret = secrets.token_hex(16)  # derives the names of later uses: never part of a name
         self._uses = (os.getpid(), 0)
         self.nccl_id, self.nccl_error = None, None

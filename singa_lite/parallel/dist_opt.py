@@ -110,6 +110,9 @@ class DistOpt:
     gpu_per_node, accepted too). buffSize: the fusion buffer's size in elements. communicator: an existing
     ``dist.Communicator`` to use instead (backend / timeout otherwise go to ``dist.init``). overlap=False
     starts the gradient exchange only after the whole backward pass (to measure what overlapping gains).
+    hierarchical=True: gradients are summed within each host over shared memory, across hosts between one
+    leader per host, then broadcast within the host (comm/hierarchical.py; ranks on several hosts under
+    mpiexec; one host is left as it is).
     first_bucket: elements after which a step's first bucket is sent (0: it waits for ``threshold`` too).
     ``bytes_sent`` counts the gradient payload this rank has handed to all-reduces.
 
@@ -130,8 +133,8 @@ class DistOpt:
                  gpu_num=None, gpu_per_node=None, communicator=None, backend=None, timeout=None,
                  on_nonfinite: str = "skip", overlap: bool = True, first_bucket: int = DEFAULT_FIRST_BUCKET,
                  backward_passes_per_step: int = 1, average_accumulated: bool = True,
-                 broadcast_buffers=True):
-        from ..comm import init
+                 broadcast_buffers=True, hierarchical: bool = False):
+        from ..comm import hierarchical as hier, init
 
         self.opt = SGD() if opt is None else opt
         if not isinstance(self.opt, Optimizer):
@@ -152,6 +155,10 @@ class DistOpt:
             else:
                 communicator = init(backend=backend, holder=nccl_id, rank=local_rank, world_size=world_size,
                                     timeout=timeout)
+        if not isinstance(hierarchical, bool):
+            raise TypeError(f"DistOpt: hierarchical must be True or False, got {hierarchical!r}")
+        if hierarchical:
+            communicator = hier.create(communicator)
         self.communicator = communicator
         self.buffSize = int(buffSize)
         self.on_nonfinite = on_nonfinite

@@ -1,0 +1,71 @@
+"""The hierarchical all-reduce (singa_lite/comm/hierarchical.py) on one host under ``mpiexec -n 4``, run by
+tests/multiproc/test_hierarchical.py: ranks 0-1 and 2-3 play two hosts (the shm communicator of each pair,
+the leaders 0 and 2 over MPI), so the three steps run as on two hosts. Every collective matches what the
+flat mpi backend gives, DistOpt trains as on one process, and create() leaves a one-host job flat.
+Prints ``OK rank r``."""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers"))
+
+import numpy as np  # noqa: E402
+
+import dist_cases  # noqa: E402
+import distopt_cases  # noqa: E402
+from singa_lite import dist, opt, tensor  # noqa: E402
+from singa_lite.comm import hierarchical  # noqa: E402
+from singa_lite.comm.holder import new_shm_name  # noqa: E402
+from singa_lite.comm.mpi import MpiCommunicator  # noqa: E402
+from singa_lite.comm.shm import ShmCommunicator  # noqa: E402
+
+PER_HOST = 2
+
+
+def two_hosts(world):
+    """world's ranks as hosts of PER_HOST ranks each."""
+    host, local = divmod(world.rank, PER_HOST)
+    names = world.all_gather_object(new_shm_name() if local == 0 else None)
+    intra = ShmCommunicator(names[host * PER_HOST], local, PER_HOST, timeout=world.timeout)
+    MPI = world._MPI
+    sub = world._comm.Split(0 if local == 0 else MPI.UNDEFINED, world.rank)
+    inter = None if sub == MPI.COMM_NULL else MpiCommunicator(comm=sub, timeout=world.timeout)
+    return hierarchical.HierarchicalCommunicator(world, intra, inter, world.world_size // PER_HOST)
+
+
+def main():
+    world = dist.init(backend="mpi", timeout=60)
+    assert world.world_size % PER_HOST == 0, world.world_size
+    # one host: nothing to gain, the world comes back as it is
+    assert hierarchical.create(world) is world
+    assert opt.DistOpt(opt.SGD(lr=0.1), communicator=world, hierarchical=True).communicator is world
+    try:
+        hierarchical.create("not a communicator")
+    except TypeError as e:
+        assert "expected a Communicator" in str(e), e
+    else:
+        raise AssertionError("create() accepted a string")
+    comm = two_hosts(world)
+    assert comm.backend == "hierarchical" and comm.rank == world.rank and comm.world_size == world.world_size
+    dist_cases.check_all(comm)  # every collective and dtype, exact where the flat backend is exact
+    # floats that do not sum exactly: within rounding of the flat all-reduce, and the same bits on every rank
+    rng = np.random.default_rng(world.rank)
+    for dt in (np.float32, np.float64, tensor.bfloat16):
+        x = rng.standard_normal(100_003).astype(np.float32)
+        a = tensor.from_numpy(x).as_type(dt) if dt is tensor.bfloat16 else tensor.from_numpy(x.astype(dt))
+        b = a.clone()
+        comm.all_reduce(a, "avg")
+        world.all_reduce(b, "avg")
+        got, want = (tensor.to_numpy(t.as_type(tensor.float32)) for t in (a, b))
+        tol = 2e-2 if dt is tensor.bfloat16 else 1e-5
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=str(dt))
+        dist_cases.same_on_all_ranks(world, got, f"hierarchical avg {dt}")
+    work = comm.all_reduce(tensor.from_numpy(np.full(7, world.rank + 1.0, np.float32)), "sum", async_op=True)
+    np.testing.assert_array_equal(tensor.to_numpy(work.wait()), np.full(7, sum(range(1, world.world_size + 1))))
+    done = distopt_cases.run_all(comm)  # DistOpt over it: k ranks == 1 rank, every mode
+    comm.close()
+    print(f"rank {world.rank} DistOpt scenarios: {', '.join(done)}", flush=True)
+    print(f"OK rank {world.rank}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""Reading the launch environment (singa_lite/comm/env.py): torchrun / Kubernetes and Slurm variables, Slurm's
+compressed node lists, the order of precedence of dist.init()'s launcher detection, rank 0's backend decision,
+and the errors for missing or inconsistent values. Nothing here starts a process or opens a socket."""
+import pytest
+
+from singa_lite import dist
+from singa_lite.comm import env
+
+TORCHRUN = {"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+SLURM = {  # task 5 of `srun -N 3 -n 7` on nodes gpu[07-08],cpu1 (3 + 3 + 1 tasks)
+    "SLURM_PROCID": "5", "SLURM_NTASKS": "7", "SLURM_STEP_NUM_TASKS": "7", "SLURM_LOCALID": "2",
+    "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "3(x2),1", "SLURM_STEP_NODELIST": "gpu[07-08],cpu1",
+    "SLURM_JOB_NODELIST": "gpu[07-09],cpu1", "SLURM_JOB_ID": "123456", "SLURM_STEP_ID": "0"}
+
+
+@pytest.mark.parametrize("text,names", [
+    ("node01", ["node01"]),
+    ("node[01-03,07],gpu5", ["node01", "node02", "node03", "node07", "gpu5"]),
+    ("n[8-10]", ["n8", "n9", "n10"]),
+    ("n[08-10]", ["n08", "n09", "n10"]),  # the low bound's width is kept
+    ("a[1-2]b[3,5]", ["a1b3", "a1b5", "a2b3", "a2b5"]),
+    ("rack1-node[1-2].cluster, login", ["rack1-node1.cluster", "rack1-node2.cluster", "login"]),
+])
+def test_slurm_node_lists_expand(text, names):
+    assert env.expand_nodelist(text) == names
+
+
+@pytest.mark.parametrize("text,message", [
+    ("", "expected names like"),
+    ("node[01-03", "'\\[' is never closed"),
+    ("node01]", "'\\]' without '\\['"),
+    ("node[1-[2]]", "nested"),
+    ("node[03-01]", "range '03-01' goes down"),
+    ("node[a-b]", "expected numbers or ranges"),
+    ("node1,,node2", "an empty name"),
+])
+def test_bad_slurm_node_lists_are_named(text, message):
+    with pytest.raises(ValueError, match=message):
+        env.expand_nodelist(text)
+
+
+def test_slurm_tasks_per_node():
+    assert env.expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert env.expand_tasks_per_node("4") == [4]
+    with pytest.raises(ValueError, match="expected a list like"):
+        env.expand_tasks_per_node("2(3)")
+
+
+def test_torchrun_variables():
+    e = env.read_torchrun(dict(TORCHRUN, LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", GROUP_RANK="1"))
+    assert (e.launcher, e.rank, e.world_size, e.master_addr, e.master_port) == ("torchrun", 3, 4, "10.0.0.1", 29500)
+    assert (e.local_rank, e.local_size, e.node_rank) == (1, 2, 1)
+    # Kubernetes' PyTorchJob sets only the four: the local values come from the rendezvous
+    e = env.read_torchrun(TORCHRUN)
+    assert (e.local_rank, e.local_size, e.node_rank) == (None, None, None)
+    # under torchrun itself, its agent's store holds MASTER_PORT: ours takes the next port
+    assert env.read_torchrun(dict(TORCHRUN, TORCHELASTIC_USE_AGENT_STORE="True")).master_port == 29501
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"RANK": "4"}, "need 0 <= RANK < WORLD_SIZE, got RANK=4, WORLD_SIZE=4"),
+    ({"RANK": "-1"}, "RANK must be an integer >= 0, got '-1'"),
+    ({"WORLD_SIZE": "four"}, "WORLD_SIZE must be an integer >= 1, got 'four'"),
+    ({"MASTER_PORT": "70000"}, "MASTER_PORT must be a TCP port \\(1 to 65535\\), got '70000'"),
+    ({"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, "need 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE <= WORLD_SIZE"),
+    ({"LOCAL_RANK": "0"}, "LOCAL_WORLD_SIZE must be an integer >= 1, got None"),
+])
+def test_inconsistent_torchrun_values_are_named(change, message):
+    with pytest.raises(ValueError, match=message):
+        env.read_torchrun(dict(TORCHRUN, **change))
+
+
+def test_missing_torchrun_variables_name_what_is_missing_and_what_was_seen():
+    with pytest.raises(ValueError) as info:
+        env.read({"RANK": "1", "WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"})
+    text = str(info.value)
+    assert "MASTER_ADDR, MASTER_PORT not set" in text
+    assert "torchrun: RANK, WORLD_SIZE" in text and "mpiexec: OMPI_COMM_WORLD_RANK" in text
+    assert "start the job with torchrun, srun or singa-run --hostfile" in text
+    with pytest.raises(ValueError, match="no launcher's variables are set"):
+        env.read({})
+
+
+def test_slurm_variables():
+    e = env.read_slurm(SLURM)
+    assert (e.launcher, e.rank, e.world_size, e.local_rank, e.local_size, e.node_rank) == ("slurm", 5, 7, 2, 3, 1)
+    assert e.nodes == ["gpu07", "gpu08", "cpu1"]  # the step's list, before the job's
+    assert e.master_addr == "gpu07"  # srun puts task 0 on the step's first node
+    assert e.master_port == env.SLURM_PORT_BASE + 123456 % env.SLURM_PORT_SPAN == 23456
+    e = env.read_slurm(dict(SLURM, MASTER_ADDR="10.1.1.1", MASTER_PORT="4000"))
+    assert (e.master_addr, e.master_port) == ("10.1.1.1", 4000)
+    # an allocation with --ntasks-per-node and only the job's list
+    only_job = {k: v for k, v in SLURM.items() if not k.startswith("SLURM_STEP_")}
+    only_job.update(SLURM_NTASKS_PER_NODE="3", SLURM_STEP_ID="0")
+    e = env.read_slurm(only_job)
+    assert (e.world_size, e.local_size, e.master_addr) == (7, 3, "gpu07")
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"SLURM_NODEID": "3"}, "SLURM_NODEID=3, but SLURM_STEP_NODELIST names 3 node\\(s\\)"),
+    ({"SLURM_LOCALID": "3"}, "SLURM_LOCALID=3, but this node runs 3 task\\(s\\)"),
+    ({"SLURM_STEP_TASKS_PER_NODE": "3,3"}, "adds up to 6 tasks, but SLURM_STEP_NUM_TASKS=7"),
+    ({"SLURM_PROCID": "7"}, "need SLURM_PROCID < SLURM_STEP_NUM_TASKS, got 7 and 7"),
+    ({"SLURM_STEP_NODELIST": "gpu[07-"}, "is never closed"),
+    ({"SLURM_JOB_ID": "", "MASTER_PORT": ""}, "neither MASTER_PORT nor SLURM_JOB_ID"),
+])
+def test_inconsistent_slurm_values_are_named(change, message):
+    with pytest.raises(ValueError, match=message):
+        env.read_slurm(dict(SLURM, **change))
+
+
+def test_order_of_precedence():
+    holder = {env.HOLDER_VAR: "{}"}
+    mpi = {"PMI_RANK": "0"}
+    one_task = dict(SLURM, SLURM_NTASKS="1", SLURM_STEP_NUM_TASKS="1", SLURM_PROCID="0")
+    assert env.detect({**holder, **mpi, **TORCHRUN, **SLURM}) == "singa-run"
+    assert env.detect({**mpi, **TORCHRUN, **SLURM}) == "mpiexec"  # srun --mpi=pmi2 is MPI's
+    assert env.detect({**TORCHRUN, **SLURM}) == "torchrun"  # torchrun started by srun
+    assert env.detect(SLURM) == "slurm"
+    assert env.detect(one_task) is None  # `srun python train.py`: one process, as before
+    assert env.detect({k: v for k, v in SLURM.items() if k != "SLURM_STEP_ID"}) is None  # a batch shell, no srun
+    assert env.detect({}) is None
+    for partial in ("RANK", "WORLD_SIZE", "MASTER_PORT"):  # an incomplete torchrun environment changes nothing
+        assert env.detect({k: v for k, v in TORCHRUN.items() if k != partial}) is None
+    assert env.detect({"RANK": "3", "WORLD_SIZE": "4"}) is None
+    # init_method='env': torchrun's variables when complete, else Slurm's (with MASTER_ADDR taken from the env)
+    assert env.read({**TORCHRUN, **SLURM}).launcher == "torchrun"
+    e = env.read({**SLURM, "MASTER_ADDR": "head"})
+    assert (e.launcher, e.master_addr) == ("slurm", "head")
+
+
+def test_local_ranks_follow_the_hosts():
+    assert env.local_ranks(["a", "a", "b", "b"]) == [(0, 2), (1, 2), (0, 2), (1, 2)]
+    assert env.local_ranks(["a", "b", "a", "c"]) == [(0, 2), (0, 1), (1, 2), (0, 1)]
+
+
+def rec(node, wanted=None, gpu=False):
+    return {"host": node, "node": node + "|boot|1", "wanted": wanted, "gpu": gpu}
+
+
+def test_backend_decision():
+    one_host = env._decide([rec("a"), rec("a")])
+    assert one_host["backend"] == "shm" and one_host["shm_name"].startswith("/singa_lite_")
+    assert one_host["nodes"] == [0, 0] and one_host["error"] is None
+    assert env._decide([rec("a"), rec("b")])["backend"] == "tcp"
+    assert env._decide([rec("a", gpu=True), rec("b", gpu=True)])["backend"] == "nccl"
+    assert env._decide([rec("a", "tcp"), rec("a", "tcp")])["backend"] == "tcp"  # asked for: on one host too
+    table = env._decide([rec("a", "shm"), rec("b", "shm"), rec("b", "shm")])
+    assert "backend 'shm' needs every rank on one host, but the ranks run on 2 hosts (a: rank(s) 0; b: rank(s) " \
+           "1, 2)" in table["error"]
+    assert "rank(s) 0: tcp; rank(s) 1: automatic" in env._decide([rec("a", "tcp"), rec("a")])["error"]
+    assert "rank(s) 1 made a GPU their default device" in env._decide([rec("a"), rec("a", gpu=True)])["error"]
+
+
+def test_backend_requests_under_env_init(monkeypatch):
+    monkeypatch.delenv(env.BACKEND_VAR, raising=False)
+    assert env._wanted_backend(None) is None and env._wanted_backend("tcp") == "tcp"
+    with pytest.raises(ValueError, match="backend 'mpi' takes its ranks from mpiexec"):
+        env._wanted_backend("mpi")
+    monkeypatch.setenv(env.BACKEND_VAR, "gloo")
+    with pytest.raises(ValueError, match="got 'gloo' \\(from SINGA_LITE_COMM_BACKEND\\)"):
+        env._wanted_backend(None)
+
+
+def test_init_method_arguments(monkeypatch):
+    for var in list(TORCHRUN) + list(SLURM) + ["LOCAL_RANK", "LOCAL_WORLD_SIZE"]:
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ValueError, match="init_method must be 'env'"):
+        dist.init(init_method="tcp://x")
+    with pytest.raises(ValueError, match="leave out holder=, rank= and world_size="):
+        dist.init(init_method="env", rank=0, world_size=2)
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ValueError, match="WORLD_SIZE, MASTER_ADDR, MASTER_PORT not set"):
+        dist.init(init_method="env")

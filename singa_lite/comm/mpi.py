@@ -45,7 +45,7 @@ _UFUNCS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum, "
 # that overflows, inf - inf). Filtered for this module only, once: np.errstate per call would cost ~2 us,
 # a fifth of a 4 KiB all_reduce.
 warnings.filterwarnings("ignore", r"(overflow|invalid value) encountered in (reduce|cast|divide)", RuntimeWarning,
-                        r"singa_lite\.dist\.mpi$")
+                        r"singa_lite\.comm\.mpi$")
 _KINDS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter", "barrier")
 _KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
 _DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}

@@ -52,7 +52,8 @@ HOLDER_VAR = "SINGA_LITE_HOLDER"  # set by singa-run: the holder's to_string()
 _launched = None  # the communicator a rank made from its launcher's environment (see init)
 
 __all__ = ["init", "Communicator", "CommError", "NcclIdHolder", "Work", "broadcast_bytes", "BACKENDS",
-           "REDUCE_OPS", "DTYPES", "DEFAULT_TIMEOUT", "default_timeout", "launched_by_singa_run", "from_launcher"]
+           "REDUCE_OPS", "DTYPES", "DEFAULT_TIMEOUT", "default_timeout", "launched_by_singa_run",
+           "launched_by_mpiexec", "from_launcher"]
 
 
 def default_timeout() -> float:

@@ -444,18 +444,28 @@ def _join(store, launch: LaunchEnv, wanted, gpu: bool, timeout: float, options) 
         keys = [f"host/{r}" for r in range(world)]
         try:
             store.wait(keys, timeout)
+            table = _decide([json.loads(store.get(k)) for k in keys])
         except CommError as e:
-            raise CommError(f"{where}: {e}. Those ranks never reached the rendezvous: check that they started "
-                            f"and have the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE") from None
-        table = _decide([json.loads(store.get(k)) for k in keys])
+            if "not set within" not in str(e):
+                raise
+            missing = [r for r in range(world) if not _has(store, f"host/{r}")]
+            table = {"error": f"rank{'s' if len(missing) > 1 else ''} {_ranks(missing)} never arrived within "
+                              f"{timeout:g} s: check that they started and have the same MASTER_ADDR, MASTER_PORT "
+                              f"and WORLD_SIZE, and look at their output"}
         store.set("table", json.dumps(table).encode())
+        if table["error"]:  # the others read it before rank 0 stops serving (bounded: some never came)
+            try:
+                store.wait([f"seen/{r}" for r in range(1, world) if _has(store, f"host/{r}")], min(timeout, 5.0))
+            except CommError:
+                pass
     else:
         try:
-            table = json.loads(store.get("table", timeout))
+            # rank 0 answers within its own timeout, also when a rank is missing: a little longer here
+            table = json.loads(store.get("table", timeout + min(timeout, 5.0)))
         except CommError as e:
-            missing = [r for r in range(world) if not _has(store, f"host/{r}")]
-            why = f"rank(s) {_ranks(missing)} never arrived" if missing else "rank 0 did not answer"
-            raise CommError(f"{where}: {why} ({e})") from None
+            raise CommError(f"{where}: rank 0 did not answer: {e}") from None
+        if table["error"]:
+            store.set(f"seen/{rank}", b"1")
     if table["error"]:
         raise CommError(f"{where}: {table['error']}")
     backend = table["backend"]

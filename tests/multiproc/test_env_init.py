@@ -1,0 +1,165 @@
+"""Launch without MPI on loopback: plain processes started with torchrun-style (or Slurm) variables find each
+other through dist.init() (the TCP rendezvous of singa_lite/comm/env.py), get their rank, local rank and backend
+right, all-reduce, and train with DistOpt exactly as one process does; a missing rank and a wrong MASTER_PORT
+give clear errors within the timeout. Every process runs under a deadline and is killed at the end."""
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from singa_lite import _core
+
+from paths import HELPERS
+from procs import survivors
+
+pytestmark = pytest.mark.skipif(not hasattr(_core, "ShmComm"), reason="this build has no shm backend")
+
+HOST = "127.0.0.1"
+# Variables of an enclosing launcher must not leak into the ranks.
+LAUNCH_VARS = ("SINGA_LITE_HOLDER", "SINGA_LITE_COMM_BACKEND", "SINGA_LITE_COMM_TIMEOUT", "RANK", "WORLD_SIZE",
+               "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "NODE_RANK",
+               "TORCHELASTIC_USE_AGENT_STORE", "PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
+               "MPI_LOCALRANKID")
+CLEAN = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and not k.startswith("SLURM_")}
+
+RANK_SCRIPT = """\
+import json, os, sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from singa_lite import dist, opt, tensor
+mode = sys.argv[2]
+start = time.monotonic()
+try:
+    comm = dist.init(init_method="env") if mode == "explicit" else dist.init()
+except Exception as e:
+    print(json.dumps({"error": f"{type(e).__name__}: {e}", "seconds": time.monotonic() - start}), flush=True)
+    sys.exit(3)
+n = comm.world_size
+t = tensor.from_numpy(np.arange(4, dtype=np.float32) * (comm.rank + 1))
+comm.all_reduce(t, "sum")
+assert np.array_equal(tensor.to_numpy(t), np.arange(4) * n * (n + 1) / 2), tensor.to_numpy(t)
+report = {"rank": comm.rank, "world": n, "local": [comm.local_rank, comm.local_size], "backend": comm.backend}
+if mode != "quick":
+    from distopt_cases import make_params, reference, train
+    sgd = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9))  # no arguments: the rank's one communicator
+    assert sgd.communicator is comm and dist.init() is comm
+    got = train(make_params(0), sgd, 4, shard=(comm.rank, n))
+    want = reference("sgd", 4)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5, err_msg=k)
+    report["distopt"] = "same as one process"
+print(json.dumps(report), flush=True)
+"""
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "rank.py"
+    path.write_text(textwrap.dedent(RANK_SCRIPT))
+    return str(path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def start_ranks(script, envs, mode="full", timeout=60):
+    """Starts one process per environment in `envs`; returns [(exit code, report dict)], rank order kept, and
+    the seconds until the last one ended. Nothing outlives the call."""
+    begin = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, script, HELPERS, mode], env={**CLEAN, **e}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for e in envs]
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=max(1.0, timeout - (time.monotonic() - begin)))
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            assert lines, f"exit code {p.returncode}, no report\n{out}\n{err}"
+            results.append((p.returncode, json.loads(lines[-1]), err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert not survivors([p.pid for p in procs])
+    return results, time.monotonic() - begin
+
+
+def torchrun_env(rank, world, port, **extra):
+    return {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": HOST, "MASTER_PORT": str(port),
+            **{k: str(v) for k, v in extra.items()}}
+
+
+def no_segments_of(pids):
+    return [p for p in glob.glob("/dev/shm/singa_lite_*") if int(p.split("_")[2]) in pids]
+
+
+def test_torchrun_variables_find_each_other_and_train_like_one_process(script):
+    port = free_port()
+    results, _ = start_ranks(script, [torchrun_env(r, 3, port) for r in range(3)])
+    for rank, (code, report, err) in enumerate(results):
+        assert code == 0, err
+        assert report == {"rank": rank, "world": 3, "local": [rank, 3], "backend": "shm",
+                          "distopt": "same as one process"}, err
+
+
+def test_explicit_env_init_and_the_exchange_decides_local_ranks(script):
+    # The launcher claims two hosts (LOCAL_WORLD_SIZE 1): the ranks share this one, so the exchange says so.
+    port = free_port()
+    envs = [torchrun_env(r, 2, port, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1, GROUP_RANK=r) for r in range(2)]
+    results, _ = start_ranks(script, envs, mode="explicit")
+    assert [(code, report["local"], report["backend"]) for code, report, _ in results] == [
+        (0, [0, 2], "shm"), (0, [1, 2], "shm")], results
+
+
+def test_slurm_variables_find_each_other(script):
+    port = free_port()
+    envs = [{"SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": str(r),
+             "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_STEP_NODELIST": "localhost",
+             "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "MASTER_PORT": str(port)} for r in range(2)]
+    results, _ = start_ranks(script, envs, mode="quick")
+    assert [(code, report) for code, report, _ in results] == [
+        (0, {"rank": r, "world": 2, "local": [r, 2], "backend": "shm"}) for r in range(2)], results
+
+
+def test_a_missing_rank_is_named_within_the_timeout(script):
+    port = free_port()
+    envs = [torchrun_env(r, 3, port, SINGA_LITE_COMM_TIMEOUT=2) for r in (0, 1)]  # rank 2 never starts
+    results, seconds = start_ranks(script, envs, mode="quick")
+    for code, report, err in results:
+        assert code == 3, err
+        assert "rank 2 never arrived within 2 s: check that they started" in report["error"], report
+        assert report["error"].startswith("CommError: dist.init, torchrun environment (rank ")
+    assert seconds < 20
+
+
+def test_a_wrong_master_port_is_a_clear_error(script):
+    port, wrong = free_port(), free_port()
+    envs = [torchrun_env(0, 2, port, SINGA_LITE_COMM_TIMEOUT=2), torchrun_env(1, 2, wrong, SINGA_LITE_COMM_TIMEOUT=2)]
+    (code0, report0, _), (code1, report1, _) = start_ranks(script, envs, mode="quick")[0]
+    assert code1 == 3 and f"could not connect to the rendezvous store at {HOST}:{wrong}" in report1["error"]
+    assert "MASTER_ADDR and MASTER_PORT are the same on every rank" in report1["error"]
+    assert report1["seconds"] < 10
+    assert code0 == 3 and "rank 1 never arrived" in report0["error"], report0
+    # a port where another service listens: refused at once, whatever the timeout
+    with socket.socket() as other:
+        other.bind((HOST, 0))
+        other.listen()
+        envs = [torchrun_env(1, 2, other.getsockname()[1], SINGA_LITE_COMM_TIMEOUT=60)]
+        procs = subprocess.Popen([sys.executable, script, HELPERS, "quick"], env={**CLEAN, **envs[0]},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        conn, _ = other.accept()
+        conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+        conn.close()
+        out, err = procs.communicate(timeout=30)
+    report = json.loads(out.splitlines()[-1])
+    assert procs.returncode == 3 and "is not a singa_lite rendezvous store" in report["error"], report
+    assert report["seconds"] < 10

@@ -13,7 +13,10 @@ what lets DistOpt overlap the gradient exchange with the rest of the backward pa
 ``Work.synchronize()`` also block the host until the GPU has finished, for code that needs that.
 ``barrier()`` always blocks the host. Nothing hangs forever: a watchdog aborts the communicator when an
 operation has not finished after ``timeout`` seconds or NCCL reports an error, and every later call raises
-``CommError``; NCCL cannot tell which rank is missing, so the message says where to look.
+``CommError``. NCCL cannot tell which rank is missing, so the ranks of one host keep a board of the
+collectives each has entered (comm/board.py, a small shared-memory file): a timed-out rank reads it and
+names the ranks that never entered the collective it waits in, and the user's line that entered it there
+(ranks on other hosts are out of its sight, and the message says so).
 
 CPU tensors are accepted for small metadata (DistOpt's finiteness flag, the object collectives): they are
 copied to the GPU and back, and such calls complete on the host before returning. Tensors on another GPU
@@ -32,6 +35,7 @@ import numpy as np
 
 from .. import _core, tensor
 from .._wheels import nvidia_lib_dir
+from . import board as host_board
 from .communicator import DEFAULT_TIMEOUT, CommError, Communicator, Work
 from .mpi import abort_on_uncaught_exception, broadcast_bytes, import_mpi, launched_by_mpiexec
 
@@ -113,10 +117,11 @@ class NcclWork(Work):
     waits for it, so later GPU work (and copies to the host) see the result; the host itself does not wait.
     ``wait(timeout)`` and ``synchronize()`` block the host until the GPU has finished too."""
 
-    def __init__(self, name: str, comm, works: list, result):
+    def __init__(self, name: str, comm, works: list, result, number: int = 0):
         super().__init__(name, comm)
         self._works = works
         self._result = result
+        self._number = number  # its number on the host board (0: none)
 
     def is_completed(self) -> bool:
         """True once the GPU has finished the operation (or the communicator failed: wait() raises)."""
@@ -153,9 +158,14 @@ class NcclWork(Work):
             # Only a failure of the NCCL communicator itself breaks this one. An explicit wait(timeout) that ran
             # out aborts nothing (the operation may still finish), so later operations must stay possible.
             failed = self._comm._comm.error or self._comm._comm.closed
-            if failed and self._comm._broken is None:
-                self._comm._broken = e
-            raise
+            if failed and self._comm._broken is not None:
+                raise self._comm._broken from None  # explained already (by an earlier wait)
+            explained = self._comm._explained(e, self.name, self._number)
+            if failed:
+                self._comm._broken = explained
+            if explained is e:
+                raise
+            raise explained from None
 
 
 # ---------------------------------------------------------------- the communicator
@@ -192,6 +202,9 @@ class NcclCommunicator(Communicator):
         self.device = choose_device(device, self.local_rank, self.local_size)
         self._lock = threading.RLock()  # one operation at a time: every rank issues the same sequence
         self._pending = []  # C++ works queued by the operation in progress
+        # The host board is mapped before NCCL's rendezvous, so every rank of the host has it once init returns.
+        self._board, self._board_missing = host_board.HostBoard.open(unique_id, self.rank, self.world_size,
+                                                                     self.local_size)
         self._comm = _core.NcclComm(bytes(unique_id), self.rank, self.world_size, self.device.index, self.timeout)
         _open.add(self)
 
@@ -202,14 +215,39 @@ class NcclCommunicator(Communicator):
     def _run(self, name: str, fn, async_op: bool):
         if self._broken is not None:
             raise self._broken
+        number = 0
         with self._lock:
+            if self._board is not None and name in host_board.KINDS:  # send / recv are not collectives
+                # GPU work is only queued here and its error surfaces later, elsewhere: the user's line is
+                # remembered now (~1 us)
+                site = host_board.call_site(2)
+                number = self._board.enter(name, site)
             self._pending = []
             try:
                 result = self._guard(fn)
+            except CommError as e:
+                explained = self._explained(e, name, number)
+                if self._broken is e:
+                    self._broken = explained
+                if explained is e:
+                    raise
+                raise explained from None
             finally:
                 works, self._pending = self._pending, []
-        work = NcclWork(name, self, works, result)
+        work = NcclWork(name, self, works, result, number)
         return work if async_op else work.wait()
+
+    def _explained(self, error: CommError, name: str, number: int) -> CommError:
+        """`error` with what the host board knows about collective #number (who never entered it), or with why
+        nothing is known; `error` itself when it is not about a collective."""
+        if name not in host_board.KINDS:
+            return error
+        if self._board is None:
+            why = (f"cannot name the missing ranks: this rank has no host board of collectives entered "
+                   f"({self._board_missing})")
+        else:
+            why = "host board of collectives entered per rank: " + self._board.explain(number)
+        return CommError(f"{error} [singa_lite {why}.]")
 
     def _check_device(self, raw, what: str) -> None:
         if raw.device.kind == "cpu":
@@ -299,6 +337,10 @@ class NcclCommunicator(Communicator):
     def close(self) -> None:
         """Finalizes and destroys the NCCL communicator (before CUDA is torn down: the package also does this
         at exit); later operations raise CommError."""
+        if self._board is not None:
+            if self._broken is None:  # the others then know this rank ended normally, not that it hangs
+                self._board.mark(host_board.CLOSED)
+            self._board.unlink()  # normally gone already (once every rank of the host had mapped it)
         super().close()
         if not self._comm.closed:  # failed earlier: NCCL aborted it already; this stops its watchdog
             _open.discard(self)

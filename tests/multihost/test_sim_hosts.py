@@ -1,0 +1,98 @@
+"""Jobs across two simulated hosts (helpers/sim_hosts.py): h0 and h1, 2 ranks each from an MPICH hostfile
+(``h0:2``, ``h1:2``), mpiexec driven with ``-launcher rsh -launcher-exec netns_rsh -iface eth0`` from a third
+namespace. Ranks, local ranks, node count and hostnames; the backend; traffic between hosts on the links."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import sim_hosts
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOPOLOGY = os.path.join(HERE, "jobs", "topology_job.py")
+LIMIT_S = 60.0
+
+
+def topology(cluster, tmp_path, *args, env=None):
+    hostfile = cluster.hostfile(tmp_path / "hosts")
+    code, out, _ = cluster.run(cluster.mpiexec_command(hostfile, 4, [sys.executable, TOPOLOGY, *args]), LIMIT_S,
+                               env=env)
+    assert code == 0, out
+    lines = sorted(line for line in out.splitlines() if line.startswith("rank "))
+    assert len(lines) == 4, out
+    return lines, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["mpi", None])  # None: init() picks it (mpiexec -> mpi)
+def test_ranks_local_ranks_and_hostnames_across_two_hosts(cluster, tmp_path, backend):
+    lines, out = topology(cluster, tmp_path, *([backend] if backend else []))
+    # MPICH fills the hostfile's hosts in order: ranks 0, 1 on h0, ranks 2, 3 on h1; local ranks restart per host.
+    assert lines == [f"rank {r} local {r % 2}/2 host h{r // 2} hosts 2 backend mpi" for r in range(4)], out
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="known bug, reported (singa_lite/comm/__init__.py, not this folder's): "
+                   "backend='shm' forced under mpiexec gives each rank a world of its own instead of an error")
+def test_forcing_shm_under_mpiexec_is_refused(cluster, tmp_path):
+    # The shm backend takes its ranks from a holder (one host). Forced under mpiexec it must not silently give
+    # 4 one-rank jobs (each rank training alone): an error naming the mpi backend is expected.
+    hostfile = cluster.hostfile(tmp_path / "hosts")
+    code, out, _ = cluster.run(cluster.mpiexec_command(hostfile, 4, [sys.executable, TOPOLOGY, "shm"]), LIMIT_S)
+    assert code != 0 and "mpi" in out, out
+
+
+@pytest.mark.slow
+def test_traffic_between_hosts_crosses_their_links(cluster, tmp_path):
+    # A 4 MB all-reduce: what h1's ranks receive from h0's must come over h1's link (UCX told to use tcp,
+    # see sim_hosts), not through the shared memory the simulated hosts happen to share.
+    before = cluster.rx_bytes("h1")
+    code, out, _ = cluster.run(cluster.mpiexec_command(cluster.hostfile(tmp_path / "hosts"), 4, [
+        sys.executable, "-c", "from singa_lite import dist, tensor; import numpy as np; c = dist.init(); "
+        "t = tensor.from_numpy(np.ones(1 << 20, np.float32)); c.all_reduce(t); "
+        "assert (tensor.to_numpy(t) == 4).all(); import os; os.write(1, b'OK\\n')"]), LIMIT_S)
+    assert code == 0 and out.count("OK") == 4, out
+    assert cluster.rx_bytes("h1") - before > 4 << 20, out
+
+
+def test_the_cluster_is_made_and_removed(cluster):
+    # Every namespace exists with its hostname-to-be, address and link, and nothing is added to the root
+    # namespace; close() removes them all, with their processes.
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for ns in cluster.namespaces:
+        assert ns in names
+    addr = sim_hosts.ip("-o", "-4", "addr", "show", "dev", "eth0", ns=cluster.ns("h1")).stdout
+    assert "10.231.0.2/24" in addr
+    assert "10.231.0." not in sim_hosts.ip("-o", "-4", "addr").stdout  # the root namespace has none of it
+    sleeper = subprocess.Popen(["ip", "netns", "exec", cluster.ns("h0"), "sleep", "60"], start_new_session=True)
+    try:
+        cluster.close()
+        assert sleeper.wait(timeout=10) != 0  # killed by the teardown
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not [ns for ns in (cluster.switch, cluster.ns("h0")) if ns in names], names
+
+
+def test_stale_namespaces_of_dead_runs_are_removed(cluster):
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that no longer runs: its run was aborted
+    stale = f"{sim_hosts.PREFIX}{dead.pid}x0-h0"
+    sim_hosts.ip("netns", "add", stale)
+    try:
+        assert stale in sim_hosts.remove_stale()
+        assert stale not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert cluster.switch in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    finally:
+        sim_hosts.ip("netns", "delete", stale, check=False)
+
+
+def test_wrapper_refuses_an_unknown_host(cluster):
+    proc = subprocess.run([sim_hosts.WRAPPER, "h7", "hostname"], capture_output=True, text=True, timeout=30,
+                          env=cluster.env())
+    assert proc.returncode == 255 and "no simulated host 'h7'" in proc.stderr, proc.stderr
+    proc = subprocess.run([sim_hosts.WRAPPER, "h1", "hostname; cat /sys/class/net/eth0/address >/dev/null"],
+                          capture_output=True, text=True, timeout=30, env=cluster.env())
+    assert proc.returncode == 0 and proc.stdout.strip() == "h1", proc.stderr

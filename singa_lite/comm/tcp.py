@@ -1,0 +1,647 @@
+"""The ``tcp`` backend: CPU tensors between processes on any hosts, over TCP sockets, with no MPI.
+
+Bootstrap: every rank listens on a port, publishes ``host:port`` in the rendezvous store (store.py), and
+connects a full mesh: rank j connects to every rank i < j and says who it is; rank i accepts them. The
+listening address defaults to the one this rank's store connection uses (the interface that reaches
+MASTER_ADDR), so the peers can reach it too.
+
+Every collective starts with a header exchange over the mesh: each rank sends every other its call's
+signature (operation, dtype, element count, root, op, call number). The ranks compare them before any data
+moves, so a mismatched call (another size, dtype, op or collective) raises ValueError on every rank naming
+what each rank passed, and the communicator stays usable. Small all-reduces (up to FUSE_BYTES) carry their
+data in the header and are reduced locally in rank order (float16 and bfloat16 in float32, rounded once),
+so they cost one exchange. Larger ones are a ring: reduce-scatter then all-gather, each rank sending and
+receiving 2 (P - 1) / P of the tensor, reduced in place with numpy on views of the tensor's memory.
+
+Sockets are non-blocking and driven by one ``poll`` loop per operation, with the operation's deadline: a
+peer that closes its connection or resets it (killed, crashed) fails the operation at once, naming that
+rank and its address. A rank that fails (or aborts) writes the cause to the store and shuts its sockets,
+so its peers fail promptly too and report that first cause rather than only "rank k went away".
+"""
+from __future__ import annotations
+
+import collections
+import select
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+
+from .. import tensor
+from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator
+from .mpi import _array, _bf16_to_f32, _f32_to_bf16
+
+FUSE_BYTES = 64 << 10  # all-reduces up to this size travel inside the header exchange
+_HELLO = struct.Struct("!4sBIIQ")  # magic, version, world size, rank, communicator id
+_HELLO_MAGIC = b"SLTC"
+_VERSION = 1
+# header of every message on a connection: magic, kind, dtype, root, op or tag, call number, count, payload bytes
+_HEADER = struct.Struct("!2sBbiiqqq")
+_MAGIC = b"ST"
+_KINDS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter", "barrier",
+          "send")
+_CODE = {k: i for i, k in enumerate(_KINDS)}
+_P2P = _CODE["send"]
+_DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
+_OP_CODE = {o: i for i, o in enumerate(REDUCE_OPS)}
+_UFUNCS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+_HALF = (tensor.float16, tensor.bfloat16)
+_RECV_CHUNK = 4 << 20
+REPORT_S = 1.0  # at most this long to write or read a failure report in the store
+_made = {}  # id(store) -> communicators made on it by this process (their key prefix)
+_made_lock = threading.Lock()
+
+
+class _PeerLost(Exception):
+    def __init__(self, peer, what: str):
+        super().__init__(what)
+        self.peer, self.what = peer, what
+
+
+class _Peer:
+    """One connection: what is queued to send, and the buffer being filled (with what to do once full)."""
+
+    def __init__(self, rank: int, address: str, sock: socket.socket):
+        self.rank, self.address, self.sock = rank, address, sock
+        self.fd = sock.fileno()
+        self.out: collections.deque = collections.deque()
+        self.want = None  # memoryview being received into
+        self.got = 0
+        self.on_full = None
+        self.mask = 0  # events registered with the poller
+
+    def expect(self, view: memoryview, on_full=None) -> None:
+        self.want, self.got, self.on_full = view, 0, on_full
+        if len(view) == 0:
+            self._filled()
+
+    def _filled(self):
+        callback, self.want, self.on_full = self.on_full, None, None
+        if callback is not None:
+            callback()
+
+    def busy(self) -> bool:
+        return self.want is not None or bool(self.out)
+
+    def read(self) -> None:
+        while self.want is not None:
+            try:
+                k = self.sock.recv_into(self.want[self.got:self.got + _RECV_CHUNK])
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                raise _PeerLost(self, f"broke the connection ({e.strerror or e})") from None
+            if k == 0:
+                raise _PeerLost(self, "closed its connection")
+            self.got += k
+            if self.got == len(self.want):
+                self._filled()
+
+    def write(self) -> None:
+        while self.out:
+            head = self.out[0]
+            try:
+                n = self.sock.send(head)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                raise _PeerLost(self, f"broke the connection ({e.strerror or e})") from None
+            if n == len(head):
+                self.out.popleft()
+            else:
+                self.out[0] = head[n:]
+
+
+def _bytes(a: np.ndarray) -> memoryview:
+    """The bytes of a contiguous array, writable in place."""
+    return memoryview(a.reshape(-1).view(np.uint8)) if a.size else memoryview(bytearray(0))
+
+
+def _reduce_into(dst: np.ndarray, src: np.ndarray, op: str, bf16: bool) -> None:
+    """dst = op(dst, src), elementwise, in dst's memory (bfloat16 as uint16 bits: computed in float32)."""
+    ufunc = _UFUNCS[op]
+    if bf16:
+        dst[...] = _f32_to_bf16(ufunc(_bf16_to_f32(dst), _bf16_to_f32(src)))
+    else:
+        ufunc(dst, src, out=dst)
+
+
+class TcpCommunicator(Communicator):
+    """``world_size`` ranks connected by TCP, found through a rendezvous store (store.TcpStore, or anything
+    with its set/get). rank, world_size, local_rank, local_size: this process's place in the job (the
+    launcher's, e.g. torchrun's RANK / LOCAL_RANK). timeout: seconds for the connections and for each
+    operation. host: the address the peers reach this rank at (default: the local address of this rank's
+    store connection). prefix: the store keys' prefix (default: one per communicator made on that store).
+    """
+
+    backend = "tcp"
+
+    def __init__(self, store, rank: int, world_size: int, local_rank: int = 0, local_size: int = 1,
+                 timeout: float = DEFAULT_TIMEOUT, host: str | None = None, prefix: str | None = None):
+        for what, v in (("rank", rank), ("world_size", world_size), ("local_rank", local_rank),
+                        ("local_size", local_size)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+                raise TypeError(f"tcp communicator: {what} must be an int, got {type(v).__name__}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"tcp communicator: need 0 <= rank < world_size, got rank={rank}, "
+                             f"world_size={world_size}")
+        if local_size < 1 or not 0 <= local_rank < local_size:
+            raise ValueError(f"tcp communicator: need 0 <= local_rank < local_size, got local_rank={local_rank}, "
+                             f"local_size={local_size}")
+        super().__init__(rank, world_size, local_rank, local_size, timeout)
+        self._store = store
+        if prefix is None:
+            with _made_lock:
+                n = _made[id(store)] = _made.get(id(store), 0) + 1
+            prefix = f"tcp{n}"
+        self._prefix = prefix
+        self._seq = 0
+        self._peers: dict[int, _Peer] = {}
+        self._stash = collections.defaultdict(collections.deque)  # (src, tag) -> messages received early
+        self._aborted = None
+        self._poller = select.poll()
+        self._listener = None
+        try:
+            self._connect(host)
+        except BaseException:
+            self._close()
+            raise
+        for p in self._peers.values():
+            p.sock.setblocking(False)
+
+    # ----- bootstrap
+    def _local_host(self, host) -> str:
+        if host is not None:
+            return host
+        sock = getattr(self._store, "_sock", None)
+        if sock is not None:
+            return sock.getsockname()[0]
+        return "127.0.0.1"
+
+    def _connect(self, host) -> None:
+        deadline = time.monotonic() + self.timeout
+        host = self._local_host(host)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        self._listener.bind((host, 0))
+        self._listener.listen(max(self.world_size, 8))
+        me = f"{host}:{self._listener.getsockname()[1]}"
+        self._address = me
+        self._store.set(f"{self._prefix}/addr/{self.rank}", me.encode())
+        self._ident = _ident(self._prefix)
+        for r in range(self.rank):  # connect to the lower ranks; they accept us
+            address = self._store.get(f"{self._prefix}/addr/{r}", max(deadline - time.monotonic(), 0.0)).decode()
+            sock = self._dial(r, address, deadline)
+            sock.sendall(_HELLO.pack(_HELLO_MAGIC, _VERSION, self.world_size, self.rank, self._ident))
+            self._peers[r] = _Peer(r, address, sock)
+        while len(self._peers) < self.world_size - 1:  # accept the higher ranks
+            left = deadline - time.monotonic()
+            self._listener.settimeout(max(left, 0.001))
+            try:
+                sock, _ = self._listener.accept()
+            except socket.timeout:
+                missing = [r for r in range(self.rank + 1, self.world_size) if r not in self._peers]
+                raise CommError(f"tcp communicator (rank {self.rank} of {self.world_size}, listening at {me}): "
+                                f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not "
+                                f"connect within {self.timeout:g} s; check that they started and that no "
+                                f"firewall blocks {me} (host= sets the address peers reach this rank at)") from None
+            peer = self._greet(sock, deadline)
+            if peer is not None:
+                self._peers[peer.rank] = peer
+        self._listener.close()
+        self._listener = None
+
+    def _dial(self, r: int, address: str, deadline: float) -> socket.socket:
+        host, _, port = address.rpartition(":")
+        pause = 0.01
+        while True:
+            try:
+                sock = socket.create_connection((host.strip("[]"), int(port)),
+                                                timeout=max(min(deadline - time.monotonic(), 5.0), 0.01))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                return sock
+            except OSError as e:
+                if time.monotonic() + pause > deadline:
+                    raise CommError(f"tcp communicator (rank {self.rank} of {self.world_size}): cannot connect "
+                                    f"to rank {r} at {address} ({e}); check that it is reachable from this host "
+                                    f"(a firewall, or a host= address that is not routable)") from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
+
+    def _greet(self, sock: socket.socket, deadline: float):
+        """The _Peer of an accepted connection, or None for a stray one (closed and ignored)."""
+        try:
+            sock.settimeout(max(min(deadline - time.monotonic(), 5.0), 0.01))
+            data = b""
+            while len(data) < _HELLO.size:
+                chunk = sock.recv(_HELLO.size - len(data))
+                if not chunk:
+                    break
+                data += chunk
+            magic, version, world, r, ident = _HELLO.unpack(data)
+            if (magic, version, world, ident) != (_HELLO_MAGIC, _VERSION, self.world_size, self._ident) or \
+                    not self.rank < r < self.world_size or r in self._peers:
+                raise ValueError("not one of our peers")
+        except (OSError, ValueError, struct.error):
+            sock.close()
+            return None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        address = self._store.get(f"{self._prefix}/addr/{r}", 1.0).decode()
+        return _Peer(r, address, sock)
+
+    # ----- the poll loop
+    def _pump(self, name: str, deadline: float) -> None:
+        """Moves bytes until no peer has anything queued or expected; CommError on a lost peer or timeout. Only
+        busy peers are polled: an idle one that has gone is noticed when it is next needed."""
+        peers = list(self._peers.values())
+        try:
+            while True:
+                busy = False
+                for p in peers:
+                    mask = (select.POLLIN if p.want is not None else 0) | (select.POLLOUT if p.out else 0)
+                    if mask:
+                        busy = True
+                    if mask != p.mask:
+                        if not p.mask:
+                            self._poller.register(p.fd, mask)
+                        elif mask:
+                            self._poller.modify(p.fd, mask)
+                        else:
+                            self._poller.unregister(p.fd)
+                        p.mask = mask
+                if not busy:
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._timed_out(name, [p for p in peers if p.busy()])
+                for fd, ev in self._poller.poll(min(left, 1.0) * 1000 + 1):
+                    p = self._by_fd[fd]
+                    if p.out and ev & (select.POLLOUT | select.POLLERR | select.POLLHUP):
+                        p.write()
+                    if p.want is not None and ev & (select.POLLIN | select.POLLERR | select.POLLHUP):
+                        p.read()
+        except _PeerLost as e:
+            raise self._lost(name, e.peer, e.what) from None
+
+    @property
+    def _by_fd(self) -> dict:
+        fds = getattr(self, "_fds", None)
+        if fds is None:
+            fds = self._fds = {p.fd: p for p in self._peers.values()}
+        return fds
+
+    def _timed_out(self, name: str, late) -> CommError:
+        who = ", ".join(f"rank {p.rank} ({p.address})" for p in late) or "none"
+        return self._fail(f"tcp {name} #{self._seq} (rank {self.rank} of {self.world_size}): not finished after "
+                          f"{self.timeout:g} s; still waiting to exchange data with {who}. Look at those ranks' "
+                          f"output, or raise the timeout (timeout= or SINGA_LITE_COMM_TIMEOUT)", report=True)
+
+    def _lost(self, name: str, peer: _Peer, what: str) -> CommError:
+        if self._aborted is not None:
+            return CommError(f"tcp communicator of rank {self.rank}: aborted: {self._aborted}")
+        cause = self._read_report(peer.rank)
+        here = f"tcp {name} #{self._seq} (rank {self.rank} of {self.world_size})"
+        if cause:
+            return self._fail(f"{here}: {cause} (reported by rank {peer.rank}, which then left)", report=cause)
+        cause = (f"rank {peer.rank} ({peer.address}) {what} without reporting a cause: it died (killed or crashed), "
+                 f"or its host is unreachable")
+        return self._fail(f"{here}: {cause}", report=cause)
+
+    def _fail(self, message: str, report) -> CommError:
+        """Makes the communicator unusable: the cause goes to the store (for the peers' errors), the sockets
+        are shut so that peers still waiting on this rank fail now rather than at their timeout."""
+        if report:
+            self._write_report(message if report is True else report)
+        self._shut()
+        self._broken = CommError(message)
+        return self._broken
+
+    def _write_report(self, cause: str) -> None:
+        _bounded(lambda: self._store.set(f"{self._prefix}/fail/{self.rank}", cause.encode()), REPORT_S)
+
+    def _read_report(self, r: int) -> str:
+        got = _bounded(lambda: self._store.get(f"{self._prefix}/fail/{r}", REPORT_S / 2), REPORT_S)
+        return got.decode(errors="replace") if got else ""
+
+    def _shut(self) -> None:
+        for p in self._peers.values():
+            try:
+                p.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    # ----- messages
+    def _signature(self, kind, t=None, root=-1, op="") -> tuple:
+        dtype = -1 if t is None else _DTYPE_CODE[t.dtype]
+        count = 0 if t is None else t.numel
+        return (_CODE[kind], dtype, root, _OP_CODE.get(op, -1), self._seq, count)
+
+    def _header_exchange(self, kind, t=None, root=-1, op="", payload: memoryview | None = None,
+                         payload_to=None) -> dict:
+        """Sends every peer this call's signature (with payload to all peers, or only to rank payload_to),
+        receives theirs; ValueError on every rank when they differ. Returns {rank: payload received}."""
+        self._seq += 1
+        deadline = time.monotonic() + self.timeout
+        mine = self._signature(kind, t, root, op)
+        sigs = {self.rank: mine}
+        got = {}
+        for p in self._peers.values():
+            data = payload if payload is not None and payload_to in (None, p.rank) else None
+            p.out.append(_HEADER.pack(_MAGIC, *mine[:4], mine[4], mine[5], 0 if data is None else len(data)))
+            if data is not None and len(data):
+                p.out.append(data)
+            self._read_header(p, lambda p, h, sigs=sigs, got=got: self._on_collective(p, h, sigs, got))
+        self._pump(kind, deadline)
+        if any(s != mine for s in sigs.values()):
+            raise ValueError(self._mismatch(sigs))
+        return got
+
+    def _read_header(self, p: _Peer, on_collective, again: bool = True) -> None:
+        """Expects a message header from p: a collective's goes to on_collective(p, header); a point-to-point
+        message is stashed for recv(), then (again=True) the next header is expected."""
+        buf = memoryview(bytearray(_HEADER.size))
+
+        def parsed():
+            magic, kind, dtype, root, op, seq, count, size = _HEADER.unpack(buf)
+            if magic != _MAGIC or not 0 <= kind < len(_KINDS) or size < 0:
+                raise _PeerLost(p, f"sent bytes out of step with the protocol ({bytes(buf[:8])!r})")
+            if kind == _P2P:  # a point-to-point message sent before this collective: kept for recv()
+                data = memoryview(bytearray(size))
+
+                def stash():
+                    self._stash[(p.rank, op)].append(((dtype, count), data))
+                    if again:
+                        self._read_header(p, on_collective)
+                p.expect(data, stash)
+                return
+            on_collective(p, (kind, dtype, root, op, seq, count, size))
+        p.expect(buf, parsed)
+
+    def _on_collective(self, p, h, sigs, got):
+        sigs[p.rank] = h[:6]
+        data = memoryview(bytearray(h[6]))
+        got[p.rank] = data
+        p.expect(data)
+
+    def _mismatch(self, sigs: dict) -> str:
+        def says(s) -> str:
+            kind, dtype, root, op, seq, count = s
+            args = [] if _KINDS[kind] == "barrier" else [f"{count} {DTYPES[dtype].name}"]
+            if root >= 0:
+                args.append(f"root={root}")
+            if op >= 0:
+                args.append(f"op={REDUCE_OPS[op]}")
+            return f"{_KINDS[kind]}({', '.join(args)}) as its call #{seq}"
+        return ("tcp: the ranks made different collective calls: "
+                + "; ".join(f"rank {r} called {says(s)}" for r, s in sorted(sigs.items()))
+                + ". Every rank must make the same collective calls, with the same sizes, dtypes, roots and ops, "
+                  "in the same order")
+
+    def _exchange(self, name: str, sends=(), recvs=()) -> None:
+        """Data phase: sends [(rank, bytes)] and receives [(rank, writable bytes)] concurrently."""
+        for r, data in sends:
+            if len(data):
+                self._peers[r].out.append(data)
+        for r, view in recvs:
+            self._peers[r].expect(view)
+        self._pump(name, time.monotonic() + self.timeout)
+
+    # ----- reductions
+    def _ring_reduce_scatter(self, a: np.ndarray, bounds, op: str, bf16: bool, name: str) -> None:
+        """Ring reduce-scatter over the flat array a, cut at bounds (P + 1 offsets): afterwards segment r of
+        this rank holds the reduction over ranks of segment r. In place; P - 1 steps."""
+        P, r = self.world_size, self.rank
+        right, left = (r + 1) % P, (r - 1) % P
+        seg = [a[bounds[i]:bounds[i + 1]] for i in range(P)]
+        tmp = np.empty(max(len(s) for s in seg), a.dtype)
+        with np.errstate(over="ignore", invalid="ignore"):
+            for s in range(P - 1):
+                out, into = seg[(r - s - 1) % P], seg[(r - s - 2) % P]
+                buf = tmp[:len(into)]
+                self._exchange(name, [(right, _bytes(out))], [(left, _bytes(buf))])
+                _reduce_into(into, buf, op, bf16)
+
+    def _ring_all_gather(self, a: np.ndarray, bounds, name: str) -> None:
+        """Ring all-gather: each rank starts with its segment r of a; afterwards every segment is full."""
+        P, r = self.world_size, self.rank
+        right, left = (r + 1) % P, (r - 1) % P
+        seg = [a[bounds[i]:bounds[i + 1]] for i in range(P)]
+        for s in range(P - 1):
+            self._exchange(name, [(right, _bytes(seg[(r - s) % P]))], [(left, _bytes(seg[(r - s - 1) % P]))])
+
+    def _reduce_rows(self, rows: np.ndarray, op: str, dtype) -> np.ndarray:
+        """op over rows (one per rank, in rank order) -> one row: float16 / bfloat16 in float32 rounded once,
+        avg divided at the end. The same bits on every rank."""
+        if dtype == tensor.bfloat16:
+            rows = _bf16_to_f32(rows)
+        elif dtype == tensor.float16:
+            rows = rows.astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            out = _UFUNCS[op].reduce(rows, axis=0)
+            if op == "avg":
+                out = out / self.world_size
+        if dtype == tensor.bfloat16:
+            return _f32_to_bf16(out)
+        return out.astype(rows.dtype if dtype not in _HALF else np.float16, copy=False)
+
+    def _gathered_rows(self, a: np.ndarray, got: dict) -> np.ndarray:
+        rows = np.empty((self.world_size, a.size), a.dtype)
+        for q in range(self.world_size):
+            rows[q] = a.reshape(-1) if q == self.rank else np.frombuffer(got[q], a.dtype)
+        return rows
+
+    def _prescale(self, a: np.ndarray, dtype) -> None:
+        """Divides before summing (avg of float16 / bfloat16): their sum of P values may overflow."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            if dtype == tensor.bfloat16:
+                a[...] = _f32_to_bf16(_bf16_to_f32(a) / self.world_size)
+            else:
+                a[...] = (a.astype(np.float32) / self.world_size).astype(a.dtype)
+
+    def _finish_avg(self, a: np.ndarray, dtype, op: str) -> None:
+        if op == "avg" and dtype not in _HALF:
+            a /= self.world_size
+
+    def _bounds(self, n: int, P: int | None = None) -> list:
+        P = P or self.world_size
+        return [(i * n) // P for i in range(P + 1)]
+
+    # ----- hooks
+    def _all_reduce(self, t, op):
+        if self.world_size == 1:
+            return
+        a = _array(t).reshape(-1)
+        if a.nbytes <= FUSE_BYTES:
+            got = self._header_exchange("all_reduce", t, op=op, payload=_bytes(a))
+            a[...] = self._reduce_rows(self._gathered_rows(a, got), op, t.dtype)
+            return
+        self._header_exchange("all_reduce", t, op=op)
+        if op == "avg" and t.dtype in _HALF:
+            self._prescale(a, t.dtype)
+        bounds = self._bounds(a.size)
+        self._ring_reduce_scatter(a, bounds, "sum" if op == "avg" else op, t.dtype == tensor.bfloat16,
+                                  "all_reduce")
+        self._finish_avg(a[bounds[self.rank]:bounds[self.rank + 1]], t.dtype, op)
+        self._ring_all_gather(a, bounds, "all_reduce")
+
+    def _broadcast(self, t, root):
+        a = _array(t).reshape(-1)
+        small = a.nbytes <= FUSE_BYTES
+        got = self._header_exchange("broadcast", t, root, payload=_bytes(a) if small and self.rank == root
+                                    else None)
+        if self.rank == root or self.world_size == 1:
+            if not small:
+                self._exchange("broadcast", [(q, _bytes(a)) for q in self._peers])
+            return
+        if small:
+            a[...] = np.frombuffer(got[root], a.dtype)
+        else:
+            self._exchange("broadcast", recvs=[(root, _bytes(a))])
+
+    def _reduce(self, t, root, op):
+        a = _array(t).reshape(-1)
+        bf16 = t.dtype == tensor.bfloat16
+        if a.nbytes <= FUSE_BYTES or self.world_size == 1:
+            got = self._header_exchange("reduce", t, root, op, payload=_bytes(a), payload_to=root)
+            if self.rank == root:
+                a[...] = self._reduce_rows(self._gathered_rows(a, got), op, t.dtype)
+            return
+        self._header_exchange("reduce", t, root, op)
+        work = a if self.rank == root else a.copy()  # the other ranks' tensors stay as they were
+        if op == "avg" and t.dtype in _HALF:
+            self._prescale(work, t.dtype)
+        bounds = self._bounds(work.size)
+        self._ring_reduce_scatter(work, bounds, "sum" if op == "avg" else op, bf16, "reduce")
+        mine = work[bounds[self.rank]:bounds[self.rank + 1]]
+        self._finish_avg(mine, t.dtype, op)
+        if self.rank == root:
+            self._exchange("reduce", recvs=[(q, _bytes(work[bounds[q]:bounds[q + 1]])) for q in self._peers])
+        else:
+            self._exchange("reduce", sends=[(root, _bytes(mine))])
+
+    def _all_gather(self, out, t):
+        a, rows = _array(t).reshape(-1), _array(out).reshape(self.world_size, -1)
+        self._header_exchange("all_gather", t)
+        rows[self.rank] = a
+        self._exchange("all_gather", [(q, _bytes(a)) for q in self._peers],
+                       [(q, _bytes(rows[q])) for q in self._peers])
+
+    def _reduce_scatter(self, out, t, op):
+        a, o = _array(t).reshape(-1), _array(out).reshape(-1)
+        self._header_exchange("reduce_scatter", t, op=op)
+        work = a.copy()  # the input is the caller's tensor
+        if op == "avg" and t.dtype in _HALF:
+            self._prescale(work, t.dtype)
+        bounds = self._bounds(work.size)
+        if self.world_size > 1:
+            self._ring_reduce_scatter(work, bounds, "sum" if op == "avg" else op, t.dtype == tensor.bfloat16,
+                                      "reduce_scatter")
+        mine = work[bounds[self.rank]:bounds[self.rank + 1]]
+        self._finish_avg(mine, t.dtype, op)
+        o[...] = mine
+
+    def _gather(self, out, t, root):
+        a = _array(t).reshape(-1)
+        self._header_exchange("gather", t, root)
+        if self.rank != root:
+            self._exchange("gather", sends=[(root, _bytes(a))])
+            return
+        rows = _array(out).reshape(self.world_size, -1)
+        rows[self.rank] = a
+        self._exchange("gather", recvs=[(q, _bytes(rows[q])) for q in self._peers])
+
+    def _scatter(self, out, t, root):
+        o = _array(out).reshape(-1)
+        self._header_exchange("scatter", out, root)
+        if self.rank != root:
+            self._exchange("scatter", recvs=[(root, _bytes(o))])
+            return
+        rows = _array(t).reshape(self.world_size, -1)
+        o[...] = rows[self.rank]
+        self._exchange("scatter", sends=[(q, _bytes(rows[q])) for q in self._peers])
+
+    def _barrier(self):
+        self._header_exchange("barrier")
+
+    def _send(self, t, dst, tag):
+        a = _array(t).reshape(-1)
+        data = _bytes(a)
+        p = self._peers[dst]
+        p.out.append(_HEADER.pack(_MAGIC, _P2P, _DTYPE_CODE[t.dtype], -1, tag, 0, t.numel, len(data)))
+        p.out.append(data)
+        self._pump("send", time.monotonic() + self.timeout)
+
+    def _recv(self, t, src, tag):
+        a = _array(t).reshape(-1)
+        want = (_DTYPE_CODE[t.dtype], t.numel)
+        deadline = time.monotonic() + self.timeout
+        p = self._peers[src]
+        while not self._stash[(src, tag)]:
+            def on_collective(p, h):
+                raise ValueError(f"tcp recv(src={src}, tag={tag}) on rank {self.rank}: rank {src} started "
+                                 f"{_KINDS[h[0]]} (its call #{h[4]}) instead of sending: every rank must make the "
+                                 f"same calls in the same order")
+            self._read_header(p, on_collective, again=False)
+            try:
+                self._pump("recv", deadline)
+            except ValueError as e:  # the stream from src is out of step now: the communicator is broken
+                raise self._fail(str(e), report=True) from None
+        sig, data = self._stash[(src, tag)].popleft()
+        if sig != want:
+            raise ValueError(f"tcp recv(src={src}, tag={tag}) on rank {self.rank}: rank {src} sent {sig[1]} "
+                             f"{DTYPES[sig[0]].name}, this rank receives {want[1]} {DTYPES[want[0]].name}")
+        a[...] = np.frombuffer(data, a.dtype)
+
+    def _abort(self, reason):
+        self._aborted = f"rank {self.rank} aborted: {reason}"
+        self._write_report(self._aborted)
+        self._shut()
+        if self._broken is None:
+            self._broken = CommError(f"tcp communicator of rank {self.rank}: {self._aborted}")
+
+    def _close(self):
+        for p in self._peers.values():
+            try:
+                self._poller.unregister(p.fd)
+            except (KeyError, ValueError, OSError):
+                pass
+            try:
+                p.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            p.sock.close()
+        self._peers = {}
+        self._fds = {}
+        self._poller = select.poll()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+    def _on_timeout(self, name: str) -> CommError:
+        busy = ", ".join(f"rank {p.rank} ({p.address})" for p in self._peers.values() if p.busy())
+        return CommError(f"tcp {name} (rank {self.rank} of {self.world_size}): not finished after {self.timeout:g} s"
+                         + (f"; still waiting to exchange data with {busy}" if busy else ""))
+
+
+def _ident(prefix: str) -> int:
+    """A number naming the communicator (its store prefix) in the connection greeting."""
+    import zlib
+    return zlib.crc32(prefix.encode())
+
+
+def _bounded(fn, seconds: float):
+    """fn()'s result, or None when it failed or took longer than seconds (failure reports are best effort:
+    the store may be gone with its rank)."""
+    result = []
+
+    def run():
+        try:
+            result.append(fn())
+        except Exception:
+            pass
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return result[0] if result else None

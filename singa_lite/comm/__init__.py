@@ -47,7 +47,7 @@ from .holder import NcclIdHolder
 from . import env
 from .mpi import broadcast_bytes, launched_by_mpiexec
 
-BACKENDS = ("mpi", "shm", "nccl")
+BACKENDS = ("mpi", "shm", "nccl", "tcp")
 HOLDER_VAR = "SINGA_LITE_HOLDER"  # set by singa-run: the holder's to_string()
 _launched = None  # the communicator a rank made from its launcher's environment (see init)
 
@@ -161,6 +161,9 @@ def _create(backend, holder, rank, world_size, timeout, options, launched=False)
         raise ValueError("backend 'mpi' takes its ranks from mpiexec, but this process is a singa-run rank "
                          f"({HOLDER_VAR} is set): use backend 'shm' (CPU tensors) or 'nccl' (GPU tensors), "
                          "e.g. singa-run --backend shm")
+    if chosen == "tcp":  # ranks meeting through a TCP store (tcp.py), e.g. from init_method="env"
+        from .tcp import create as create_tcp
+        return create_tcp(holder=holder, rank=rank, world_size=world_size, timeout=timeout, **options)
     if chosen == "nccl":
         from .nccl import create
 

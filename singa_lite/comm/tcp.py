@@ -645,3 +645,24 @@ def _bounded(fn, seconds: float):
     thread.start()
     thread.join(seconds)
     return result[0] if result else None
+
+
+def create(store=None, rank=None, world_size=None, timeout: float = DEFAULT_TIMEOUT, holder=None, local_rank=None,
+           local_size=None, **options) -> TcpCommunicator:
+    """The tcp communicator ``dist.init(backend="tcp", store=..., rank=..., world_size=...)`` makes. The ranks
+    meet through a rendezvous store (store.TcpStore): ``init_method="env"`` makes one from MASTER_ADDR /
+    MASTER_PORT; a one-rank job without one gets a private store."""
+    if holder is not None:
+        raise ValueError("backend 'tcp' meets its peers through a rendezvous store (store=TcpStore(...)), not a "
+                         "NcclIdHolder; for processes started by multiprocessing with a holder use backend 'shm'")
+    if store is None:
+        if world_size not in (None, 1):
+            raise ValueError(f"backend 'tcp' with world_size={world_size} needs a rendezvous store: use "
+                             f"dist.init(init_method='env') with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE set "
+                             f"(as torchrun and Slurm do), or pass store=TcpStore(...), rank= and world_size=")
+        from .store import TcpStore
+        store, rank, world_size = TcpStore("127.0.0.1", 0, 1, is_server=True, timeout=timeout), 0, 1
+    if rank is None or world_size is None:
+        raise ValueError("backend 'tcp' needs rank= and world_size= with its store")
+    return TcpCommunicator(store, rank, world_size, 0 if local_rank is None else local_rank,
+                           1 if local_size is None else local_size, timeout=timeout, **options)

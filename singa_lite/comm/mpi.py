@@ -16,9 +16,9 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import signal
 import struct
 import sys
-import threading
 import time
 import warnings
 
@@ -29,6 +29,9 @@ from . import watch
 from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator
 
 ABORT_GRACE_S = 1.0
+# MPI_Abort asks mpiexec to end the job and may never return when mpiexec cannot be reached (this rank's host
+# cut off from the launcher): SIGALRM (default action: the process ends) ends the rank then, after this long.
+ABORT_EXIT_S = 5
 # After a mismatch was found, how long to wait for the mismatched data collectives to end (they were started
 # together with the check): those that match as MPI collectives (same kind) end; others may never.
 MISMATCH_DRAIN_S = 2.0
@@ -51,6 +54,7 @@ _KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
 _DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
 _OP_CODE = {o: i for i, o in enumerate(REDUCE_OPS)}
 FP16_GATHER_MAX_RANKS = 4  # see _all_reduce_fp16_by_gather
+BOARD_QUERY_S = 3.0  # after a timeout: how long the ranks have to answer a query of their progress
 SPIN_S = 0.05  # seconds of continuous polling before a waiting rank starts to sleep between polls
 # Environment variables that mpiexec sets (MPICH's Hydra, Open MPI, PMIx launchers).
 MPI_LAUNCH_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
@@ -105,6 +109,19 @@ def unlink_mpich_segments() -> list:
     return removed
 
 
+def abort_job(abort, code: int = 1) -> None:
+    """Aborts the MPI job with `abort` (``Comm.Abort``), sure to end this rank: MPI_Abort reaches mpiexec
+    through this host's proxy and waits to be ended by it, forever when the host's link is cut. So an alarm
+    (SIGALRM, whose default action ends the process, whatever the GIL or MPI's locks are doing) ends the rank
+    after ABORT_EXIT_S."""
+    try:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # a handler the script set must not catch it
+    except ValueError:  # not the main thread: the default action stays unless the script changed it
+        pass
+    signal.alarm(ABORT_EXIT_S)
+    abort(code)
+
+
 def abort_on_uncaught_exception(comm, abort) -> None:
     """An uncaught exception on one rank ends that rank, while the others wait for it inside a collective and
     MPI_Finalize (at its exit) would wait for them: the job would hang until the timeout. So, as mpi4py's
@@ -122,7 +139,7 @@ def abort_on_uncaught_exception(comm, abort) -> None:
             watch.tell(watch_name, "reported", comm.rank)
         print(f"singa_lite: rank {comm.rank} of {comm.world_size} ended with an uncaught {kind.__name__} "
               f"(above): aborting the MPI job", file=sys.stderr, flush=True)
-        abort(1)
+        abort_job(abort)
 
     sys.excepthook = hook
 
@@ -211,6 +228,8 @@ class MpiCommunicator(Communicator):
         self._comm = (comm or MPI.COMM_WORLD).Dup()  # our own context: user traffic cannot interleave
         local = self._comm.Split_type(MPI.COMM_TYPE_SHARED)
         super().__init__(self._comm.rank, self._comm.size, local.rank, local.size, timeout)
+        # Every rank's host, so that a timeout can name the host of the ranks that no longer answer.
+        self._hosts = self._comm.allgather(MPI.Get_processor_name())
         whole_job = comm is None or comm == MPI.COMM_WORLD
         self._types = {tensor.float32: MPI.FLOAT, tensor.float64: MPI.DOUBLE, tensor.int32: MPI.INT32_T,
                        tensor.int64: MPI.INT64_T, tensor.float16: MPI.INT16_T, tensor.bfloat16: MPI.INT16_T}
@@ -548,7 +567,7 @@ class MpiCommunicator(Communicator):
 
     def _abort(self, reason):
         print(f"singa_lite: rank {self.rank} aborts the MPI job: {reason}", file=sys.stderr, flush=True)
-        self._comm.Abort(1)
+        abort_job(self._comm.Abort)
 
     def _close(self):
         if self._check_request is not None:
@@ -560,38 +579,61 @@ class MpiCommunicator(Communicator):
     # ----- timeouts
     def _on_timeout(self, name: str) -> CommError:
         mine = int(self._entered[0])
-        counts = self._read_board(timeout=5.0)
-        if counts is None:
-            who = "the other ranks did not answer a query of their progress either"
-        else:
-            late = [r for r, c in enumerate(counts) if 0 <= c < mine]
-            ended = {r: -1 - c for r, c in enumerate(counts) if c < 0}  # see _at_exit
-            who = (f"ranks that had not entered it: {', '.join(map(str, late))}" if late else
-                   "every rank entered it, so one of them is stuck inside it" if not ended else "")
-            if ended:
-                who += ("; " if who else "") + "; ".join(
-                    f"rank {r} ended normally (its script finished without an error) after {n} collectives"
-                    for r, n in ended.items()) + (
-                    f", while this rank is inside #{mine}: the number of steps probably differed (uneven data "
-                    f"per rank?); give every rank the same number of batches, or train inside "
-                    f"`with dist_opt.join():`")
+        counts = self._read_board(timeout=BOARD_QUERY_S)
+        silent = [r for r, c in enumerate(counts) if c is None]
+        late = [r for r, c in enumerate(counts) if c is not None and 0 <= c < mine]
+        ended = {r: -1 - c for r, c in enumerate(counts) if c is not None and c < 0}  # see _at_exit
+        parts = []
+        if silent:
+            parts.append(self._unreachable(silent))
+        if late:
+            parts.append(f"ranks that had not entered it: {', '.join(map(str, late))}")
+        if ended:
+            parts.append("; ".join(
+                f"rank {r} ended normally (its script finished without an error) after {n} collectives"
+                for r, n in ended.items()) + (
+                f", while this rank is inside #{mine}: the number of steps probably differed (uneven data "
+                f"per rank?); give every rank the same number of batches, or train inside "
+                f"`with dist_opt.join():`"))
+        who = "; ".join(parts) or "every rank entered it, so one of them is stuck inside it"
         return CommError(f"mpi {name} #{mine} (rank {self.rank} of {self.world_size}): not finished after "
                          f"{self.timeout:g} s; {who}. The job cannot continue: it is aborted at exit. Look at "
                          f"those ranks' output, or raise the timeout (timeout= or SINGA_LITE_COMM_TIMEOUT)")
 
-    def _read_board(self, timeout: float):
-        result = []
+    def _unreachable(self, silent: list) -> str:
+        """Names the ranks that did not answer the board's query, by host: a host none of whose ranks answers
+        is unreachable (its link is down, or it is gone)."""
+        by_host = {}
+        for r in silent:
+            by_host.setdefault(self._hosts[r], []).append(r)
+        said = []
+        for host, ranks in by_host.items():
+            whole = len(ranks) == self._hosts.count(host)
+            said.append(f"{'host ' + host + ' is unreachable: ' if whole else ''}rank{'s' * (len(ranks) > 1)} "
+                        f"{', '.join(map(str, ranks))}{'' if whole else ' on ' + host} did not answer a query of "
+                        f"{'their' if len(ranks) > 1 else 'its'} progress within {BOARD_QUERY_S:g} s")
+        return "; ".join(said) + (" (a cut network link, a host that is down, or ranks stuck in MPI)")
 
-        def read():
-            buf = np.zeros(1, np.int64)
-            for r in range(self.world_size):
-                self._board.Get(buf, r)
-                self._board.Flush(r)
-                result.append(int(buf[0]))
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        reader.join(timeout)
-        return result if len(result) == self.world_size else None
+    def _read_board(self, timeout: float) -> list:
+        """Every rank's entry on the arrival board, None for a rank that did not answer within `timeout`. The
+        reads are nonblocking (Rget) and polled here: a blocking Flush towards an unreachable host never
+        returns and holds MPI's lock meanwhile, so that even MPI_Abort would then wait forever."""
+        bufs = [np.zeros(1, np.int64) for _ in range(self.world_size)]
+        pending = {r: self._board.Rget(bufs[r], r) for r in range(self.world_size)}
+        answered = set()
+        end = time.monotonic() + timeout
+        while pending and time.monotonic() < end:
+            for r, request in list(pending.items()):
+                try:
+                    done = request.Test()
+                except self._MPI.Exception:  # MPI's own error towards that rank: no answer
+                    pending.pop(r)
+                    continue
+                if done:
+                    pending.pop(r)
+                    answered.add(r)
+            time.sleep(1e-3)
+        return [int(bufs[r][0]) if r in answered else None for r in range(self.world_size)]
 
     def _at_exit(self):
         if self._watch_name is not None:  # this rank's end is not a death: the watcher must not blame it
@@ -605,4 +647,4 @@ class MpiCommunicator(Communicator):
             print(f"singa_lite: rank {self.rank}: aborting the MPI job after: {self._broken}", file=sys.stderr,
                   flush=True)
             time.sleep(ABORT_GRACE_S)  # the other surviving ranks' own errors get printed too
-            self._MPI.COMM_WORLD.Abort(1)
+            abort_job(self._MPI.COMM_WORLD.Abort)

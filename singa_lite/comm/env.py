@@ -241,7 +241,8 @@ def read_slurm(environ=None) -> LaunchEnv:
     environ = os.environ if environ is None else environ
     who = "Slurm"
     if "SLURM_PROCID" not in environ:
-        raise ValueError(f"init_method='env': neither a torchrun environment nor a Slurm task ({_describe_seen(environ)})")
+        raise ValueError(f"init_method='env': neither a torchrun environment nor a Slurm task "
+                         f"({_describe_seen(environ)})")
     world_var = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in environ else "SLURM_NTASKS"
     if world_var not in environ:
         raise ValueError(f"{who} environment: SLURM_PROCID is set but not SLURM_NTASKS / SLURM_STEP_NUM_TASKS "

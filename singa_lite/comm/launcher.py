@@ -1,7 +1,22 @@
-"""singa-run: starts N ranks of a script on this host, sharing one NcclIdHolder, and watches them.
+"""singa-run: starts N ranks of a script on this host, sharing one NcclIdHolder, and watches them; or, with a
+hostfile, on several hosts through ssh (or another remote shell), meeting through dist.init's TCP rendezvous.
 
     singa-run -np 2 train.py --lr 0.1            # also: python -m singa_lite.run -np 2 train.py ...
     singa-run -np 4 --backend nccl -m mypkg.train
+    singa-run --hostfile hosts train.py          # every slot of the hostfile; -np N: the first N slots
+
+Hostfiles (read_hostfile): MPICH's form ``host:N`` or Open MPI's ``host slots=N`` (one host a line, ``#``
+comments, blank lines; a host alone has 1 slot; a host named twice gets the sum). Ranks fill the hosts in
+order. Each rank is started as ``CMD host WORDS...`` (CMD: ``--launcher-exec``, default ``ssh``; the words are
+shell-quoted as ssh expects, so a wrapper called like ssh works too, e.g. one that enters a container or a
+network namespace), where the words run this module's small rank helper with the same Python path (the same
+installation on every host, as mpiexec expects): it changes to the current directory, sets the rank's
+variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT: the torchrun
+variables dist.init() reads, see comm/env.py), runs the script, and stops it when singa-run asks or when its
+connection closes (so a killed singa-run or a dropped ssh leaves no rank behind). The ranks then meet through
+the TCP store rank 0 serves at MASTER_ADDR (``--master-addr``, default the first host) : MASTER_PORT
+(``--master-port``, default a port free here). Signals reach them through that connection; stdin is not
+passed on to them.
 
 Each rank is ``python script.py args`` (or ``python -m module args``) with the variables below, so that a
 plain ``dist.init()`` or ``opt.DistOpt(sgd)`` in the script joins the others. Output lines carry the rank
@@ -21,6 +36,7 @@ from __future__ import annotations
 import argparse
 import importlib.machinery
 import os
+import socket
 import queue
 import shlex
 import signal
@@ -32,6 +48,7 @@ import time
 from .. import timeline
 from . import HOLDER_VAR
 from .holder import NcclIdHolder
+from .mpi import MPI_LAUNCH_VARS
 
 BACKEND_VAR = "SINGA_LITE_COMM_BACKEND"
 TIMEOUT_VAR = "SINGA_LITE_COMM_TIMEOUT"
@@ -39,12 +56,16 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 POLL_S = 0.1  # how often the supervisor looks at signals and deadlines
 REAP_S = 5.0  # after SIGKILL, how long to wait for the kernel to end a process before giving up on it
 DRAIN_S = 2.0  # after the ranks ended, how long to wait for the rest of their output
+REMOTE_MARK = "--singa-run-rank"  # `python -m singa_lite.comm.launcher --singa-run-rank ...`: remote_main
 
 EPILOG = f"""\
 environment of each rank:
   {HOLDER_VAR}       the shared NcclIdHolder (NcclIdHolder.to_string()); marks a singa-run rank
   RANK, WORLD_SIZE        this rank and the number of ranks
   LOCAL_RANK, LOCAL_WORLD_SIZE   the same on this host (singa-run starts ranks on one host)
+with --hostfile, instead of {HOLDER_VAR}:
+  MASTER_ADDR, MASTER_PORT       where rank 0 serves the rendezvous store
+  LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK   from the hostfile (dist.init() checks the hosts itself)
   {BACKEND_VAR} --backend, when not auto
   {TIMEOUT_VAR} --timeout, when given
   {timeline.ENV_VAR}     --timeline DIR: each rank writes DIR/timeline.rank<r>.json at exit
@@ -66,12 +87,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="singa-run", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG, allow_abbrev=False,
         description="Start N ranks of a Python script on this host for singa_lite's data-parallel training.")
-    p.add_argument("-np", "-n", "--np", dest="np", type=int, required=True, metavar="N",
-                   help="number of ranks to start")
-    p.add_argument("--backend", choices=("auto", "shm", "nccl"), default=None,
+    p.add_argument("-np", "-n", "--np", dest="np", type=int, default=None, metavar="N",
+                   help="number of ranks to start (with --hostfile: default, and at most, its slots)")
+    p.add_argument("--hostfile", "-f", metavar="FILE",
+                   help="start the ranks on the hosts of FILE (MPICH's 'host:N' or Open MPI's 'host slots=N' "
+                        "lines) through --launcher-exec, filling the hosts in order")
+    p.add_argument("--launcher-exec", default="ssh", metavar="CMD",
+                   help="with --hostfile: how a rank is started on its host, called as 'CMD host words...' like "
+                        "ssh (default: ssh; e.g. 'ssh -o BatchMode=yes')")
+    p.add_argument("--master-addr", metavar="ADDR",
+                   help="with --hostfile: the address the ranks reach rank 0 at (default: the first host)")
+    p.add_argument("--master-port", type=int, metavar="PORT",
+                   help="with --hostfile: the port rank 0 serves the rendezvous on (default: one free here)")
+    p.add_argument("--backend", choices=("auto", "shm", "nccl", "tcp"), default=None,
                    help=f"communication backend of dist.init() in the ranks (sets {BACKEND_VAR}); auto: shm "
-                        f"for CPU tensors, nccl when the script made a GPU its default device first "
-                        f"(default: {BACKEND_VAR} when set, else auto)")
+                        f"for CPU tensors (tcp across the hosts of a hostfile), nccl when the script made a GPU "
+                        f"its default device first (default: {BACKEND_VAR} when set, else auto)")
     p.add_argument("--timeout", type=float, metavar="SECONDS",
                    help=f"communicator timeout in the ranks (sets {TIMEOUT_VAR}; default 300)")
     p.add_argument("--timeline", metavar="DIR",
@@ -90,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-_TAKE_A_VALUE = {"-np", "-n", "--np", "--backend", "--timeout", "--grace", "--timeline"}
+_TAKE_A_VALUE = {"-np", "-n", "--np", "--backend", "--timeout", "--grace", "--timeline", "--hostfile", "-f",
+                 "--launcher-exec", "--master-addr", "--master-port"}
 
 
 def parse_command_line(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:
@@ -115,6 +147,30 @@ def _with_script_args(args: argparse.Namespace, rest: list) -> argparse.Namespac
 
 
 def check_args(args) -> None:
+    args.placement = None
+    if args.hostfile is None:
+        if args.np is None:
+            raise UsageError("the following arguments are required: -np (or --hostfile)")
+        for flag, value in (("--master-addr", args.master_addr), ("--master-port", args.master_port)):
+            if value is not None:
+                raise UsageError(f"{flag} is for jobs on several hosts: give --hostfile too")
+    else:
+        hosts = read_hostfile(args.hostfile)
+        slots = sum(n for _, n in hosts)
+        if args.np is None:
+            args.np = slots
+        elif args.np > slots:
+            raise UsageError(f"-np {args.np}, but {args.hostfile} has {slots} slot(s) "
+                             f"({', '.join(f'{h}: {n}' for h, n in hosts)}): add slots or hosts, or start fewer ranks")
+        args.placement = place(hosts, args.np) if args.np >= 1 else None
+        if args.master_addr is None:
+            args.master_addr = hosts[0][0]
+        if args.master_port is None:
+            args.master_port = free_port()
+        if args.master_port is not None and not 1 <= args.master_port <= 65535:
+            raise UsageError(f"--master-port must be a TCP port (1 to 65535), got {args.master_port}")
+        if not shlex.split(args.launcher_exec):
+            raise UsageError("--launcher-exec must name a command (e.g. ssh)")
     if args.np < 1:
         raise UsageError(f"-np must be at least 1, got {args.np}")
     if args.timeout is not None and not args.timeout > 0:
@@ -135,6 +191,99 @@ def check_args(args) -> None:
     elif not os.path.isfile(args.target):
         what = "is a directory" if os.path.isdir(args.target) else "does not exist"
         raise UsageError(f"script {args.target!r} {what} (to run a module, use -m)")
+
+
+# ---------------------------------------------------------------- hostfiles
+def read_hostfile(path: str) -> list[tuple[str, int]]:
+    """[(host, slots)] from an MPICH (``host:N``) or Open MPI (``host slots=N [max_slots=M]``) hostfile, in
+    the order of first appearance; ``#`` starts a comment; a host alone has 1 slot; a host named on several
+    lines gets the sum of their slots. UsageError naming the file and line for anything else."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise UsageError(f"cannot read the hostfile {path!r}: {e.strerror or e}") from None
+    slots: dict = {}
+    for number, raw in enumerate(lines, 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{path}:{number}"
+        expected = "expected 'host', 'host:N' (MPICH) or 'host slots=N' (Open MPI)"
+        words = line.split()
+        host, count = words[0], None
+        if ":" in host:
+            host, _, n = host.rpartition(":")
+            count = _slot_count(n, where, raw)
+        for word in words[1:]:
+            key, eq, value = word.partition("=")
+            if key == "slots" and eq and count is None:
+                count = _slot_count(value, where, raw)
+            elif key in ("max_slots", "max-slots") and eq:
+                _slot_count(value, where, raw)  # checked, not needed: singa-run never oversubscribes
+            else:
+                raise UsageError(f"{where}: {raw.strip()!r}: unexpected {word!r}; {expected}")
+        if not host or "=" in host or "[" in host:
+            raise UsageError(f"{where}: {raw.strip()!r}: no host name; {expected}")
+        slots[host] = slots.get(host, 0) + (1 if count is None else count)
+    if not slots:
+        raise UsageError(f"the hostfile {path!r} names no host (only blank lines and comments)")
+    return list(slots.items())
+
+
+def _slot_count(text: str, where: str, raw: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise UsageError(f"{where}: {raw.strip()!r}: the number of slots must be a positive integer, got {text!r}")
+    return n
+
+
+def place(hosts: list, np: int) -> list[dict]:
+    """Where each rank goes: the hosts' slots in order, each rank with its host, node index, local rank and
+    the number of ranks on its host."""
+    placement = []
+    for node, (host, slots) in enumerate(hosts):
+        here = min(slots, np - len(placement))
+        placement += [{"host": host, "node": node, "local_rank": k, "local_size": here} for k in range(here)]
+        if len(placement) == np:
+            break
+    return placement
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (the first host usually has it free too; else use --master-port)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def remote_variables(args, rank: int) -> dict:
+    """What a rank of a hostfile job needs (dist.init's torchrun variables) and singa-run's own settings."""
+    where = args.placement[rank]
+    env = {"RANK": rank, "WORLD_SIZE": args.np, "LOCAL_RANK": where["local_rank"],
+           "LOCAL_WORLD_SIZE": where["local_size"], "GROUP_RANK": where["node"], "MASTER_ADDR": args.master_addr,
+           "MASTER_PORT": args.master_port}
+    if args.backend not in (None, "auto"):
+        env[BACKEND_VAR] = args.backend
+    if args.timeout is not None:
+        env[TIMEOUT_VAR] = repr(args.timeout)
+    if args.timeline is not None:
+        env[timeline.ENV_VAR] = os.path.join(os.path.abspath(args.timeline), "")
+    if args.prefix:
+        env["PYTHONUNBUFFERED"] = "1"
+    return {k: str(v) for k, v in env.items()}
+
+
+def remote_command(args, rank: int) -> list[str]:
+    """``CMD host words...``: the rank helper (remote_main) on the rank's host, each word quoted for the remote
+    shell as ssh expects (a plain word stays as it is)."""
+    words = [sys.executable, "-m", __name__, REMOTE_MARK, os.getcwd()]
+    words += [f"{k}={v}" for k, v in remote_variables(args, rank).items()]
+    words += ["--"] + command(args)
+    return shlex.split(args.launcher_exec) + [args.placement[rank]["host"]] + [shlex.quote(w) for w in words]
 
 
 def command(args) -> list[str]:
@@ -246,9 +395,18 @@ class Job:
     def _signal_ranks(self, sig: int, every: bool = False) -> None:
         """sig to the process group of each running rank (every: of each rank, for its leftover children).
         Safe however late: an ended rank stays a zombie until the job is over, so its process (and group)
-        id cannot have been given to an unrelated process."""
+        id cannot have been given to an unrelated process. A rank on a hostfile's host gets the signal's name
+        through its helper's stdin (a remote shell does not carry signals), SIGKILL ends the remote shell
+        here, and its helper then kills the rank."""
         for r, p in enumerate(self.procs):
             if every or r not in self.codes:
+                if p.stdin is not None and sig != signal.SIGKILL:
+                    try:
+                        p.stdin.write(f"{signal.Signals(sig).name}\n".encode())
+                        p.stdin.flush()
+                    except (OSError, ValueError):  # its helper is gone already
+                        pass
+                    continue
                 try:
                     os.killpg(p.pid, sig)
                 except (ProcessLookupError, PermissionError):
@@ -259,12 +417,13 @@ class Job:
         previous = {s: signal.signal(s, self._on_signal) for s in FORWARDED}
         holder = None
         try:
-            holder = NcclIdHolder()
-            if self.args.backend == "nccl" and holder.nccl_id is None:
-                raise UsageError(f"--backend nccl, but NCCL cannot be used here: {holder.nccl_error}")
+            if self.args.placement is None:  # one host: the ranks meet through a holder
+                holder = NcclIdHolder()
+                if self.args.backend == "nccl" and holder.nccl_id is None:
+                    raise UsageError(f"--backend nccl, but NCCL cannot be used here: {holder.nccl_error}")
             if self.args.timeline is not None:
                 os.makedirs(self.args.timeline, exist_ok=True)
-            self._start(holder.to_string())
+            self._start(holder.to_string() if holder is not None else None)
             code = self._supervise()
             self._drain()
             self._report()
@@ -275,6 +434,11 @@ class Job:
             if self._running() or self.stopping:
                 self._signal_ranks(signal.SIGKILL, every=True)  # an error in singa-run itself, or leftovers
             for p in self.procs:  # reap: every rank has ended by now (or singa-run gave up on it)
+                if p.stdin is not None:  # a remote rank's helper: the end of its control line
+                    try:
+                        p.stdin.close()
+                    except OSError:
+                        pass
                 try:
                     p.wait(timeout=0.5)
                 except subprocess.TimeoutExpired:
@@ -299,17 +463,20 @@ class Job:
             return
         self.say(f"timeline of {len(found)} of {self.args.np} rank(s): {out}")
 
-    def _start(self, holder_text: str) -> None:
-        cmd = command(self.args)
+    def _start(self, holder_text: str | None) -> None:
         pipe = subprocess.PIPE if self.args.prefix else None
         setup = _die_with_parent()
         for rank in range(self.args.np):
             if self.signals:  # interrupted while starting: start no more
                 break
+            if self.args.placement is None:
+                cmd, env = command(self.args), rank_environment(self.args, rank, holder_text)
+                stdin = None if rank == 0 else subprocess.DEVNULL  # like mpiexec: stdin goes to rank 0
+            else:  # through the remote shell; its stdin is the helper's control line
+                cmd, env, stdin = remote_command(self.args, rank), None, subprocess.PIPE
             try:
                 self.procs.append(subprocess.Popen(
-                    cmd, env=rank_environment(self.args, rank, holder_text), stdout=pipe, stderr=pipe,
-                    stdin=None if rank == 0 else subprocess.DEVNULL,  # like mpiexec: stdin goes to rank 0
+                    cmd, env=env, stdout=pipe, stderr=pipe, stdin=stdin,
                     start_new_session=True,  # its own process group: singa-run alone decides what reaches it
                     preexec_fn=setup))
             except OSError as e:
@@ -346,7 +513,7 @@ class Job:
                 if code != 0 and not self.stopping:
                     self.failed, self.stopping = rank, True
                     if running:
-                        self.say(f"rank {rank} failed ({describe_end(code)}): stopping the other ranks "
+                        self.say(f"rank {rank} failed ({self._end(rank)}): stopping the other ranks "
                                  f"(SIGTERM, SIGKILL after {self.args.grace:g} s)")
                         self._signal_ranks(signal.SIGTERM)
                         self.kill_at = time.monotonic() + self.args.grace
@@ -395,9 +562,8 @@ class Job:
         if self.interrupted is not None:
             self.say(f"interrupted by {signal.Signals(self.interrupted).name}; {self._ends()}")
         elif self.failed is not None:
-            code = self.codes[self.failed]
             others = self._ends(skip=self.failed)
-            self.say(f"rank {self.failed} failed: {describe_end(code)} (see its output above)"
+            self.say(f"rank {self.failed} failed: {self._end(self.failed)} (see its output above)"
                      + (f"; the others: {others}" if others else ""))
             early = self._finished_before(self.failed)
             if early:  # a rank that simply ran out of work first: the failure is likely a collective it left
@@ -416,8 +582,20 @@ class Job:
                 early.append(r)
         return early
 
+    def _end(self, rank: int) -> str:
+        """How rank ended, in words; a hostfile rank's helper reports a signal as 128 + its number."""
+        code = self.codes[rank]
+        text = describe_end(code)
+        if self.args.placement is not None and 128 < code < 128 + 65:
+            try:
+                host = self.args.placement[rank]["host"]
+                text += f" (= 128 + {signal.Signals(code - 128).name}: a signal on {host})"
+            except ValueError:
+                pass
+        return text
+
     def _ends(self, skip=None) -> str:
-        return ", ".join(f"rank {r} " + (describe_end(self.codes[r]) if r in self.codes else "still running")
+        return ", ".join(f"rank {r} " + (self._end(r) if r in self.codes else "still running")
                          for r in range(len(self.procs)) if r != skip)
 
 
@@ -427,6 +605,10 @@ def _ranks(ranks) -> str:
 
 def dry_run(args) -> None:
     print(f"singa-run would start {args.np} rank(s) of: {shlex.join(command(args))}")
+    if args.placement is not None:
+        for rank in range(args.np):
+            print(f"  rank {rank}: {shlex.join(remote_command(args, rank))}")
+        return
     for rank in range(args.np):
         env = rank_environment(args, rank, "<a new NcclIdHolder>")
         new = {k: v for k, v in env.items() if os.environ.get(k) != v}
@@ -449,3 +631,73 @@ def main(argv=None) -> int:
     except UsageError as e:
         print(f"singa-run: error: {e}", file=sys.stderr)
         return 2
+
+
+# ---------------------------------------------------------------- the rank helper on a hostfile's host
+def remote_main(argv) -> int:
+    """``python -m singa_lite.comm.launcher --singa-run-rank DIR NAME=VALUE... -- COMMAND...``, started by
+    singa-run through the remote shell: runs COMMAND in DIR with the variables, in its own process group, and
+    exits with its exit code (128 + the signal number when a signal ended it). A line naming a signal on
+    stdin (SIGTERM, SIGINT, SIGHUP) is passed to the rank; the end of stdin (singa-run or the connection
+    gone) kills it. The rank is killed too if this helper dies (Linux)."""
+    if REMOTE_MARK in argv[:1]:
+        argv = argv[1:]
+    if "--" not in argv or argv.index("--") < 1 or argv.index("--") == len(argv) - 1:
+        print(f"singa-run rank helper: expected DIR NAME=VALUE... -- COMMAND..., got {argv!r}", file=sys.stderr)
+        return 2
+    sep = argv.index("--")
+    directory, assignments, cmd = argv[0], argv[1:sep], argv[sep + 1:]
+    env = {k: v for k, v in os.environ.items() if k != HOLDER_VAR and k not in MPI_LAUNCH_VARS}
+    for item in assignments:
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            print(f"singa-run rank helper: expected NAME=VALUE, got {item!r}", file=sys.stderr)
+            return 2
+        env[name] = value
+    where = f"rank {env.get('RANK', '?')} on {socket.gethostname()}"
+    try:
+        rank = subprocess.Popen(cmd, cwd=directory, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=_die_with_parent())
+    except OSError as e:
+        print(f"singa-run: could not start {where} ({shlex.join(cmd)} in {directory}): {e}", file=sys.stderr)
+        return 127
+
+    def signal_rank(sig):
+        try:
+            os.killpg(rank.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def control():
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(0, 1024)  # the raw descriptor: no buffered reader left locked at exit
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                name = line.decode(errors="replace").strip()
+                if name in ("SIGTERM", "SIGINT", "SIGHUP"):
+                    signal_rank(getattr(signal, name))
+        signal_rank(signal.SIGKILL)  # singa-run, or the connection to it, is gone
+
+    for sig in FORWARDED:  # a remote shell may still signal us (sshd's SIGHUP when the connection drops)
+        signal.signal(sig, lambda signum, frame: signal_rank(signum))
+    threading.Thread(target=control, daemon=True).start()
+    while True:
+        try:
+            code = rank.wait()
+            break
+        except InterruptedError:  # pragma: no cover -- PEP 475 retries, kept for clarity
+            continue
+    return exit_status(code)
+
+
+if __name__ == "__main__":
+    status = remote_main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # at once: the control thread may still be reading stdin

@@ -24,7 +24,8 @@ Limits of the simulation, and what the fixture does about them:
   (tests check that nothing is left there).
 - Abstract Unix sockets are per network namespace, as on separate machines.
 
-``slow_links(hosts, rate, delay)`` shapes the hosts' links with ``tc netem`` (where the kernel has it).
+``slow_links(hosts, rate, delay)`` shapes the hosts' links with ``tc netem``, or only their rate with ``tbf``
+where the kernel has no netem (as on our CI machines).
 
 Needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN), iproute2's ``ip`` and util-linux's ``unshare``; ``why_not()``
 says what is missing, for a precise skip.
@@ -266,16 +267,29 @@ class SimCluster:
         self.close()
 
 
-def slow_links(cluster: SimCluster, hosts=None, rate: str = "1gbit", delay: str = "100us") -> None:
-    """Shapes the links of `hosts` (default: all of the cluster's, the launcher's too) with tc netem: `rate`
-    and one-way `delay` on each host's outgoing traffic and on the bridge's traffic towards it, so both
-    directions are slowed. RuntimeError naming the cause when the kernel has no netem (sch_netem)."""
+def slow_links(cluster: SimCluster, hosts=None, rate: str = "1gbit", delay: str = "100us") -> str:
+    """Shapes the links of `hosts` (default: all of the cluster's, the launcher's too): `rate` and one-way
+    `delay` with tc netem on each host's outgoing traffic and on the bridge's traffic towards it, so both
+    directions are slowed. A kernel without netem (sch_netem) gets the rate alone, from a token bucket (tbf).
+    Returns what was applied ("netem ..." or "tbf ..."); RuntimeError naming the cause when neither works."""
     hosts = list(cluster.hosts) + ["launcher"] if hosts is None else list(hosts)
     if shutil.which("tc") is None:
         raise RuntimeError("slow_links needs `tc` (iproute2) on PATH")
-    for host in hosts:
-        for ns, dev in ((cluster.ns(host), IFACE), (cluster.switch, cluster.port(host))):
-            cmd = ["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "netem", "rate", rate, "delay", delay]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-            if proc.returncode != 0:
-                raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.strip()} (a kernel without sch_netem?)")
+    # tbf: a burst of ~1 ms at the rate (at least 64 KiB: a full TSO segment), packets queued up to 50 ms
+    choices = [["netem", "rate", rate, "delay", delay], ["tbf", "rate", rate, "burst", "256kb", "latency", "50ms"]]
+    for i, qdisc in enumerate(choices):
+        failed = None
+        for host in hosts:
+            for ns, dev in ((cluster.ns(host), IFACE), (cluster.switch, cluster.port(host))):
+                cmd = ["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", *qdisc]
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+                if proc.returncode != 0:
+                    failed = f"{' '.join(cmd)} failed: {proc.stderr.strip()}"
+                    break
+            if failed:
+                break
+        if failed is None:
+            return " ".join(qdisc)
+        if i == 0 and "unknown" not in failed.lower():
+            raise RuntimeError(failed)
+    raise RuntimeError(f"{failed} (a kernel without sch_netem and sch_tbf?)")

@@ -1,8 +1,9 @@
-"""The hierarchical all-reduce (singa_lite/comm/hierarchical.py) on one host under ``mpiexec -n 4``, run by
-tests/multiproc/test_hierarchical.py: ranks 0-1 and 2-3 play two hosts (the shm communicator of each pair,
-the leaders 0 and 2 over MPI), so the three steps run as on two hosts. Every collective matches what the
-flat mpi backend gives, DistOpt trains as on one process, and create() leaves a one-host job flat.
-Prints ``OK rank r``."""
+"""The hierarchical all-reduce (singa_lite/comm/hierarchical.py) under ``mpiexec -n 4``. On one host
+(tests/multiproc/test_hierarchical.py) ranks 0-1 and 2-3 play two hosts (the shm communicator of each pair,
+the leaders 0 and 2 over MPI), so the three steps run as on two hosts, and create() must leave the job flat.
+With the argument ``hosts`` (tests/multihost, 2 simulated hosts x 2 ranks) create() makes it from the real
+hosts. Either way every collective matches what the flat mpi backend gives and DistOpt trains as on one
+process. Prints ``OK rank r``."""
 import os
 import sys
 
@@ -32,9 +33,15 @@ def two_hosts(world):
     return hierarchical.HierarchicalCommunicator(world, intra, inter, world.world_size // PER_HOST)
 
 
-def main():
+def main(mode: str):
     world = dist.init(backend="mpi", timeout=60)
     assert world.world_size % PER_HOST == 0, world.world_size
+    if mode == "hosts":  # several hosts: made from their names, one leader per host
+        comm = hierarchical.create(world)
+        assert isinstance(comm, hierarchical.HierarchicalCommunicator) and comm.hosts == 2, comm
+        assert comm.intra.world_size == world.local_size and (comm.inter is not None) == (world.local_rank == 0)
+        check(world, comm)
+        return
     # one host: nothing to gain, the world comes back as it is
     assert hierarchical.create(world) is world
     assert opt.DistOpt(opt.SGD(lr=0.1), communicator=world, hierarchical=True).communicator is world
@@ -44,7 +51,10 @@ def main():
         assert "expected a Communicator" in str(e), e
     else:
         raise AssertionError("create() accepted a string")
-    comm = two_hosts(world)
+    check(world, two_hosts(world))
+
+
+def check(world, comm):
     assert comm.backend == "hierarchical" and comm.rank == world.rank and comm.world_size == world.world_size
     dist_cases.check_all(comm)  # every collective and dtype, exact where the flat backend is exact
     # floats that do not sum exactly: within rounding of the flat all-reduce, and the same bits on every rank
@@ -68,4 +78,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1] if len(sys.argv) > 1 else "one host")

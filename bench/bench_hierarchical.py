@@ -1,0 +1,111 @@
+"""Hierarchical against flat all-reduce across simulated hosts on a slowed link (issue 16).
+
+    sudo python bench/bench_hierarchical.py                      # 2 hosts x 2 ranks, 1 Gbit/s, 100 us
+    sudo python bench/bench_hierarchical.py --rate 10gbit --delay 20us --sizes 1,16
+
+Builds the simulated cluster of the multi-host tests (tests/multihost/helpers/sim_hosts.py: a network and
+UTS namespace per host, a bridge, veths; needs root), shapes every link with ``tc netem`` (rate and delay;
+the rate alone with ``tbf`` on a kernel without netem) and runs this script on every rank under mpiexec. Each rank times ``all_reduce(avg)`` of float32 buffers of each size on
+the flat mpi communicator and on ``comm.hierarchical.create(world)`` (reduce within the host over shm,
+all-reduce between the hosts' leaders over MPI, broadcast within the host), alternating the two, and the
+slowest rank's time of each call is kept (the call ends for everyone only then). Rank 0 prints medians and
+the ratio flat / hierarchical (> 1: hierarchical is faster). Both give the same averages (checked).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HELPERS = os.path.join(os.path.dirname(HERE), "tests", "multihost", "helpers")
+
+
+def worker(sizes_mib: list, repeats: int) -> None:
+    import numpy as np
+
+    from singa_lite import dist, tensor
+    from singa_lite.comm import hierarchical
+
+    world = dist.init(backend="mpi", timeout=120)
+    hier = hierarchical.create(world)
+    assert hier is not world, "the ranks are on one host: nothing hierarchical to measure"
+    rows = []
+    for mib in sizes_mib:
+        n = int(mib * (1 << 20)) // 4
+        x = np.random.default_rng(world.rank).standard_normal(n).astype(np.float32)
+        times = {"flat": [], "hierarchical": []}
+        results = {}
+        for i in range(repeats + 1):  # the first round warms up both routes
+            for name, comm in (("flat", world), ("hierarchical", hier)):
+                t = tensor.from_numpy(x.copy())
+                world.barrier()
+                start = time.perf_counter()
+                comm.all_reduce(t, "avg")
+                took = time.perf_counter() - start
+                slowest = tensor.to_numpy(world.all_reduce(tensor.from_numpy(np.array([took])), "max"))[0]
+                if i > 0:
+                    times[name].append(slowest)
+                results[name] = tensor.to_numpy(t)
+        np.testing.assert_allclose(results["hierarchical"], results["flat"], rtol=1e-5, atol=1e-6)
+        flat, fast = (statistics.median(times[k]) for k in ("flat", "hierarchical"))
+        rows.append((mib, flat, fast, min(times["flat"]), max(times["flat"]), min(times["hierarchical"]),
+                     max(times["hierarchical"])))
+    if world.rank == 0:
+        print(f"{world.world_size} ranks on {hier.hosts} hosts; all_reduce(avg) of float32, median of {repeats} "
+              f"(min-max), the slowest rank's time")
+        print(f"{'MiB':>6} {'flat ms':>18} {'hierarchical ms':>18} {'flat/hier':>10}")
+        for mib, flat, fast, f0, f1, h0, h1 in rows:
+            print(f"{mib:>6g} {flat * 1e3:>7.1f} ({f0 * 1e3:.0f}-{f1 * 1e3:.0f}) {fast * 1e3:>7.1f} "
+                  f"({h0 * 1e3:.0f}-{h1 * 1e3:.0f}) {flat / fast:>9.2f}x", flush=True)
+    hier.intra.close()
+    if hier.inter is not None:
+        hier.inter.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--ranks-per-host", type=int, default=2)
+    parser.add_argument("--rate", default="1gbit", help="tc netem rate of every link (default 1gbit)")
+    parser.add_argument("--delay", default="100us", help="tc netem one-way delay (default 100us)")
+    parser.add_argument("--no-shaping", action="store_true", help="leave the links as the kernel makes them")
+    parser.add_argument("--sizes", default="1,4,16", help="buffer sizes in MiB, comma-separated")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--placement", choices=("block", "cyclic"), default="block",
+                        help="block: ranks 0..k-1 on h0 (hostfile h0:k); cyclic: rank r on host r %% hosts (h0:1, "
+                             "mpiexec wraps around), as Slurm's --distribution=cyclic")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    sizes = [float(s) for s in args.sizes.split(",")]
+    if args.worker:
+        worker(sizes, args.repeats)
+        return 0
+    sys.path.insert(0, HELPERS)
+    import sim_hosts
+
+    problem = sim_hosts.why_not()
+    if problem:
+        print(f"cannot simulate hosts here: {problem}", file=sys.stderr)
+        return 2
+    sim_hosts.remove_stale()
+    with sim_hosts.SimCluster(args.hosts) as cluster, tempfile.TemporaryDirectory() as tmp:
+        shaping = "unshaped" if args.no_shaping else sim_hosts.slow_links(cluster, rate=args.rate, delay=args.delay)
+        slots = args.ranks_per_host if args.placement == "block" else 1
+        hostfile = cluster.hostfile(os.path.join(tmp, "hosts"), slots=slots)
+        n = args.hosts * args.ranks_per_host
+        argv = [sys.executable, os.path.abspath(__file__), "--worker", "--sizes", args.sizes,
+                "--repeats", str(args.repeats)]
+        print(f"{args.hosts} simulated hosts x {args.ranks_per_host} ranks, {args.placement} placement, every "
+              f"link: {shaping}", flush=True)
+        code, out, seconds = cluster.run(cluster.mpiexec_command(hostfile, n, argv), timeout=900)
+        print(out, end="")
+        print(f"({seconds:.0f} s)")
+        return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

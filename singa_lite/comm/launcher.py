@@ -154,6 +154,9 @@ def check_args(args) -> None:
         for flag, value in (("--master-addr", args.master_addr), ("--master-port", args.master_port)):
             if value is not None:
                 raise UsageError(f"{flag} is for jobs on several hosts: give --hostfile too")
+        if args.backend == "tcp":
+            raise UsageError("--backend tcp is for the ranks of a --hostfile; ranks on this host share memory "
+                             "(--backend shm)")
     else:
         hosts = read_hostfile(args.hostfile)
         slots = sum(n for _, n in hosts)

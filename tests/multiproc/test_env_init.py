@@ -2,7 +2,6 @@
 other through dist.init() (the TCP rendezvous of singa_lite/comm/env.py), get their rank, local rank and backend
 right, all-reduce, and train with DistOpt exactly as one process does; a missing rank and a wrong MASTER_PORT
 give clear errors within the timeout. Every process runs under a deadline and is killed at the end."""
-import glob
 import json
 import os
 import socket
@@ -16,7 +15,7 @@ import pytest
 from singa_lite import _core
 
 from paths import HELPERS
-from procs import survivors
+from procs import processes_running, survivors
 
 pytestmark = pytest.mark.skipif(not hasattr(_core, "ShmComm"), reason="this build has no shm backend")
 
@@ -98,10 +97,6 @@ def torchrun_env(rank, world, port, **extra):
             **{k: str(v) for k, v in extra.items()}}
 
 
-def no_segments_of(pids):
-    return [p for p in glob.glob("/dev/shm/singa_lite_*") if int(p.split("_")[2]) in pids]
-
-
 def test_torchrun_variables_find_each_other_and_train_like_one_process(script):
     port = free_port()
     results, _ = start_ranks(script, [torchrun_env(r, 3, port) for r in range(3)])
@@ -163,3 +158,75 @@ def test_a_wrong_master_port_is_a_clear_error(script):
     report = json.loads(out.splitlines()[-1])
     assert procs.returncode == 3 and "is not a singa_lite rendezvous store" in report["error"], report
     assert report["seconds"] < 10
+
+
+# ---------------------------------------------------------------- singa-run --hostfile with a local "remote shell"
+WRAPPER = """\
+#!/bin/sh
+# Called as ssh is: HOST WORDS... Runs the words on this machine through a shell, as sshd would, and notes the host.
+host=$1; shift
+echo "$host" >> "$(dirname "$0")/hosts_used"
+exec sh -c "$*"
+"""
+
+FAILING = """\
+import time
+from singa_lite import dist
+comm = dist.init()
+print("ready", flush=True)
+if comm.rank == 2:
+    raise RuntimeError("boom from rank 2")
+time.sleep(120)
+"""
+
+
+@pytest.fixture
+def cluster(tmp_path, script):
+    wrapper = tmp_path / "fake_ssh"
+    wrapper.write_text(WRAPPER)
+    wrapper.chmod(0o755)
+    (tmp_path / "failing.py").write_text(FAILING)
+    return tmp_path
+
+
+def singa_run(args, cwd, timeout=60):
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "singa_lite.run"] + args, cwd=cwd, env=CLEAN, capture_output=True,
+                       text=True, timeout=timeout)
+    return r, time.monotonic() - start
+
+
+@pytest.mark.parametrize("form", ["host:N", "host slots=N"])
+def test_singa_run_hostfile_two_hosts_by_two_ranks(cluster, form):
+    # Two "hosts" that are this machine: the ranks find that they share it, so the backend is shm.
+    lines = ["localhost:2", "127.0.0.1:2"] if form == "host:N" else ["localhost slots=2", "127.0.0.1 slots=2"]
+    (cluster / "hosts").write_text("# two hosts\n" + "\n".join(lines) + "\n")
+    mode = "full" if form == "host:N" else "quick"
+    r, _ = singa_run(["--hostfile", "hosts", "--launcher-exec", str(cluster / "fake_ssh"), "--master-addr", HOST,
+                      "rank.py", HELPERS, mode], cluster)
+    assert r.returncode == 0, r.stderr
+    reports = {}
+    for line in r.stdout.splitlines():
+        prefix, _, text = line.partition("] ")
+        if text.startswith("{"):
+            reports[int(prefix.split()[-1])] = json.loads(text)
+    want = {k: {"rank": k, "world": 4, "local": [k, 4], "backend": "shm"} for k in range(4)}
+    if mode == "full":
+        for k in want:
+            want[k]["distopt"] = "same as one process"
+    assert reports == want, r.stdout + r.stderr
+    assert sorted((cluster / "hosts_used").read_text().split()) == ["127.0.0.1"] * 2 + ["localhost"] * 2
+
+
+def test_singa_run_hostfile_a_failed_rank_stops_the_others(cluster):
+    (cluster / "hosts").write_text("localhost:2\n127.0.0.1 slots=2\n")
+    r, seconds = singa_run(["--hostfile", "hosts", "--launcher-exec", str(cluster / "fake_ssh"), "--grace", "2",
+                            "failing.py"], cluster)
+    assert r.returncode == 1, r.stderr
+    assert "[rank 2] RuntimeError: boom from rank 2" in r.stderr
+    assert "singa-run: rank 2 failed: exit code 1" in r.stderr
+    for k in (0, 1, 3):  # stopped through their helpers' control line
+        assert f"rank {k} exit code 143 (= 128 + SIGTERM: a signal on " in r.stderr, r.stderr
+    assert seconds < 30
+    assert not survivors([], also=lambda: processes_running(str(cluster / "failing.py").encode()))
+

@@ -1,10 +1,13 @@
 """Reading the launch environment (singa_lite/comm/env.py): torchrun / Kubernetes and Slurm variables, Slurm's
 compressed node lists, the order of precedence of dist.init()'s launcher detection, rank 0's backend decision,
-and the errors for missing or inconsistent values. Nothing here starts a process or opens a socket."""
+the errors for missing or inconsistent values, and singa-run's hostfiles and remote rank commands. Nothing here
+starts a process or connects anywhere."""
+import sys
+
 import pytest
 
 from singa_lite import dist
-from singa_lite.comm import env
+from singa_lite.comm import env, launcher
 
 TORCHRUN = {"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
 SLURM = {  # task 5 of `srun -N 3 -n 7` on nodes gpu[07-08],cpu1 (3 + 3 + 1 tasks)
@@ -172,3 +175,79 @@ def test_init_method_arguments(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ValueError, match="WORLD_SIZE, MASTER_ADDR, MASTER_PORT not set"):
         dist.init(init_method="env")
+
+
+# ---------------------------------------------------------------- singa-run --hostfile: reading and planning
+def hostfile(tmp_path, text):
+    path = tmp_path / "hosts"
+    path.write_text(text)
+    return str(path)
+
+
+def test_hostfiles_of_both_forms(tmp_path):
+    mpich = hostfile(tmp_path, "# MPICH\nnode1:2\n\n  node2:3   # the big one\nnode3\nnode1:1\n")
+    assert launcher.read_hostfile(mpich) == [("node1", 3), ("node2", 3), ("node3", 1)]  # node1 named twice: 3
+    ompi = hostfile(tmp_path, "node1 slots=2 max_slots=4\n10.0.0.2 slots=2\n#node3 slots=8\nnode4\n")
+    assert launcher.read_hostfile(ompi) == [("node1", 2), ("10.0.0.2", 2), ("node4", 1)]
+
+
+@pytest.mark.parametrize("text,message", [
+    ("a:2\nb:x\n", "hosts:2: 'b:x': the number of slots must be a positive integer, got 'x'"),
+    ("a slots=0\n", "hosts:1: 'a slots=0': the number of slots must be a positive integer, got '0'"),
+    ("a:2\n\nb slots=2 cpus=4\n", "hosts:3: 'b slots=2 cpus=4': unexpected 'cpus=4'; expected 'host', 'host:N'"),
+    ("a:2 slots=2\n", "hosts:1: 'a:2 slots=2': unexpected 'slots=2'"),
+    (":4\n", "hosts:1: ':4': no host name"),
+    ("# nobody\n\n", "names no host"),
+])
+def test_bad_hostfile_lines_are_named(tmp_path, text, message):
+    path = hostfile(tmp_path, text)
+    with pytest.raises(launcher.UsageError) as info:
+        launcher.read_hostfile(path)
+    assert message in str(info.value).replace(path, "hosts")
+
+
+def singa_run_args(argv):
+    args = launcher.parse_command_line(launcher.build_parser(), argv)
+    launcher.check_args(args)
+    return args
+
+
+def test_hostfile_placement_and_rank_commands(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    path = hostfile(tmp_path, "h1:2\nh2 slots=2\n")
+    args = singa_run_args(["--hostfile", path, "train.py", "--lr", "0.1"])
+    assert args.np == 4 and args.master_addr == "h1" and 1 <= args.master_port <= 65535  # every slot, a free port
+    assert [(p["host"], p["node"], p["local_rank"], p["local_size"]) for p in args.placement] == [
+        ("h1", 0, 0, 2), ("h1", 0, 1, 2), ("h2", 1, 0, 2), ("h2", 1, 1, 2)]
+    args = singa_run_args(["--hostfile", path, "-np", "3", "--launcher-exec", "ssh -o BatchMode=yes",
+                           "--master-addr", "10.0.0.1", "--master-port", "4000", "--backend", "tcp", "train.py"])
+    cmd = launcher.remote_command(args, 2)
+    assert cmd[:4] == ["ssh", "-o", "BatchMode=yes", "h2"]
+    assert cmd[4:8] == [sys.executable, "-m", "singa_lite.comm.launcher", "--singa-run-rank"]
+    assert cmd[8] == str(tmp_path)
+    assert cmd[9:cmd.index("--")] == ["RANK=2", "WORLD_SIZE=3", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1", "GROUP_RANK=1",
+                                      "MASTER_ADDR=10.0.0.1", "MASTER_PORT=4000", "SINGA_LITE_COMM_BACKEND=tcp",
+                                      "PYTHONUNBUFFERED=1"]
+    assert cmd[cmd.index("--") + 1:] == [sys.executable, "train.py"]
+    # words with spaces are quoted for the remote shell, as ssh expects
+    args = singa_run_args(["--hostfile", path, "train.py", "a b"])
+    assert launcher.remote_command(args, 0)[-1] == "'a b'"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--hostfile", "HOSTS", "-np", "5", "train.py"], "-np 5, but HOSTS has 4 slot(s) (h1: 2, h2: 2)"),
+    (["--hostfile", "HOSTS", "--master-port", "70000", "train.py"], "--master-port must be a TCP port"),
+    (["--hostfile", "MISSING", "train.py"], "cannot read the hostfile 'MISSING'"),
+    (["-np", "2", "--master-addr", "x", "train.py"], "--master-addr is for jobs on several hosts"),
+    (["-np", "2", "--backend", "tcp", "train.py"], "--backend tcp is for the ranks of a --hostfile"),
+    (["train.py"], "the following arguments are required: -np"),
+])
+def test_singa_run_hostfile_errors(tmp_path, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    path = hostfile(tmp_path, "h1:2\nh2 slots=2\n")
+    argv = [path if a == "HOSTS" else a for a in argv]
+    with pytest.raises(launcher.UsageError) as info:
+        singa_run_args(argv)
+    assert message in str(info.value).replace(path, "HOSTS")

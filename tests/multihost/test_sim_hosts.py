@@ -33,14 +33,12 @@ def test_ranks_local_ranks_and_hostnames_across_two_hosts(cluster, tmp_path, bac
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="known bug, reported (singa_lite/comm/__init__.py, not this folder's): "
-                   "backend='shm' forced under mpiexec gives each rank a world of its own instead of an error")
 def test_forcing_shm_under_mpiexec_is_refused(cluster, tmp_path):
     # The shm backend takes its ranks from a holder (one host). Forced under mpiexec it must not silently give
     # 4 one-rank jobs (each rank training alone): an error naming the mpi backend is expected.
     hostfile = cluster.hostfile(tmp_path / "hosts")
     code, out, _ = cluster.run(cluster.mpiexec_command(hostfile, 4, [sys.executable, TOPOLOGY, "shm"]), LIMIT_S)
-    assert code != 0 and "mpi" in out, out
+    assert code != 0 and "this process is one of 4 ranks started by mpiexec: use backend 'mpi'" in out, out
 
 
 @pytest.mark.slow

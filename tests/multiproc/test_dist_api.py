@@ -47,7 +47,7 @@ def test_holder_reaches_processes_and_pools_with_every_start_method(method):
 
 
 def test_backend_choice_errors(monkeypatch):
-    with pytest.raises(ValueError, match="backend must be one of mpi, shm, nccl, got 'gloo'"):
+    with pytest.raises(ValueError, match="backend must be one of mpi, shm, nccl, tcp, got 'gloo'"):
         dist.init(backend="gloo")
     monkeypatch.setenv("SINGA_LITE_COMM_BACKEND", "tcp")
     with pytest.raises(ValueError, match="from SINGA_LITE_COMM_BACKEND"):

@@ -44,6 +44,18 @@ def run_job(n: int, scenario: str, limit: float = 120.0, **env):
     return proc, time.monotonic() - start
 
 
+def test_shm_forced_under_mpiexec_is_refused_not_a_world_of_one_per_rank():
+    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-c", "from singa_lite import dist; dist.init()"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SINGA_LITE_COMM_BACKEND": "shm"})
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "one of 2 ranks started by mpiexec: use backend 'mpi'" in proc.stderr, proc.stderr
+    one = subprocess.run([mpiexec(), "-n", "1", sys.executable, "-c",
+                          "from singa_lite import dist; c = dist.init(backend='shm'); print(c.world_size)"],
+                         capture_output=True, text=True, timeout=120)
+    assert one.returncode == 0 and one.stdout.strip() == "1", one.stdout + one.stderr
+
+
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_every_collective(n):
     proc, _ = run_job(n, "collectives")

@@ -160,6 +160,21 @@ def test_a_wrong_master_port_is_a_clear_error(script):
     assert report["seconds"] < 10
 
 
+
+def test_nccl_where_a_rank_cannot_run_it_fails_every_rank_at_once(script):
+    from singa_lite.comm import nccl
+
+    problem = nccl.readiness()
+    if not problem:
+        pytest.skip("NCCL runs here (tests/gpu cover the nccl backend)")
+    port = free_port()
+    envs = [torchrun_env(r, 2, port, SINGA_LITE_COMM_BACKEND="nccl", SINGA_LITE_COMM_TIMEOUT=20) for r in range(2)]
+    results, seconds = start_ranks(script, envs, mode="quick")
+    for code, report, _ in results:  # every rank checked itself and heard of the others, before NCCL's rendezvous
+        assert code == 3 and f"rank(s) 0, 1 cannot use NCCL: rank 0: {problem}; rank 1: {problem}" in report["error"]
+    assert seconds < 15  # not the 20 s timeout
+
+
 # ---------------------------------------------------------------- singa-run --hostfile with a local "remote shell"
 WRAPPER = """\
 #!/bin/sh

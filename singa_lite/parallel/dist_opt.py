@@ -64,6 +64,7 @@ from . import buffers, replicas
 from .accumulate import Accumulator, check_passes
 from ..comm.communicator import raw_tensor
 from .join import Join
+from . import fusion
 from .fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD, Fuser, check_first_bucket, check_threshold
 
 CTensor = _core.Tensor
@@ -172,6 +173,7 @@ class DistOpt:
         self._residuals = {}  # parameter name -> CTensor: sparse error feedback
         self._synced = False  # rank 0's parameters broadcast and the models compared (first step)
         self._params = []  # (name, param) of the last step, in backward order
+        self._reference = None  # the parameter names every rank had at the first step (to explain mismatches)
         self._fusers = {}
         self._pending = None  # the PendingStep that backward() left open
         self._accum = Accumulator(backward_passes_per_step, average_accumulated)  # gradient accumulation
@@ -248,19 +250,22 @@ class DistOpt:
                 acc.merge(name, g.data)  # the sums of earlier passes, when accumulating (else nothing)
                 triples.append((name, p, g))
                 if overlap:
-                    fuser.push(g.data)
+                    fuser.push(g.data, name)
             if not acc.empty:  # parameters the earlier passes reached and this one did not
                 for extra in acc.leftovers({n for n, _, _ in triples}):
                     triples.append(extra)
                     if overlap:
-                        fuser.push(extra[2].data)
+                        fuser.push(extra[2].data, extra[0])
             if not overlap:
                 self._first_step(triples)
-                for _, _, g in triples:
-                    fuser.push(g.data)
-        except BaseException:
+                for name, _, g in triples:
+                    fuser.push(g.data, name)
+        except BaseException as e:
             fuser.cancel()  # the next backward starts a new pass; nothing here may block on a collective
-            raise
+            explained = fuser.explain(e, "DistOpt", self._reference)  # buckets that differ: name the parameters
+            if explained is e:
+                raise
+            raise explained from e
         acc.clear()
         if overlap:
             self._params = [(n, p) for n, p, _ in triples]
@@ -614,7 +619,15 @@ class DistOpt:
             self._params = [(n, p) for n, p, _ in triples]
         if self._synced and not force:
             return
-        replicas.broadcast_parameters(self.communicator, [(n, p) for n, p, _ in triples], 0, who="DistOpt")
+        try:
+            replicas.broadcast_parameters(self.communicator, [(n, p) for n, p, _ in triples], 0, who="DistOpt")
+        except ValueError as e:
+            if force:
+                raise
+            line = fusion.user_line()  # in a backward pass, a parameter without a gradient is missing too
+            raise ValueError(f"{e}, or one rank's forward did not use some parameters at the first step (called "
+                             f"from {line or 'this process'}), so its backward gave them no gradient") from e
+        self._reference = [n for n, _, _ in triples]
         self._synced = True
 
     def _average_values(self, params, threshold: int) -> None:
@@ -755,9 +768,13 @@ class PendingStep:
                 for _, _, g in self._triples:
                     _core.mul_scalar(g.data, self._scale, out=g.data)
             self._finite = self._dist._finite_everywhere(regions)
-        except BaseException:
+        except BaseException as e:
             self._close("finished")  # the step cannot be applied; the DistOpt takes a new backward
-            raise
+            # the ranks' buckets (or the finiteness vote behind them) differ: name the parameters
+            explained = self._fuser.explain(e, "DistOpt", self._dist._reference, [n for n, _, _ in self._triples])
+            if explained is e:
+                raise
+            raise explained from e
         self._state = "synchronized"
         return self.gradients
 

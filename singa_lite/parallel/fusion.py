@@ -10,13 +10,23 @@ results (a bounds-checked ring: SINGA writes past the end of its buffer in that 
 One backward pass's gradients form a *pass*: ``begin(threshold, first_bucket)``, ``push(grad)`` for each
 gradient as it comes, ``finish()``. The Fuser keeps the pass's bucket cap, so DistOpt and
 parallel.DataParallel share one rule for when a bucket leaves.
+
+When the ranks' buckets differ (a rank's backward gave no gradient for some parameters: its forward skipped a
+layer), the communicator's signature check raises ValueError on every rank with the element counts. The owner
+passes that error to :meth:`Fuser.explain`, which names the parameters instead: each rank compares the names
+it pushed in the pass with the names every rank had at the first step (the owner's replica check), and when
+no bucket of this rank was left in flight the ranks exchange those differences (one small all-gather, only
+after such a failure: a normal step pays nothing).
 """
 from __future__ import annotations
 
 import numbers
+import os
+import sys
 import time
 
 from .. import _core, timeline
+from ..comm.communicator import CommError
 
 CTensor = _core.Tensor
 DEFAULT_THRESHOLD = 2097152  # elements, SINGA's default
@@ -44,10 +54,11 @@ def check_first_bucket(first_bucket, who: str) -> int:
 
 
 class _Bucket:
-    __slots__ = ("start", "end", "members", "work", "scale", "trace")
+    __slots__ = ("start", "end", "members", "work", "scale", "trace", "seq")
 
     def __init__(self, start: int):
         self.start, self.end, self.members, self.work, self.scale = start, start, [], None, None
+        self.seq = 0  # its place among the collectives this Fuser launched
         self.trace = None  # (name, launch time, bytes) while a timeline records
 
 
@@ -65,10 +76,14 @@ class Fuser:
         self._buffers = {}  # dtype -> flat CTensor of buff_elems elements, allocated on first use
         self._open = {}  # dtype -> the bucket being filled
         self._in_flight = []  # buckets sent and not yet unpacked, in send order
-        self._direct = []  # (work, tensor, staging or None): tensors all-reduced on their own
+        self._direct = []  # (work, tensor, staging or None, trace, seq): tensors all-reduced on their own
+        self._launched = 0  # collectives launched so far: they are waited for in this order
         self.bytes_sent = 0  # payload handed to all-reduces (per rank), for measurements
         self._threshold = self._cap = None  # the pass under way (begin .. finish); None between passes
         self._launches = 0  # collectives launched in this pass (names them on the timeline)
+        self.passes = 0  # passes begun: the step number in error messages
+        self.names = []  # names of the tensors pushed in this pass (those given one), for explain()
+        self.left_behind = 0  # collectives still in flight when the last wait() failed (not waited for)
 
     # ----- a pass: one backward's gradients
     def begin(self, threshold: int, first_bucket: int = 0) -> None:
@@ -82,16 +97,21 @@ class Fuser:
         first_bucket = check_first_bucket(first_bucket, "fusion")
         self._threshold, self._cap = threshold, min(threshold, first_bucket or threshold)
         self._launches = 0
+        self.passes += 1
+        self.names = []
 
     @property
     def in_pass(self) -> bool:
         """Whether a pass was begun and not finished."""
         return self._cap is not None
 
-    def push(self, t: CTensor) -> None:
-        """Queues t (a gradient just computed) for the pass's exchange; see launch()."""
+    def push(self, t: CTensor, name: str | None = None) -> None:
+        """Queues t (a gradient just computed) for the pass's exchange; see launch(). name: its parameter's
+        name, which explain() reports when the ranks' buckets differ."""
         if self._cap is None:
             raise RuntimeError("fusion: push() outside a pass; call begin(threshold, first_bucket) first")
+        if name is not None:
+            self.names.append(name)
         self._cap = self.launch(t, self._threshold, self._cap)
 
     def cancel(self) -> None:
@@ -158,6 +178,8 @@ class Fuser:
             self.bytes_sent += region.nbytes
             t0 = time.perf_counter()
             bucket.work = self.comm.all_reduce(region, self.op, async_op=True)
+            self._launched += 1
+            bucket.seq = self._launched
             if timeline._active is not None:
                 bucket.trace = self._traced_launch("bucket", t0, region.nbytes)
             self._in_flight.append((d, bucket))
@@ -174,7 +196,8 @@ class Fuser:
         t0 = time.perf_counter()
         work = self.comm.all_reduce(sent, self.op, async_op=True)
         trace = self._traced_launch("tensor", t0, sent.nbytes) if timeline._active is not None else None
-        self._direct.append((work, t, staging, trace))
+        self._launched += 1
+        self._direct.append((work, t, staging, trace, self._launched))
 
     # ----- unpacking
     def wait(self) -> list:
@@ -183,29 +206,94 @@ class Fuser:
         self.send()
         t0 = time.perf_counter()
         waited = len(self._in_flight) + len(self._direct)
+        self.left_behind = 0
+        try:
+            regions = self._unpack()
+        except BaseException:
+            # A failed collective (mismatched buckets, a timeout) ends the pass: what is still in flight is not
+            # waited for (it may never complete), and the buffer starts empty again.
+            self.left_behind = sum(1 for _, b in self._in_flight if b.work is not None) + len(self._direct)
+            self._in_flight.clear()
+            self._direct.clear()
+            raise
+        if waited:  # the time the caller blocked on the exchange (and unpacked it), for the timeline
+            timeline.record("wait", "wait", t0, {"collectives": waited})
+        return regions
+
+    def _unpack(self) -> list:
+        """Waits for the collectives in the order they were launched (the order every rank's communicator runs
+        them): when the ranks' collectives differ, each rank then meets the first difference, the same one.
+        """
         regions = []
-        for d, bucket in self._in_flight:
-            bucket.work.wait()
+        while self._in_flight or self._direct:
+            if self._direct and (not self._in_flight or self._direct[0][4] < self._in_flight[0][1].seq):
+                regions.append(self._unpack_direct())
+                continue
+            d, bucket = self._in_flight[0]
+            work, bucket.work = bucket.work, None  # once waited for (or failed), not left behind
+            work.wait()
+            bucket.work = work
             if bucket.trace is not None:
                 self._traced_end(bucket.trace, bucket.work, bucket.end - bucket.start, len(bucket.members), d)
             buf = self._buffers[d]
             for t, off, n in bucket.members:
                 self._write_back(t, buf.slice(0, off, off + n))
             regions.append(buf.slice(0, bucket.start, bucket.end))
-        self._in_flight.clear()
-        for work, t, staging, trace in self._direct:
-            work.wait()
-            if trace is not None:
-                self._traced_end(trace, work, t.numel, 1, (staging if staging is not None else t).dtype)
-            if staging is not None:
-                self._write_back(t, staging)
-            elif self.scale is not None:
-                _core.mul_scalar(t, self.scale, out=t)
-            regions.append(t if staging is None else staging)
-        self._direct.clear()
-        if waited:  # the time the caller blocked on the exchange (and unpacked it), for the timeline
-            timeline.record("wait", "wait", t0, {"collectives": waited})
+            self._in_flight.pop(0)
         return regions
+
+    def _unpack_direct(self) -> CTensor:
+        work, t, staging, trace, _ = self._direct.pop(0)
+        work.wait()
+        if trace is not None:
+            self._traced_end(trace, work, t.numel, 1, (staging if staging is not None else t).dtype)
+        if staging is not None:
+            self._write_back(t, staging)
+        elif self.scale is not None:
+            _core.mul_scalar(t, self.scale, out=t)
+        return t if staging is None else staging
+
+    # ----- when the ranks' buckets differ
+    def explain(self, error: Exception, who: str, reference, names=None) -> Exception:
+        """A ValueError naming the parameters one rank skipped, for a collective's mismatch `error` raised in
+        this pass (by wait(), or by a collective the owner made right after it); other errors come back as
+        they are. reference: the parameter names every rank had at the first step (the same on every rank);
+        names: those of this rank's pass (default: the names pushed). Call it on every rank: when no
+        collective of this pass was left in flight here, the ranks exchange what they lack (one all-gather;
+        a rank that left some in flight does not take part, and the others then fall back to their own view).
+        """
+        if not is_mismatch(error) or reference is None:
+            return error
+        names = list(self.names if names is None else names)
+        mine = set(names)
+        lacks = [n for n in reference if n not in mine]
+        known = set(reference)
+        extra = [n for n in names if n not in known]
+        rank = self.comm.rank
+        every = None
+        if self.left_behind == 0 and self.comm.world_size > 1:
+            try:
+                every = self.comm.all_gather_object([lacks, extra])
+            except (ValueError, CommError):
+                every = None  # the ranks' calls did not pair up again: each says what it knows
+        step = f"at step {self.passes}" + (f" (called from {user_line()})" if user_line() else "")
+        if every is not None:
+            said = [f"{', '.join(ls)} skipped on rank {r}" for r, (ls, _) in enumerate(every) if ls]
+            said += [f"{', '.join(ex)} sent by rank {r} only (not a parameter at the first step)"
+                     for r, (_, ex) in enumerate(every) if ex]
+            if not said:
+                said = ["every rank had gradients for the same parameters as at the first step, in buckets of "
+                        "different sizes (a different threshold or buffSize per rank?)"]
+        elif lacks or extra:
+            said = ([f"{', '.join(lacks)} skipped on this rank (rank {rank})"] if lacks else []) + \
+                   ([f"{', '.join(extra)} sent by this rank (rank {rank}) only"] if extra else [])
+        else:
+            said = [f"this rank (rank {rank}) had gradients for all {len(reference)} parameters of the first step, "
+                    f"so another rank skipped some (its own error names them)"]
+        return ValueError(f"{who}: the ranks' gradients differ {step}: {'; '.join(said)}. A parameter is "
+                          f"skipped when the rank's forward did not use it, so its backward gave it no gradient; "
+                          f"every rank must give gradients for the same parameters at each step (use every layer "
+                          f"on every rank, e.g. add 0 * the unused branch). The communicator said: {error}")
 
     # ----- timeline events (only while a timeline records)
     def _traced_launch(self, what: str, t0: float, nbytes: int):
@@ -245,3 +333,21 @@ class Fuser:
             self.wait()
             start = 0
         return start
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def user_line() -> str:
+    """'file:line' of the nearest caller outside singa_lite (the line of the user's script), or ''."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+    return "" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def is_mismatch(error: Exception) -> bool:
+    """Whether `error` is a communicator's report that the ranks' calls differ (shm: "arguments differ across
+    ranks"; mpi: "the ranks' calls do not match"), raised on every rank alike."""
+    return isinstance(error, ValueError) and ("differ across ranks" in str(error)
+                                              or "calls do not match" in str(error))

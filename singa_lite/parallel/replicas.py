@@ -95,7 +95,12 @@ def check_parameter_closeness(comm, named, rtol: float = 1e-5, atol: float = 1e-
 
 def describe_difference(ref, other, root: int, rank: int) -> str:
     if len(ref) != len(other):
-        return f"rank {root} has {len(ref)} parameters, rank {rank} has {len(other)}"
+        names, other_names = [a[0] for a in ref], {b[0] for b in other}
+        lacks = [n for n in names if n not in other_names]
+        extra = [b[0] for b in other if b[0] not in set(names)]
+        return (f"rank {root} has {len(ref)} parameters, rank {rank} has {len(other)}"
+                + (f" (rank {rank} lacks {', '.join(lacks)})" if lacks else "")
+                + (f" (only rank {rank} has {', '.join(extra)})" if extra else ""))
     for i, (a, b) in enumerate(zip(ref, other)):
         if a != b:
             return (f"parameter {i}: rank {root} has {a[0]} {tuple(a[1])} {a[2]}, rank {rank} has {b[0]} "

@@ -106,3 +106,17 @@ def test_a_hosts_ranks_killed_end_the_job_and_are_named(cluster, tmp_path):
     assert re.search(r"singa_lite: (rank [23] \(pid \d+ on h1\) ended first|ranks 2, 3 on h1 ended at the same "
                      r"moment)", text), text
     assert not left_in_dev_shm(text), text
+
+
+def test_the_timeout_names_silent_ranks_by_host():
+    # The wording the cut-link test relies on, for the cases it cannot produce: part of a host silent, several
+    # hosts silent. (No MPI needed: only the ranks' hosts, gathered at creation, are read.)
+    from singa_lite.comm.mpi import MpiCommunicator
+
+    comm = MpiCommunicator.__new__(MpiCommunicator)
+    comm._hosts = ["h0", "h0", "h1", "h1", "h2"]
+    assert comm._unreachable([2, 3]).startswith("host h1 is unreachable: ranks 2, 3 did not answer a query of "
+                                                "their progress within")
+    said = comm._unreachable([3, 4])
+    assert "rank 3 on h1 did not answer a query of its progress" in said and "host h1" not in said, said
+    assert "host h2 is unreachable: rank 4 did not answer" in said, said

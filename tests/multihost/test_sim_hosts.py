@@ -20,16 +20,28 @@ def topology(cluster, tmp_path, *args, env=None):
                                env=env)
     assert code == 0, out
     lines = sorted(line for line in out.splitlines() if line.startswith("rank "))
-    assert len(lines) == 4, out
     return lines, out
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["mpi", None])  # None: init() picks it (mpiexec -> mpi)
+@pytest.mark.parametrize("backend", ["mpi", "auto"])  # auto: init() picks it (mpiexec -> mpi, never shm)
 def test_ranks_local_ranks_and_hostnames_across_two_hosts(cluster, tmp_path, backend):
-    lines, out = topology(cluster, tmp_path, *([backend] if backend else []))
+    lines, out = topology(cluster, tmp_path, backend)
+    assert len(lines) == 4, out
     # MPICH fills the hostfile's hosts in order: ranks 0, 1 on h0, ranks 2, 3 on h1; local ranks restart per host.
     assert lines == [f"rank {r} local {r % 2}/2 host h{r // 2} hosts 2 backend mpi" for r in range(4)], out
+
+
+@pytest.mark.slow
+def test_each_host_watches_its_own_ranks(cluster, tmp_path):
+    # The mpiexec watcher (singa_lite/comm/watch.py) runs once per host, started by the host's local rank 0
+    # (grouped by MPI's shared-memory split), for that host's ranks only, under that host's name: the hosts
+    # share /dev/shm and the pid space here, so a grouping by anything machine-wide would show up as one
+    # watcher for all four ranks, or as watchers seen from the wrong host.
+    lines, out = topology(cluster, tmp_path, "auto", "watchers")
+    for r in range(4):
+        assert f"rank {r} sees watcher for h{r // 2} of ranks {'0,1' if r < 2 else '2,3'}" in lines, out
+    assert len(lines) == 8, out  # each rank sees exactly one watcher: its host's
 
 
 @pytest.mark.slow
@@ -94,3 +106,60 @@ def test_wrapper_refuses_an_unknown_host(cluster):
     proc = subprocess.run([sim_hosts.WRAPPER, "h1", "hostname; cat /sys/class/net/eth0/address >/dev/null"],
                           capture_output=True, text=True, timeout=30, env=cluster.env())
     assert proc.returncode == 0 and proc.stdout.strip() == "h1", proc.stderr
+
+
+SERVER = """
+import socket, sys
+s = socket.socket()
+s.bind((sys.argv[1], 5000))
+s.listen()
+print("listening", flush=True)
+c, _ = s.accept()
+n = 0
+while True:
+    data = c.recv(1 << 16)
+    if not data:
+        break
+    n += len(data)
+c.sendall(str(n).encode())
+c.close()
+"""
+CLIENT = """
+import socket, sys, time
+c = socket.create_connection((sys.argv[1], 5000), timeout=30)
+start = time.monotonic()
+c.sendall(bytes(int(sys.argv[2])))
+c.shutdown(socket.SHUT_WR)
+got = c.recv(64)
+print(got.decode(), time.monotonic() - start)
+"""
+
+
+def transfer_seconds(cluster, src, dst, nbytes) -> float:
+    """Seconds to send `nbytes` over TCP from host `src` to host `dst` (until `dst` has them all)."""
+    server = subprocess.Popen(["ip", "netns", "exec", cluster.ns(dst), sys.executable, "-c", SERVER,
+                               cluster.address[dst]], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline() == "listening\n"
+        client = subprocess.run(["ip", "netns", "exec", cluster.ns(src), sys.executable, "-c", CLIENT,
+                                 cluster.address[dst], str(nbytes)], capture_output=True, text=True, timeout=60)
+        got, seconds = client.stdout.split()
+        assert int(got) == nbytes, client.stdout + client.stderr
+        return float(seconds)
+    finally:
+        server.kill()
+        server.wait()
+
+
+@pytest.mark.slow
+def test_slow_links_limits_a_hosts_rate(cluster):
+    nbytes = 2 << 20  # 16.8 Mbit: about 4 ms on a plain veth, 0.4 s at 40 Mbit/s
+    assert transfer_seconds(cluster, "h0", "h1", nbytes) < 0.2
+    applied = sim_hosts.slow_links(cluster, ["h1"], rate="40mbit", delay="100us")
+    assert applied.split()[0] in ("netem", "tbf") and "40mbit" in applied
+    for ns, dev in ((cluster.ns("h1"), "eth0"), (cluster.switch, cluster.port("h1"))):  # both directions
+        shown = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev], capture_output=True, text=True).stdout
+        assert applied.split()[0] in shown, shown
+    assert transfer_seconds(cluster, "h0", "h1", nbytes) > 0.3  # into h1: the bridge's side of its link
+    assert transfer_seconds(cluster, "h1", "h0", nbytes) > 0.3  # out of h1: its own side
+    assert transfer_seconds(cluster, "h0", "launcher", nbytes) < 0.2  # the others' links are left alone

@@ -27,7 +27,8 @@ Order of precedence of ``dist.init()`` with no arguments (the first that applies
 
 The rendezvous (:func:`rendezvous`)
 -----------------------------------
-Rank 0 serves a :class:`~singa_lite.comm.store.TcpStore` at ``MASTER_ADDR:MASTER_PORT``; every rank connects
+Rank 0 serves a :class:`~singa_lite.comm.store.TcpStore` at ``MASTER_ADDR:MASTER_PORT`` (for as long as its
+communicator lives, or the process: the port stays taken meanwhile); every rank connects
 and publishes where it runs (host name, boot id, the /dev/shm it sees). Local rank and local size come from
 that exchange, not from the launcher's ``LOCAL_RANK``: ranks that share a host are numbered in the order of
 their global ranks. Then the backend: ``backend=`` or ``SINGA_LITE_COMM_BACKEND`` when given (every rank must
@@ -432,7 +433,13 @@ def rendezvous(launch: LaunchEnv, backend: str | None = None, timeout: float = 3
     except BaseException:
         store.close()
         raise
-    if comm.backend != "tcp":  # the tcp communicator keeps the store; the others are done with it
+    if comm.backend == "tcp":
+        return comm  # it keeps the store (its peers' addresses, failure reports)
+    if launch.rank == 0:
+        # Rank 0 serves for as long as its communicator lives, as torch's store does: stopping at once could
+        # cut off a rank whose last reply is still on its way.
+        comm._rendezvous_store = store
+    else:
         store.close()
     return comm
 
@@ -454,11 +461,8 @@ def _join(store, launch: LaunchEnv, wanted, gpu: bool, timeout: float, options) 
                               f"{timeout:g} s: check that they started and have the same MASTER_ADDR, MASTER_PORT "
                               f"and WORLD_SIZE, and look at their output"}
         store.set("table", json.dumps(table).encode())
-        if table["error"]:  # the others read it before rank 0 stops serving (bounded: some never came)
-            try:
-                store.wait([f"seen/{r}" for r in range(1, world) if _has(store, f"host/{r}")], min(timeout, 5.0))
-            except CommError:
-                pass
+        if table["error"]:
+            _wait_for_readers(store, "seen", [r for r in range(1, world) if _has(store, f"host/{r}")], timeout)
     else:
         try:
             # rank 0 answers within its own timeout, also when a rank is missing: a little longer here
@@ -466,7 +470,7 @@ def _join(store, launch: LaunchEnv, wanted, gpu: bool, timeout: float, options) 
         except CommError as e:
             raise CommError(f"{where}: rank 0 did not answer: {e}") from None
         if table["error"]:
-            store.set(f"seen/{rank}", b"1")
+            _tell_rank0(store, f"seen/{rank}")
     if table["error"]:
         raise CommError(f"{where}: {table['error']}")
     backend = table["backend"]
@@ -477,7 +481,6 @@ def _join(store, launch: LaunchEnv, wanted, gpu: bool, timeout: float, options) 
         return TcpCommunicator(store, rank, world, local_rank, local_size, timeout, **options)
     if backend == "nccl":
         unique_id = _nccl_id(store, rank, world, local_rank, local_size, options.get("device"), where, timeout)
-    store.barrier("joined", rank, timeout)  # every rank read what it needs: rank 0 may stop serving
     if backend == "shm":
         from .shm import ShmCommunicator
 
@@ -520,11 +523,33 @@ def _nccl_id(store, rank, world, local_rank, local_size, device, where, timeout)
             except Exception as e:  # noqa: BLE001 -- CommError / CudaError: every rank must hear of it
                 payload = b"\x01" + f"rank 0 could not create the NCCL unique id: {e}".encode()
         store.set("nccl_id", payload)
+        if payload[:1] != b"\x00":
+            _wait_for_readers(store, "nccl_seen", range(1, world), timeout)
     else:
         payload = store.get("nccl_id", timeout)
+        if payload[:1] != b"\x00":
+            _tell_rank0(store, f"nccl_seen/{rank}")
     if payload[:1] != b"\x00":
         raise CommError(f"{where}: {payload[1:].decode()}")
     return payload[1:]
+
+
+def _tell_rank0(store, key: str) -> None:
+    """Acknowledges rank 0's error message; rank 0 may stop serving the moment it sees the key, before the
+    reply comes back: that is fine here."""
+    try:
+        store.set(key, b"1")
+    except CommError:
+        pass
+
+
+def _wait_for_readers(store, name: str, ranks, timeout: float) -> None:
+    """Before rank 0 fails (and stops serving the store), the others read why: each sets <name>/<rank> once it
+    has; bounded, since some may never come."""
+    try:
+        store.wait([f"{name}/{r}" for r in ranks], min(timeout, 5.0))
+    except CommError:
+        pass
 
 
 def _has(store, key: str) -> bool:

@@ -170,8 +170,9 @@ def test_nccl_where_a_rank_cannot_run_it_fails_every_rank_at_once(script):
     port = free_port()
     envs = [torchrun_env(r, 2, port, SINGA_LITE_COMM_BACKEND="nccl", SINGA_LITE_COMM_TIMEOUT=20) for r in range(2)]
     results, seconds = start_ranks(script, envs, mode="quick")
-    for code, report, _ in results:  # every rank checked itself and heard of the others, before NCCL's rendezvous
-        assert code == 3 and f"rank(s) 0, 1 cannot use NCCL: rank 0: {problem}; rank 1: {problem}" in report["error"]
+    for rank, (code, report, _) in enumerate(results):  # every rank heard of all, before NCCL's rendezvous
+        assert code == 3, rank
+        assert f"rank(s) 0, 1 cannot use NCCL: rank 0: {problem}; rank 1: {problem}" in report["error"], rank
     assert seconds < 15  # not the 20 s timeout
 
 
@@ -211,25 +212,23 @@ def singa_run(args, cwd, timeout=60):
     return r, time.monotonic() - start
 
 
-@pytest.mark.parametrize("form", ["host:N", "host slots=N"])
-def test_singa_run_hostfile_two_hosts_by_two_ranks(cluster, form):
-    # Two "hosts" that are this machine: the ranks find that they share it, so the backend is shm.
+@pytest.mark.parametrize("form,backend", [("host:N", "shm"), ("host slots=N", "tcp")])
+def test_singa_run_hostfile_two_hosts_by_two_ranks(cluster, form, backend):
+    # Two "hosts" that are this machine: the ranks find that they share it, so the automatic backend is shm;
+    # --backend tcp forces what ranks on separate hosts would get.
     lines = ["localhost:2", "127.0.0.1:2"] if form == "host:N" else ["localhost slots=2", "127.0.0.1 slots=2"]
     (cluster / "hosts").write_text("# two hosts\n" + "\n".join(lines) + "\n")
-    mode = "full" if form == "host:N" else "quick"
+    forced = ["--backend", "tcp"] if backend == "tcp" else []
     r, _ = singa_run(["--hostfile", "hosts", "--launcher-exec", str(cluster / "fake_ssh"), "--master-addr", HOST,
-                      "rank.py", HELPERS, mode], cluster)
+                      *forced, "rank.py", HELPERS, "full"], cluster)
     assert r.returncode == 0, r.stderr
     reports = {}
     for line in r.stdout.splitlines():
         prefix, _, text = line.partition("] ")
         if text.startswith("{"):
             reports[int(prefix.split()[-1])] = json.loads(text)
-    want = {k: {"rank": k, "world": 4, "local": [k, 4], "backend": "shm"} for k in range(4)}
-    if mode == "full":
-        for k in want:
-            want[k]["distopt"] = "same as one process"
-    assert reports == want, r.stdout + r.stderr
+    assert reports == {k: {"rank": k, "world": 4, "local": [k, 4], "backend": backend,
+                           "distopt": "same as one process"} for k in range(4)}, r.stdout + r.stderr
     assert sorted((cluster / "hosts_used").read_text().split()) == ["127.0.0.1"] * 2 + ["localhost"] * 2
 
 

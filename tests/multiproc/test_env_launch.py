@@ -4,6 +4,7 @@ right, all-reduce, and train with DistOpt exactly as one process does; a missing
 give clear errors within the timeout. Every process runs under a deadline and is killed at the end."""
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -244,3 +245,27 @@ def test_singa_run_hostfile_a_failed_rank_stops_the_others(cluster):
     assert seconds < 30
     assert not survivors([], also=lambda: processes_running(str(cluster / "failing.py").encode()))
 
+
+
+def test_singa_run_hostfile_passes_ctrl_c_to_every_rank(cluster):
+    (cluster / "hosts").write_text("localhost:1\n127.0.0.1:1\n")
+    (cluster / "waits.py").write_text("import time\nprint('ready', flush=True)\ntime.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "singa_lite.run", "--hostfile", "hosts", "--launcher-exec",
+                             str(cluster / "fake_ssh"), "--grace", "5", "waits.py"], cwd=cluster, env=CLEAN,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = 0
+        while ready < 2:
+            line = proc.stdout.readline()
+            assert line, "singa-run ended before the ranks were ready"
+            ready += line.rstrip().endswith("] ready")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert "[rank 0] KeyboardInterrupt" in err and "[rank 1] KeyboardInterrupt" in err, err  # not SIGKILL's doing
+    assert "interrupted by SIGINT; rank 0 exit code 130 (= 128 + SIGINT: a signal on localhost)" in err, err
+    assert not survivors([], also=lambda: processes_running(str(cluster / "waits.py").encode()))

@@ -61,6 +61,17 @@ def finish(cluster, proc, out, limit):
     return proc.returncode, "".join(out) + rest + err
 
 
+def left_running(cluster, seconds: float = 5.0) -> dict:
+    """The processes still running on the hosts (ranks, watchers, proxies) after waiting up to `seconds`:
+    nothing of a finished job may stay, even where the teardown would kill it."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = {h: cluster.processes(h) for h in cluster.hosts if cluster.processes(h)}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
 def left_in_dev_shm(out) -> list:
     return [s for s in set(re.findall(r"^shm (/dev/shm/\S+)$", out, re.M)) if os.path.exists(s)]
 
@@ -88,6 +99,7 @@ def test_a_cut_link_ends_every_rank_and_names_the_host(cluster, tmp_path):
                          r"unreachable: ranks 2, 3 did not answer a query of their progress", text), text
     assert "finished" not in text.replace("not finished", ""), text
     assert not left_in_dev_shm(text), text
+    assert not left_running(cluster), text
 
 
 @pytest.mark.slow
@@ -106,6 +118,7 @@ def test_a_hosts_ranks_killed_end_the_job_and_are_named(cluster, tmp_path):
     assert re.search(r"singa_lite: (rank [23] \(pid \d+ on h1\) ended first|ranks 2, 3 on h1 ended at the same "
                      r"moment)", text), text
     assert not left_in_dev_shm(text), text
+    assert not left_running(cluster), text
 
 
 def test_the_timeout_names_silent_ranks_by_host():

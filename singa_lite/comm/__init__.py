@@ -115,11 +115,12 @@ def init(backend: str | None = None, holder: NcclIdHolder | None = None, rank: i
     if init_method not in (None, "env"):
         raise ValueError(f"init_method must be 'env' (the launcher's environment variables) or None (detect the "
                          f"launcher), got {init_method!r}")
-    explicit = holder is not None or rank is not None or world_size is not None
+    # A store= of the caller's (backend "tcp") is explicit too: that rendezvous is theirs.
+    explicit = holder is not None or rank is not None or world_size is not None or "store" in options
     if init_method == "env":
         if explicit:
             raise ValueError("init_method='env' reads the rank and the world size from the environment: leave out "
-                             "holder=, rank= and world_size=")
+                             "holder=, rank=, world_size= and store=")
         how = "env"
     else:
         how = None if explicit else env.detect()

@@ -14,8 +14,8 @@ installation on every host, as mpiexec expects): it changes to the current direc
 variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT: the torchrun
 variables dist.init() reads, see comm/env.py), runs the script, and stops it when singa-run asks or when its
 connection closes (so a killed singa-run or a dropped ssh leaves no rank behind). The ranks then meet through
-the TCP store rank 0 serves at MASTER_ADDR (``--master-addr``, default the first host) : MASTER_PORT
-(``--master-port``, default a port free here). Signals reach them through that connection; stdin is not
+the TCP store rank 0 serves at MASTER_ADDR:MASTER_PORT (``--master-addr``, default the first host;
+``--master-port``, default a port free here). Signals reach them through that connection; stdin is not
 passed on to them.
 
 Each rank is ``python script.py args`` (or ``python -m module args``) with the variables below, so that a

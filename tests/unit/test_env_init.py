@@ -170,7 +170,7 @@ def test_init_method_arguments(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(ValueError, match="init_method must be 'env'"):
         dist.init(init_method="tcp://x")
-    with pytest.raises(ValueError, match="leave out holder=, rank= and world_size="):
+    with pytest.raises(ValueError, match="leave out holder=, rank=, world_size= and store="):
         dist.init(init_method="env", rank=0, world_size=2)
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ValueError, match="WORLD_SIZE, MASTER_ADDR, MASTER_PORT not set"):
@@ -251,3 +251,14 @@ def test_singa_run_hostfile_errors(tmp_path, monkeypatch, argv, message):
     with pytest.raises(launcher.UsageError) as info:
         singa_run_args(argv)
     assert message in str(info.value).replace(path, "HOSTS")
+
+
+def test_a_store_of_the_callers_is_an_explicit_bootstrap(monkeypatch):
+    # A complete torchrun environment, but the caller brings its own store: no env rendezvous (which would try
+    # to reach MASTER_ADDR), the tcp backend's own checks apply.
+    for k, v in TORCHRUN.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError, match="backend 'tcp' needs rank= and world_size= with its store"):
+        dist.init(backend="tcp", store=object())
+    with pytest.raises(ValueError, match="leave out holder=, rank=, world_size= and store="):
+        dist.init(init_method="env", store=object())

@@ -2,13 +2,17 @@
 ``rank <r> local <local_rank>/<local_size> host <hostname> hosts <node count> backend <backend>``, with the node
 count from an all-gather of the hostnames, then (with ``watchers``) one line per mpiexec watcher
 (singa_lite/comm/watch.py) running in its network namespace, i.e. on its host:
-``rank <r> sees watcher for <host argument> of ranks <r>,<r>``.
-``python topology_job.py [backend|auto] [watchers]``."""
+``rank <r> sees watcher for <host argument> of ranks <r>,<r>``, then (with ``distopt``) the DistOpt scenarios
+of tests/multiproc/helpers/distopt_cases.py it passed: ``rank <r> DistOpt scenarios: <names>``.
+``python topology_job.py [backend|auto] [watchers] [distopt]``."""
 import os
 import socket
 import sys
 
-from singa_lite import dist
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "multiproc", "helpers"))
+
+from singa_lite import dist  # noqa: E402
 
 
 def watchers_here() -> list:
@@ -37,6 +41,10 @@ def main(backend="auto", *what):
              f"backend {comm.backend}\n"]
     if "watchers" in what:
         lines += [f"rank {comm.rank} sees watcher for {h} of ranks {r}\n" for h, r in watchers_here()]
+    if "distopt" in what:
+        import distopt_cases
+
+        lines.append(f"rank {comm.rank} DistOpt scenarios: {', '.join(distopt_cases.run_all(comm))}\n")
     os.write(1, "".join(lines).encode())  # one write: mpiexec may interleave the ranks' pieces
     comm.barrier()
     comm.close()

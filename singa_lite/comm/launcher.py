@@ -63,14 +63,14 @@ environment of each rank:
   {HOLDER_VAR}       the shared NcclIdHolder (NcclIdHolder.to_string()); marks a singa-run rank
   RANK, WORLD_SIZE        this rank and the number of ranks
   LOCAL_RANK, LOCAL_WORLD_SIZE   the same on this host (singa-run starts ranks on one host)
-with --hostfile, instead of {HOLDER_VAR}:
-  MASTER_ADDR, MASTER_PORT       where rank 0 serves the rendezvous store
-  LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK   from the hostfile (dist.init() checks the hosts itself)
   {BACKEND_VAR} --backend, when not auto
   {TIMEOUT_VAR} --timeout, when given
   {timeline.ENV_VAR}     --timeline DIR: each rank writes DIR/timeline.rank<r>.json at exit
   OMP_NUM_THREADS         cores / ranks, unless already set
   PYTHONUNBUFFERED=1      with --prefix, unless already set (so lines arrive as they are printed)
+with --hostfile: no {HOLDER_VAR} and no OMP_NUM_THREADS (dist.init() shares each host's cores), but
+  MASTER_ADDR, MASTER_PORT       where rank 0 serves the rendezvous store (see --master-addr, --master-port)
+  LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK   from the hostfile (dist.init() checks the hosts itself)
 
 exit status: 0 when every rank succeeded; the failed rank's exit code, or 128 + signal number when a signal
 ended it; 128 + signal number when singa-run was interrupted (130 for Ctrl-C); 2 for a bad command line or a
@@ -86,7 +86,8 @@ class UsageError(Exception):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="singa-run", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG, allow_abbrev=False,
-        description="Start N ranks of a Python script on this host for singa_lite's data-parallel training.")
+        description="Start N ranks of a Python script on this host (or on the hosts of a hostfile) for "
+                    "singa_lite's data-parallel training.")
     p.add_argument("-np", "-n", "--np", dest="np", type=int, default=None, metavar="N",
                    help="number of ranks to start (with --hostfile: default, and at most, its slots)")
     p.add_argument("--hostfile", "-f", metavar="FILE",

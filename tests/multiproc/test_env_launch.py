@@ -177,6 +177,22 @@ def test_nccl_where_a_rank_cannot_run_it_fails_every_rank_at_once(script):
     assert seconds < 15  # not the 20 s timeout
 
 
+
+@pytest.mark.gpu
+def test_nccl_through_the_env_rendezvous(script):
+    from singa_lite.comm import nccl
+
+    problem = nccl.readiness()
+    if problem:
+        pytest.skip(problem)
+    n = min(_core.cuda_device_count(), 4)  # NCCL needs one GPU per rank: cuda:<local rank>
+    port = free_port()
+    envs = [torchrun_env(r, n, port, SINGA_LITE_COMM_BACKEND="nccl") for r in range(n)]
+    results, _ = start_ranks(script, envs, mode="quick", timeout=120)  # the unique id travels through the store
+    assert [(code, report) for code, report, _ in results] == [
+        (0, {"rank": r, "world": n, "local": [r, n], "backend": "nccl"}) for r in range(n)], results
+
+
 # ---------------------------------------------------------------- singa-run --hostfile with a local "remote shell"
 WRAPPER = """\
 #!/bin/sh

@@ -35,6 +35,7 @@ import time
 
 ENV_SWITCH = "SINGA_LITE_WATCH"  # "0": no watcher
 AFTER_DONE_S = 1.0  # an unexplained end this soon after a "done" one is mpiexec's clean-up, not a death
+GATHER_S = 0.25  # after an unexplained end, how long other ends are gathered before the dead rank is named
 MAX_S = 7 * 24 * 3600.0  # a week without any event: give up (a watcher must never outlive its job for long)
 
 
@@ -136,11 +137,17 @@ def watch(name: bytes, host: str, ready_fd: int, ranks: dict) -> str | None:
     poller.register(server, select.POLLIN)
     for fd in fds:
         poller.register(fd, select.POLLIN)
+    ended = []  # ranks that ended unannounced
+    seen_alone = None  # the rank whose end was seen first, alone at its wake-up (-1: several at once)
     while fds:
-        events = poller.poll(MAX_S * 1000)
+        # After a first unannounced end, the next ends are gathered for a moment before judging: on a busy
+        # host mpiexec may end the others while the dead rank's last threads are still exiting, so its end
+        # can be seen after theirs; the progress board then tells which one the others had gone past.
+        events = poller.poll((GATHER_S if ended else MAX_S) * 1000)
         if not events:
+            if ended:
+                break
             return None
-        ended = []  # ranks that ended unannounced, seen at this wake-up
         for fd, _ in sorted(events, key=lambda e: e[0] != server.fileno()):  # messages before deaths
             if fd == server.fileno():
                 message = receive(server)
@@ -158,9 +165,12 @@ def watch(name: bytes, host: str, ready_fd: int, ranks: dict) -> str | None:
             if time.monotonic() - last_done < AFTER_DONE_S:
                 return None
             ended.append(rank)
-        if not ended:
-            continue
+        if seen_alone is None and ended:
+            seen_alone = ended[0] if len(ended) == 1 else -1
+    if ended:
         first, how = _first_of(ended, board, order)
+        if first is None and seen_alone is not None and seen_alone >= 0:
+            first, how = seen_alone, ""  # the board cannot tell them apart: the one whose end was seen first
         if first is None:
             message = (f"singa_lite: ranks {', '.join(map(str, sorted(ended)))} on {host} ended at the same moment, "
                        f"without finishing, and which one died first cannot be told ({how}); mpiexec then ended "

@@ -163,3 +163,14 @@ def test_slow_links_limits_a_hosts_rate(cluster):
     assert transfer_seconds(cluster, "h0", "h1", nbytes) > 0.3  # into h1: the bridge's side of its link
     assert transfer_seconds(cluster, "h1", "h0", nbytes) > 0.3  # out of h1: its own side
     assert transfer_seconds(cluster, "h0", "launcher", nbytes) < 0.2  # the others' links are left alone
+
+
+def test_the_skip_reason_names_what_is_missing(monkeypatch):
+    # Where simulated hosts cannot be made, every test of this folder is skipped with why_not()'s reason.
+    monkeypatch.setattr(sim_hosts.os, "geteuid", lambda: 1000)
+    assert sim_hosts.why_not().startswith("simulated hosts need root (ip netns, veth, bridge, unshare --uts); "
+                                          "running as uid 1000")
+    monkeypatch.setattr(sim_hosts.os, "geteuid", lambda: 0)
+    real_which = sim_hosts.shutil.which
+    monkeypatch.setattr(sim_hosts.shutil, "which", lambda tool: None if tool == "ip" else real_which(tool))
+    assert sim_hosts.why_not() == "simulated hosts need `ip` on PATH (iproute2 / util-linux)"

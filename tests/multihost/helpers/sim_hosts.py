@@ -72,7 +72,7 @@ def why_not() -> str | None:
             return f"simulated hosts need `{tool}` on PATH (iproute2 / util-linux)"
     if not os.path.exists("/proc/self/ns/net") or not os.path.exists("/proc/self/ns/uts"):
         return "this kernel has no network or UTS namespaces (/proc/self/ns/net, /proc/self/ns/uts)"
-    probe = f"{PREFIX}{os.getpid()}probe"
+    probe = f"{PREFIX}{os.getpid()}x0-probe"  # removed by remove_stale() if this process dies meanwhile
     made = ip("netns", "add", probe, check=False)
     if made.returncode != 0:
         return f"`ip netns add` fails here: {made.stderr.strip()}"

@@ -82,7 +82,8 @@ class DataParallel:
         self._named = named
         replicas.broadcast_parameters(communicator, named, root, who="DataParallel")
         self._fuser = Fuser(communicator, int(buffSize), op="avg")  # a pass per backward: begin at its first hook
-        self._handles = [p.register_hook(self._hook) for _, p in named]
+        # each hook knows its parameter's name: when the ranks' buckets differ, the error names what a rank skipped
+        self._handles = [p.register_hook(lambda grad, name=name: self._hook(grad, name)) for name, p in named]
 
     # ----- the model's face
     @property
@@ -120,17 +121,23 @@ class DataParallel:
         self._handles = []
 
     # ----- the exchange
-    def _hook(self, grad):
+    def _hook(self, grad, name=None):
         """A gradient is final: queue it for the averaged all-reduce; the engine waits before yielding it."""
         if not self._fuser.in_pass:  # the first gradient of a backward pass
             self._fuser.begin(self.threshold, self.first_bucket)
-        self._fuser.push(grad.data)
+        self._fuser.push(grad.data, name)
         return _Averaged(self, grad)
 
     def _finish(self) -> None:
         """Sends the open bucket and waits for every bucket; results are written back into the gradients."""
         if self._fuser.in_pass:
-            self._fuser.finish()
+            try:
+                self._fuser.finish()
+            except ValueError as e:  # the ranks' buckets differ: name the parameters a rank skipped
+                explained = self._fuser.explain(e, "DataParallel", [n for n, _ in self._named])
+                if explained is e:
+                    raise
+                raise explained from e
 
 
 class _Averaged:

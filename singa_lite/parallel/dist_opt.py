@@ -242,8 +242,9 @@ class DistOpt:
         if join is not None:  # uneven inputs: how many ranks still train decides the divisor
             scale = join.factor(join.vote(True))
         fuser.begin(threshold, self.first_bucket)
+        gradients = autograd.backward(loss)
         try:
-            for p, g in autograd.backward(loss):
+            for p, g in gradients:
                 if clip is not None:
                     _core.clip(g.data, -clip, clip, out=g.data)
                 name = self.opt._name_of(p)
@@ -262,7 +263,12 @@ class DistOpt:
                     fuser.push(g.data, name)
         except BaseException as e:
             fuser.cancel()  # the next backward starts a new pass; nothing here may block on a collective
-            explained = fuser.explain(e, "DistOpt", self._reference)  # buckets that differ: name the parameters
+            if not fusion.is_mismatch(e):
+                raise
+            # The ranks' buckets differ (met while a full buffer waited for its buckets): the rest of the pass
+            # gives the names of every parameter with a gradient, which explain() names the missing ones from.
+            names = [n for n, _, _ in triples] + [self.opt._name_of(p) for p, _ in gradients]
+            explained = fuser.explain(e, "DistOpt", self._reference, names)
             if explained is e:
                 raise
             raise explained from e

@@ -212,7 +212,7 @@ class Fuser:
         except BaseException:
             # A failed collective (mismatched buckets, a timeout) ends the pass: what is still in flight is not
             # waited for (it may never complete), and the buffer starts empty again.
-            self.left_behind = sum(1 for _, b in self._in_flight if b.work is not None) + len(self._direct)
+            self.left_behind = len(self._in_flight) + len(self._direct)  # the failed one was taken off already
             self._in_flight.clear()
             self._direct.clear()
             raise
@@ -225,21 +225,19 @@ class Fuser:
         them): when the ranks' collectives differ, each rank then meets the first difference, the same one.
         """
         regions = []
-        while self._in_flight or self._direct:
-            if self._direct and (not self._in_flight or self._direct[0][4] < self._in_flight[0][1].seq):
+        in_flight, direct = self._in_flight, self._direct
+        while in_flight or direct:
+            if direct and (not in_flight or direct[0][4] < in_flight[0][1].seq):
                 regions.append(self._unpack_direct())
                 continue
-            d, bucket = self._in_flight[0]
-            work, bucket.work = bucket.work, None  # once waited for (or failed), not left behind
-            work.wait()
-            bucket.work = work
+            d, bucket = in_flight.pop(0)  # taken off before the wait: a failed one is not left behind
+            bucket.work.wait()
             if bucket.trace is not None:
                 self._traced_end(bucket.trace, bucket.work, bucket.end - bucket.start, len(bucket.members), d)
             buf = self._buffers[d]
             for t, off, n in bucket.members:
                 self._write_back(t, buf.slice(0, off, off + n))
             regions.append(buf.slice(0, bucket.start, bucket.end))
-            self._in_flight.pop(0)
         return regions
 
     def _unpack_direct(self) -> CTensor:

@@ -18,6 +18,7 @@ def main() -> None:
         print(f"  cuBLAS: {'version ' + str(blas['version']) + ', ' if blas['version'] else ''}{blas['status']}")
     else:
         print("  CUDA : not compiled in (CPU-only build)")
+        print(f"         {singa_lite._core.cuda_unavailable_reason()}")
     dnn = info["cudnn"]
     if dnn["used"]:
         print(f"  cuDNN: version {dnn['version']}, used for convolution, pooling and batch norm ({dnn['status']})")

@@ -35,9 +35,11 @@ std::string cuda_unavailable_reason() { return cuda::unavailable_reason(); }
 bool cuda_compiled() { return false; }
 int cuda_device_count() { return 0; }
 std::string cuda_unavailable_reason() {
-  return "singa_lite was built without CUDA (nvcc was not found or SINGA_LITE_CUDA=OFF). "
-         "Fix: install the CUDA toolkit, then reinstall with SINGA_LITE_CUDA=ON pip install -e '.[cuda13]' "
-         "(or '.[cuda12]' for CUDA 12 drivers)";
+  return "singa_lite was built without CUDA (the CPU wheel, or a build where nvcc was not found or "
+         "SINGA_LITE_CUDA=OFF). Fix: install a CUDA build instead: the wheel singa-lite-cuda13x (CUDA 13 "
+         "drivers) or singa-lite-cuda12x (CUDA 12), e.g. pip uninstall singa_lite && pip install "
+         "singa-lite-cuda13x; or, from a clone with the CUDA toolkit, SINGA_LITE_CUDA=ON pip install -e "
+         "'.[cuda13]' (or '.[cuda12]')";
 }
 #endif
 

@@ -430,6 +430,8 @@ def test_cuda_device_unavailable():
     with pytest.raises(ValueError, match="cuda:0"):
         _core.Tensor((2,), DT.float32, _core.Device("cuda:0"))
     assert _core.cuda_unavailable_reason() != ""
+    if not _core.cuda_compiled():  # a wheel user is told which wheel has CUDA, not only how to compile
+        assert "pip install singa-lite-cuda13x" in _core.cuda_unavailable_reason()
     with pytest.raises(ValueError, match="Device: expected 'cpu', 'cuda' or 'cuda:N'"):
         _core.Device("tpu")
     with pytest.raises(ValueError, match="Device: expected 'cuda:N'"):

@@ -49,9 +49,9 @@ _OP_CODE = {o: i for i, o in enumerate(REDUCE_OPS)}
 _UFUNCS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
 _HALF = (tensor.float16, tensor.bfloat16)
 _RECV_CHUNK = 4 << 20
+REDUCE_CHUNK_BYTES = 1 << 20  # the ring reduces what it received in chunks of this size
+_IOV_MAX = 64  # buffers per sendmsg
 REPORT_S = 1.0  # at most this long to write or read a failure report in the store
-_made = {}  # id(store) -> communicators made on it by this process (their key prefix)
-_made_lock = threading.Lock()
 
 
 class _PeerLost(Exception):
@@ -101,17 +101,20 @@ class _Peer:
 
     def write(self) -> None:
         while self.out:
-            head = self.out[0]
-            try:
-                n = self.sock.send(head)
+            try:  # everything queued in one system call (a header and its data: one TCP segment when small)
+                n = self.sock.sendmsg(list(self.out)[:_IOV_MAX]) if len(self.out) > 1 else self.sock.send(self.out[0])
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
                 raise _PeerLost(self, f"broke the connection ({e.strerror or e})") from None
-            if n == len(head):
-                self.out.popleft()
-            else:
-                self.out[0] = head[n:]
+            while self.out and (n or not len(self.out[0])):  # empty buffers go too
+                head = self.out[0]
+                if n >= len(head):
+                    n -= len(head)
+                    self.out.popleft()
+                else:
+                    self.out[0] = head[n:]
+                    return  # the socket's buffer is full
 
 
 def _bytes(a: np.ndarray) -> memoryview:
@@ -153,9 +156,10 @@ class TcpCommunicator(Communicator):
         super().__init__(rank, world_size, local_rank, local_size, timeout)
         self._store = store
         if prefix is None:
-            with _made_lock:
-                n = _made[id(store)] = _made.get(id(store), 0) + 1
-            prefix = f"tcp{n}"
+            # Every rank counts itself in: the k-th communicator of the job (on this store) is the one whose
+            # arrivals are k * world_size + 1 ... (k + 1) * world_size, as no rank can make the next one before
+            # every rank joined this one. Its keys then never meet those of an earlier one.
+            prefix = f"tcp{(store.add('tcp/joined', 1) - 1) // world_size}"
         self._prefix = prefix
         self._seq = 0
         self._peers: dict[int, _Peer] = {}
@@ -411,17 +415,33 @@ class TcpCommunicator(Communicator):
     # ----- reductions
     def _ring_reduce_scatter(self, a: np.ndarray, bounds, op: str, bf16: bool, name: str) -> None:
         """Ring reduce-scatter over the flat array a, cut at bounds (P + 1 offsets): afterwards segment r of
-        this rank holds the reduction over ranks of segment r. In place; P - 1 steps."""
+        this rank holds the reduction over ranks of segment r. In place; P - 1 steps. Each step's incoming
+        segment is reduced chunk by chunk as it arrives (REDUCE_CHUNK_BYTES: the chunk stays in cache, and the
+        sender goes on filling the socket meanwhile)."""
         P, r = self.world_size, self.rank
-        right, left = (r + 1) % P, (r - 1) % P
+        right, left = self._peers[(r + 1) % P], self._peers[(r - 1) % P]
         seg = [a[bounds[i]:bounds[i + 1]] for i in range(P)]
-        tmp = np.empty(max(len(s) for s in seg), a.dtype)
+        step = max(1, REDUCE_CHUNK_BYTES // a.itemsize)
+        tmp = np.empty(min(step, max(len(s) for s in seg)), a.dtype)
+
+        def receive(into: np.ndarray, lo: int) -> None:
+            hi = min(lo + step, len(into))
+            buf = tmp[:hi - lo]
+
+            def arrived():
+                _reduce_into(into[lo:hi], buf, op, bf16)
+                if hi < len(into):
+                    receive(into, hi)
+            left.expect(_bytes(buf), arrived)
+
         with np.errstate(over="ignore", invalid="ignore"):
             for s in range(P - 1):
                 out, into = seg[(r - s - 1) % P], seg[(r - s - 2) % P]
-                buf = tmp[:len(into)]
-                self._exchange(name, [(right, _bytes(out))], [(left, _bytes(buf))])
-                _reduce_into(into, buf, op, bf16)
+                if len(out):
+                    right.out.append(_bytes(out))
+                if len(into):
+                    receive(into, 0)
+                self._pump(name, time.monotonic() + self.timeout)
 
     def _ring_all_gather(self, a: np.ndarray, bounds, name: str) -> None:
         """Ring all-gather: each rank starts with its segment r of a; afterwards every segment is full."""

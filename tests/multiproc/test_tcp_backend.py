@@ -251,20 +251,49 @@ def test_a_rank_that_never_connects_is_named_and_nothing_leaks():
     assert open_fds() == before
 
 
-def test_close_releases_every_socket():
-    before = open_fds()
-    store = TcpStore(HOST, 0, 3, is_server=True, timeout=5)
-    stores = [store] + [TcpStore(HOST, store.port, 3, is_server=False, timeout=5) for _ in range(2)]
-    comms = [None] * 3
+def make_mesh(stores, timeout=10):
+    """One TcpCommunicator per store, made by one thread each (as the ranks' processes would)."""
+    comms = [None] * len(stores)
 
     def make(r):
-        comms[r] = TcpCommunicator(stores[r], r, 3, r, 3, timeout=10)
-    threads = [threading.Thread(target=make, args=(r,)) for r in range(3)]
+        comms[r] = TcpCommunicator(stores[r], r, len(stores), r, len(stores), timeout=timeout)
+    threads = [threading.Thread(target=make, args=(r,)) for r in range(len(stores))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(20)
     assert all(c is not None for c in comms)
+    return comms
+
+
+def test_later_communicators_on_the_same_store_do_not_meet_earlier_keys():
+    server = TcpStore(HOST, 0, 2, is_server=True, timeout=5)
+    stores = [server, TcpStore(HOST, server.port, 2, is_server=False, timeout=5)]
+    first = make_mesh(stores)
+    for c in first:
+        c.close()
+    second, third = make_mesh(stores), make_mesh(stores)
+    for group in (second, third):
+        works = [c.all_reduce(T(np.full(4, c.rank + 1.0, np.float32)), async_op=True) for c in group]
+        assert all((npy(w.wait(10)) == 3).all() for w in works)
+        for c in group:
+            c.close()
+    for s in stores[::-1]:
+        s.close()
+    # the one-rank job of dist.init(backend="tcp") gets a store of its own
+    from singa_lite import dist
+    c = dist.init(backend="tcp", timeout=5)
+    assert c.backend == "tcp" and (npy(c.all_reduce(T(np.ones(3, np.float32)))) == 1).all()
+    c.close()
+    with pytest.raises(ValueError, match="needs a rendezvous store.*init_method='env'"):
+        dist.init(backend="tcp", rank=0, world_size=2)
+
+
+def test_close_releases_every_socket():
+    before = open_fds()
+    store = TcpStore(HOST, 0, 3, is_server=True, timeout=5)
+    stores = [store] + [TcpStore(HOST, store.port, 3, is_server=False, timeout=5) for _ in range(2)]
+    comms = make_mesh(stores)
     assert open_fds() > before + 6  # the mesh: two sockets per rank at least
     for c in comms:
         c.close()

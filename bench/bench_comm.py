@@ -1,6 +1,7 @@
-"""All-reduce latency and bandwidth: singa_lite's mpi and shm backends against a raw mpi4py Allreduce of
+"""All-reduce latency and bandwidth: singa_lite's mpi, shm and tcp backends against a raw mpi4py Allreduce of
 the same buffers, in the same MPI job. Run under mpiexec (the shm communicator's segment name is
-broadcast over MPI, so the same ranks run all three):
+broadcast over MPI, and so is the port of the tcp backend's store on loopback, so the same ranks run all
+of them):
 
     mpiexec -n 2 python bench/bench_comm.py
     mpiexec -n 4 python bench/bench_comm.py --sizes 1M 16M --repeat 9
@@ -40,6 +41,7 @@ def parse_args():
     p.add_argument("--repeat", type=int, default=7, help="timed blocks per implementation and size")
     p.add_argument("--target", type=float, default=0.05, help="seconds per timed block (sets calls per block)")
     p.add_argument("--no-shm", action="store_true", help="skip the shm backend")
+    p.add_argument("--no-tcp", action="store_true", help="skip the tcp backend")
     return p.parse_args()
 
 
@@ -62,6 +64,13 @@ def main():
         name = dist.broadcast_bytes(dist.NcclIdHolder().shm_name.encode() if rank == 0 else None).decode()
         from singa_lite.comm.shm import ShmCommunicator
         impls["singa shm"] = ShmCommunicator(name, rank, P)
+    if not args.no_tcp:  # the tcp backend on loopback: rank 0 serves the store, its port goes out over MPI
+        from singa_lite.comm.store import TcpStore
+        from singa_lite.comm.tcp import TcpCommunicator
+        store = TcpStore("127.0.0.1", 0, P, is_server=True) if rank == 0 else None
+        port = world.bcast(store.port if rank == 0 else None, root=0)
+        store = store or TcpStore("127.0.0.1", port, P, is_server=False)
+        impls["singa tcp"] = TcpCommunicator(store, rank, P, rank, P)
     if rank == 0:
         print(f"all-reduce, float32 sum, {P} ranks, {MPI.Get_library_version().splitlines()[0].strip()}; "
               f"medians of {args.repeat} interleaved blocks")

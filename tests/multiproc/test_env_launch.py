@@ -4,18 +4,18 @@ right, all-reduce, and train with DistOpt exactly as one process does; a missing
 give clear errors within the timeout. Every process runs under a deadline and is killed at the end."""
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 
 from singa_lite import _core
 
-from paths import HELPERS
+from paths import HELPERS, job
 from procs import processes_running, survivors
 
 pytestmark = pytest.mark.skipif(not hasattr(_core, "ShmComm"), reason="this build has no shm backend")
@@ -28,40 +28,12 @@ LAUNCH_VARS = ("SINGA_LITE_HOLDER", "SINGA_LITE_COMM_BACKEND", "SINGA_LITE_COMM_
                "MPI_LOCALRANKID")
 CLEAN = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and not k.startswith("SLURM_")}
 
-RANK_SCRIPT = """\
-import json, os, sys, time
-import numpy as np
-sys.path.insert(0, sys.argv[1])
-from singa_lite import dist, opt, tensor
-mode = sys.argv[2]
-start = time.monotonic()
-try:
-    comm = dist.init(init_method="env") if mode == "explicit" else dist.init()
-except Exception as e:
-    print(json.dumps({"error": f"{type(e).__name__}: {e}", "seconds": time.monotonic() - start}), flush=True)
-    sys.exit(3)
-n = comm.world_size
-t = tensor.from_numpy(np.arange(4, dtype=np.float32) * (comm.rank + 1))
-comm.all_reduce(t, "sum")
-assert np.array_equal(tensor.to_numpy(t), np.arange(4) * n * (n + 1) / 2), tensor.to_numpy(t)
-report = {"rank": comm.rank, "world": n, "local": [comm.local_rank, comm.local_size], "backend": comm.backend}
-if mode != "quick":
-    from distopt_cases import make_params, reference, train
-    sgd = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9))  # no arguments: the rank's one communicator
-    assert sgd.communicator is comm and dist.init() is comm
-    got = train(make_params(0), sgd, 4, shard=(comm.rank, n))
-    want = reference("sgd", 4)
-    for k in want:
-        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5, err_msg=k)
-    report["distopt"] = "same as one process"
-print(json.dumps(report), flush=True)
-"""
 
 
 @pytest.fixture
 def script(tmp_path):
     path = tmp_path / "rank.py"
-    path.write_text(textwrap.dedent(RANK_SCRIPT))
+    shutil.copy(job("env_rank_job.py"), path)
     return str(path)
 
 

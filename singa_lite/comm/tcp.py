@@ -21,6 +21,7 @@ so its peers fail promptly too and report that first cause rather than only "ran
 from __future__ import annotations
 
 import collections
+import ipaddress
 import select
 import socket
 import struct
@@ -176,20 +177,33 @@ class TcpCommunicator(Communicator):
             p.sock.setblocking(False)
 
     # ----- bootstrap
-    def _local_host(self, host) -> str:
+    def _listen_address(self, host) -> tuple[str, str]:
+        """(address to bind, host to publish). Default: the local address of this rank's store connection, the
+        interface that reaches MASTER_ADDR. When that is a loopback address, MASTER_ADDR is a name of this very
+        host (rank 0's, or a rank beside it): then listen on every interface and publish MASTER_ADDR, which is
+        how the other hosts reach this one (a hostname that /etc/hosts maps to 127.0.1.1 would otherwise
+        publish an address no other host can reach)."""
         if host is not None:
-            return host
+            return host, host
         sock = getattr(self._store, "_sock", None)
-        if sock is not None:
-            return sock.getsockname()[0]
-        return "127.0.0.1"
+        if sock is None:
+            return "127.0.0.1", "127.0.0.1"
+        local = sock.getsockname()[0]
+        master = getattr(self._store, "host", None)
+        try:
+            loopback = ipaddress.ip_address(local.split("%")[0]).is_loopback
+        except ValueError:
+            loopback = False
+        if loopback and master and master != local:
+            return ("::" if sock.family == socket.AF_INET6 else "0.0.0.0"), master
+        return local, local
 
     def _connect(self, host) -> None:
         deadline = time.monotonic() + self.timeout
-        host = self._local_host(host)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        bind, host = self._listen_address(host)
+        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
-        self._listener.bind((host, 0))
+        self._listener.bind((bind, 0))
         self._listener.listen(max(self.world_size, 8))
         me = f"{host}:{self._listener.getsockname()[1]}"
         self._address = me
@@ -620,6 +634,14 @@ class TcpCommunicator(Communicator):
         self._shut()
         if self._broken is None:
             self._broken = CommError(f"tcp communicator of rank {self.rank}: {self._aborted}")
+
+    def close(self) -> None:
+        """Releases the sockets, also after a failure (the base class keeps a failed communicator as it is: MPI
+        could block in its teardown; closing sockets cannot)."""
+        super().close()
+        if not self.closed:
+            self.closed = True
+            self._close()
 
     def _close(self):
         for p in self._peers.values():

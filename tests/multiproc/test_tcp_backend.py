@@ -305,6 +305,39 @@ def test_close_releases_every_socket():
         comms[0].barrier()
 
 
+def test_a_failed_communicator_still_releases_its_sockets_on_close():
+    before = open_fds()
+    server = TcpStore(HOST, 0, 2, is_server=True, timeout=5)
+    stores = [server, TcpStore(HOST, server.port, 2, is_server=False, timeout=5)]
+    comms = make_mesh(stores)
+    comms[1].abort("stop here")
+    with pytest.raises(CommError, match="rank 1 aborted: stop here"):
+        comms[0].barrier()
+    for c in comms:
+        c.close()
+    for s in stores[::-1]:
+        s.close()
+    time.sleep(0.1)
+    assert open_fds() == before
+
+
+def test_a_rank_on_the_master_host_publishes_master_addr():
+    # MASTER_ADDR as a name: the store connection's local address is loopback, which no other host could
+    # reach, so the rank listens on every interface and its peers reach it at MASTER_ADDR
+    server = TcpStore("localhost", 0, 2, is_server=True, timeout=5)
+    stores = [server, TcpStore("localhost", server.port, 2, is_server=False, timeout=5)]
+    comms = make_mesh(stores)
+    for r, c in enumerate(comms):
+        address = server.get(f"{c._prefix}/addr/{r}").decode()
+        assert address.startswith("localhost:") and c._peers[1 - r].address.startswith("localhost:"), address
+    works = [c.all_reduce(T(np.full(3, 2.0, np.float32)), async_op=True) for c in comms]
+    assert all((npy(w.wait(10)) == 4).all() for w in works)
+    for c in comms:
+        c.close()
+    for s in stores[::-1]:
+        s.close()
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="0 <= rank < world_size"):
         TcpCommunicator(None, 2, 2)

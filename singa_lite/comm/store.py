@@ -16,6 +16,7 @@ reaches something other than a store says so instead of hanging. Keys and values
 """
 from __future__ import annotations
 
+import os
 import re
 import socket
 import struct
@@ -201,7 +202,9 @@ class _Server:
             pass
         return _pack(_ERROR, [f"malformed request (operation {code}, {len(f)} fields)".encode()])
 
-    def stop(self):
+    def stop(self, shutdown: bool = True):
+        """Stops serving. shutdown=False (a forked child's copy): only close this process's descriptors, as
+        shutting the connections down would cut them in the process that really serves them."""
         self._stopped = True
         with self._changed:
             self._changed.notify_all()
@@ -214,7 +217,8 @@ class _Server:
             self._conns.clear()
         for c in conns:
             try:
-                c.shutdown(socket.SHUT_RDWR)
+                if shutdown:
+                    c.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
             c.close()
@@ -252,6 +256,7 @@ class TcpStore:
         self._server = None
         self._sock = None
         self._lock = threading.Lock()
+        self._pid = os.getpid()
         if is_server:
             self._server = _Server(self._listen(listen_host, port))
             self.port = self._server._listener.getsockname()[1]
@@ -435,7 +440,7 @@ class TcpStore:
                 self._sock.close()
                 self._sock = None
         if self._server is not None:
-            self._server.stop()
+            self._server.stop(shutdown=os.getpid() == self._pid)
             self._server = None
 
     def __enter__(self):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import ipaddress
+import os
 import select
 import socket
 import struct
@@ -156,6 +157,7 @@ class TcpCommunicator(Communicator):
                              f"local_size={local_size}")
         super().__init__(rank, world_size, local_rank, local_size, timeout)
         self._store = store
+        self._pid = os.getpid()
         if prefix is None:
             # Every rank counts itself in: the k-th communicator of the job (on this store) is the one whose
             # arrivals are k * world_size + 1 ... (k + 1) * world_size, as no rank can make the next one before
@@ -650,7 +652,8 @@ class TcpCommunicator(Communicator):
             except (KeyError, ValueError, OSError):
                 pass
             try:
-                p.sock.shutdown(socket.SHUT_RDWR)
+                if os.getpid() == self._pid:  # a forked child's copy must not cut its parent's connections
+                    p.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
             p.sock.close()

@@ -221,3 +221,22 @@ def test_bad_arguments():
 def test_port_in_use_is_a_clear_error(server):
     with pytest.raises(CommError, match=rf"cannot listen on port {server.port}.*MASTER_PORT"):
         TcpStore(HOST, server.port, 2, is_server=True, timeout=1)
+
+
+def test_a_forked_child_closing_its_copy_leaves_the_parents_store_serving(server):
+    import os
+
+    with client(server) as a:
+        a.set("before", b"1")
+        pid = os.fork()
+        if pid == 0:  # the child: its copies of the server and the client go, nothing else
+            try:
+                server.close()
+                a.close()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        assert a.get("before") == b"1"
+        with client(server) as b:
+            b.set("after", b"2")
+        assert a.get("after") == b"2"

@@ -346,6 +346,7 @@ def user_line() -> str:
 
 def is_mismatch(error: Exception) -> bool:
     """Whether `error` is a communicator's report that the ranks' calls differ (shm: "arguments differ across
-    ranks"; mpi: "the ranks' calls do not match"), raised on every rank alike."""
-    return isinstance(error, ValueError) and ("differ across ranks" in str(error)
-                                              or "calls do not match" in str(error))
+    ranks"; mpi: "the ranks' calls do not match"; tcp: "the ranks made different collective calls"), raised on
+    every rank alike."""
+    text = str(error) if isinstance(error, ValueError) else ""
+    return any(words in text for words in ("differ across ranks", "calls do not match", "different collective calls"))

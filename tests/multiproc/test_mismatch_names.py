@@ -1,7 +1,7 @@
 """When one rank's backward gives no gradient for some parameters (its forward skipped a layer), the ranks'
 gradient buckets differ. The error names those parameters, the rank, the step and the line of the user's script
-that called the step, instead of only element counts (issue 18.3). On the shm backend (multiprocessing) and
-under mpiexec (mpi backend); the model and training loop are helpers/mismatch_names_cases.py."""
+that called the step, instead of only element counts (issue 18.3). On the shm backend (multiprocessing),
+under mpiexec (mpi backend) and on the tcp backend; the model and training loop are helpers/mismatch_names_cases.py."""
 import json
 import re
 import subprocess
@@ -40,10 +40,19 @@ def _mpi(*args):
     return found
 
 
-RUN = {"shm": _shm, "mpi": _mpi}
+def _tcp(*args):
+    from test_tcp_backend import run_tcp
+
+    out, _ = run_tcp(train_skipping, 2, args=args, timeout=120)
+    for r in (0, 1):
+        assert out[r][0] == "ok", out[r]
+    return {r: out[r][1] for r in (0, 1)}
 
 
-@pytest.mark.parametrize("backend", ["shm", "mpi"])
+RUN = {"shm": _shm, "mpi": _mpi, "tcp": _tcp}
+
+
+@pytest.mark.parametrize("backend", ["shm", "mpi", "tcp"])
 @pytest.mark.parametrize("style", ["distopt", "two_phase"])
 def test_every_rank_names_the_skipped_parameters_the_rank_the_step_and_the_line(backend, style):
     # the models were compared before training (as Model.compile does), so the difference shows in the buckets

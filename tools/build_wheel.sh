@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds one binary wheel of singa_lite and repairs it into a manylinux wheel that pip installs without a compiler.
 #
-#   tools/build_wheel.sh [--python PYTHON] [--variant cpu|cuda12x|cuda13x] [--out DIR]
+#   tools/build_wheel.sh [--python PYTHON] [--variant cpu|cuda12x|cuda13x] [--glibc X.Y] [--out DIR]
 #
 #   --python   the interpreter to build for (default: python3); one wheel per CPython version, e.g.
 #              for v in 3.10 3.11 3.12 3.13; do tools/build_wheel.sh --python python$v; done
@@ -11,10 +11,15 @@
 #              runtime, cuBLAS, cuDNN and NCCL wheels (the extras cuda13 / cuda12 of pyproject.toml), which
 #              singa_lite loads from site-packages/nvidia at run time. Compiled for SINGA_LITE_CUDA_ARCHS
 #              (default here "80-real;90": sm_80 and sm_90 code plus sm_90 PTX for newer GPUs).
+#   --glibc    cpu only: compile with zig's clang (the `ziglang` wheel, tools/zig-c++) against glibc X.Y's
+#              symbols, e.g. 2.28 for a manylinux_2_28 wheel that installs on Ubuntu 20.04+, RHEL 8+, Debian 10+,
+#              whatever glibc this machine has. OpenMP is then LLVM's libomp (from the `cmeel-libomp` wheel,
+#              bundled into the wheel by the repair) instead of GCC's libgomp. Without --glibc: the system's
+#              g++ and libgomp, and the wheel is tagged for this machine's glibc (manylinux_2_34+ on Debian 12).
 #   --out      where the repaired wheel goes (default: dist/)
 #
 # Steps: pip wheel -> auditwheel repair. The repair
-# copies libgomp into the wheel (singa_lite.libs/) and tags the wheel with the oldest manylinux policy its
+# copies libgomp (libomp with --glibc) into the wheel (singa_lite.libs/) and tags the wheel with the oldest manylinux policy its
 # symbols allow; it excludes libscipy_openblas.so, which stays in the scipy-openblas32 wheel that singa_lite
 # depends on and preloads (singa_lite/__init__.py), so there is one OpenBLAS, not two.
 # Kept between runs: build/wheel/<variant>-<python tag> (CMake's folder) and build/wheel/venv-<python tag>.
@@ -23,14 +28,16 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 
 python=python3
 variant=cpu
+glibc=""
 out="$root/dist"
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) python="$2"; shift 2 ;;
     --variant) variant="$2"; shift 2 ;;
+    --glibc) glibc="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
-    *) echo "build_wheel.sh: unknown argument '$1' (expected --python, --variant, --out; see --help)" >&2; exit 2 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    *) echo "build_wheel.sh: unknown argument '$1' (expected --python, --variant, --glibc, --out; see --help)" >&2; exit 2 ;;
   esac
 done
 case "$variant" in
@@ -38,6 +45,11 @@ case "$variant" in
   cuda12x|cuda13x) ;;
   *) echo "build_wheel.sh: --variant must be cpu, cuda12x or cuda13x, got '$variant'" >&2; exit 2 ;;
 esac
+if [ -n "$glibc" ]; then
+  [[ "$glibc" =~ ^2\.[0-9]+$ ]] || { echo "build_wheel.sh: --glibc takes a glibc version like 2.28, got '$glibc'" >&2; exit 2; }
+  # nvcc compiles host code with g++ only; the CUDA wheels keep the build machine's glibc.
+  [ "$variant" = cpu ] || { echo "build_wheel.sh: --glibc works for --variant cpu only, not $variant" >&2; exit 2; }
+fi
 command -v "$python" >/dev/null || { echo "build_wheel.sh: no interpreter '$python' on PATH (give --python)" >&2; exit 2; }
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -66,8 +78,38 @@ command -v cmake >/dev/null && command -v ninja >/dev/null || build_requires+=("
 export PATH="$tools/bin:$PATH"
 
 src="$root"
+build_dir="$root/build/wheel/$variant-$pytag"
+cmake_defines=()
+repair_args=()
 if [ "$variant" = cpu ]; then
   export SINGA_LITE_CUDA=OFF
+  if [ -n "$glibc" ]; then
+    # zig's clang emits OpenMP calls to LLVM's runtime API (__kmpc_*), which libgomp lacks: link LLVM's libomp
+    # (glibc >= 2.14 only) from the cmeel-libomp wheel, with its omp.h. Versions pinned: a new zig can change
+    # its command line, and the runtime's ABI must match what this clang emits.
+    "$tools_py" -m pip install -q --disable-pip-version-check --only-binary :all: "ziglang==0.17.1"
+    "$tools_py" -m pip install -q --disable-pip-version-check --only-binary :all: --no-deps "cmeel-libomp==21.1.8"
+    export SINGA_LITE_ZIG="$("$tools_py" -c 'import os, ziglang; print(os.path.join(os.path.dirname(ziglang.__file__), "zig"))')"
+    export SINGA_LITE_GLIBC="$glibc"
+    omp="$("$tools_py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/cmeel.prefix"
+    [ -f "$omp/lib/libomp.so" ] && [ -f "$omp/include/omp.h" ] ||
+      { echo "build_wheel.sh: cmeel-libomp installed no $omp/lib/libomp.so or $omp/include/omp.h" >&2; exit 1; }
+    # Told, CMake's FindOpenMP takes these as they are instead of looking for the compiler's own runtime.
+    # -lrt: shm_open / shm_unlink are in librt before glibc 2.34, and zig links its own glibc-X.Y stub of it
+    # (CMakeLists.txt's find_library finds the build machine's empty librt.a, which adds nothing).
+    cmake_defines=(
+      -C cmake.define.CMAKE_CXX_COMPILER="$root/tools/zig-c++"
+      -C "cmake.define.OpenMP_CXX_FLAGS=-fopenmp -I$omp/include"
+      -C cmake.define.OpenMP_CXX_LIB_NAMES=omp
+      -C cmake.define.OpenMP_omp_LIBRARY="$omp/lib/libomp.so"
+      -C cmake.define.CMAKE_MODULE_LINKER_FLAGS=-lrt
+    )
+    # auditwheel finds libomp.so there and copies it into the wheel; --plat fails the repair if the wheel
+    # still needs a newer glibc symbol than X.Y.
+    export LD_LIBRARY_PATH="$omp/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    repair_args=(--plat "manylinux_${glibc/./_}_$(uname -m)")
+    build_dir="$root/build/wheel/$variant-glibc$glibc-$pytag"
+  fi
 else
   # nvcc's major version must match the wheel's name: the CUDA runtime is linked statically into _core.
   nvcc_bin="${CUDACXX:-$(command -v nvcc || true)}"
@@ -95,15 +137,15 @@ for rel in sys.stdin.read().split("\0"):
   "$tools_py" "$root/tools/wheel_variant.py" "$src/pyproject.toml" "$variant"
 fi
 
-echo "== building the $variant wheel for $pytag ($("$python" -V 2>&1)), SINGA_LITE_CUDA=$SINGA_LITE_CUDA"
+echo "== building the $variant wheel for $pytag ($("$python" -V 2>&1)), SINGA_LITE_CUDA=$SINGA_LITE_CUDA${glibc:+, glibc $glibc with zig}"
 start=$(date +%s)
 "$tools_py" -m pip wheel --no-deps --no-build-isolation --disable-pip-version-check -w "$work/raw" "$src" \
-  -C build-dir="$root/build/wheel/$variant-$pytag"
+  -C build-dir="$build_dir" "${cmake_defines[@]}"
 echo "== compiled in $(( $(date +%s) - start )) s"
 
 raw_wheel="$(ls "$work"/raw/*.whl)"
 "$tools/bin/auditwheel" show "$raw_wheel"
-"$tools/bin/auditwheel" repair --exclude libscipy_openblas.so -w "$work/repaired" "$raw_wheel"
+"$tools/bin/auditwheel" repair "${repair_args[@]}" --exclude libscipy_openblas.so -w "$work/repaired" "$raw_wheel"
 wheel="$(ls "$work"/repaired/*.whl)"
 
 # The repaired wheel must not carry OpenBLAS (it comes from scipy-openblas32) nor a CUDA library (cudart is

@@ -277,6 +277,11 @@ class TcpCommunicator(Communicator):
         busy peers are polled: an idle one that has gone is noticed when it is next needed."""
         peers = list(self._peers.values())
         try:
+            for p in peers:  # what the sockets take or hold right now, before any poll (most small messages)
+                if p.out:
+                    p.write()
+                if p.want is not None:
+                    p.read()
             while True:
                 busy = False
                 for p in peers:

@@ -42,8 +42,11 @@ def test_no_unrestricted_unpickling_and_no_listening_socket(path):
             keywords = {k.arg: k.value for k in node.keywords}
             assert "allow_pickle" in keywords and isinstance(keywords["allow_pickle"], ast.Constant) and \
                 keywords["allow_pickle"].value is False, f"{where}: np.load without allow_pickle=False"
-        listens = path.relative_to(PACKAGE).as_posix() in ("comm/watch.py", "comm/store.py", "comm/tcp.py")
-        assert name not in ("listen", "bind") or listens, f"{where}: a listening socket"
+        module = path.relative_to(PACKAGE).as_posix()
+        listens = module in ("comm/watch.py", "comm/store.py", "comm/tcp.py")
+        assert name != "listen" or listens, f"{where}: a listening socket"
+        # singa-run --hostfile binds (never listens) to find a free port for the rendezvous, then closes it
+        assert name != "bind" or listens or module == "comm/launcher.py", f"{where}: a bound socket"
     for node in ast.walk(tree):  # the one unpickler is the restricted one, whose every global is vetted
         if isinstance(node, ast.ClassDef):
             bases = [ast.unparse(b) for b in node.bases]

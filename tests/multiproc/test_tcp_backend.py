@@ -148,10 +148,25 @@ def scenario_mismatch_then_go_on(comm):
         message2 = str(e)
     else:
         raise AssertionError("mismatched roots were not detected")
+    try:  # another collective altogether, with a big tensor (no data in the header) on the other ranks
+        if comm.rank == 2:
+            comm.barrier()
+        else:
+            comm.all_reduce(T(np.zeros(FUSE_BYTES, np.float32)))
+    except ValueError as e:
+        message3 = str(e)
+    else:
+        raise AssertionError("a barrier against an all_reduce was not detected")
+    if comm.rank < 2:  # a recv of another size than was sent
+        if comm.rank == 0:
+            comm.send(T(np.zeros(4, np.float32)), 1, tag=9)
+        else:
+            with pytest.raises(ValueError, match=r"rank 0 sent 4 float32, this rank receives 5 float32"):
+                comm.recv(T(np.zeros(5, np.float32)), 0, tag=9)
     t = T(np.full(FUSE_BYTES, comm.rank, np.float32))  # the communicator goes on after a mismatch
     comm.all_reduce(t)
     assert (npy(t) == sum(range(comm.world_size))).all()
-    return message, message2
+    return message, message2, message3
 
 
 def scenario_point_to_point(comm):
@@ -197,7 +212,8 @@ def test_mismatched_calls_name_every_rank_and_the_communicator_goes_on():
     out, _ = run_tcp(scenario_mismatch_then_go_on, 3)
     for r in range(3):
         assert out[r][0] == "ok", out
-        sizes, roots = out[r][1]
+        sizes, roots, kinds = out[r][1]
+        assert "rank 1 called all_reduce(65536 float32, op=sum)" in kinds and "rank 2 called barrier()" in kinds, kinds
         assert "rank 0 called all_reduce(10 float32, op=sum)" in sizes and \
             "rank 1 called all_reduce(11 float32, op=sum)" in sizes, sizes
         assert "rank 0 called broadcast(3 float32, root=0)" in roots and "rank 1 called broadcast(3 float32, root=1)" \

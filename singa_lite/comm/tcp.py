@@ -205,7 +205,12 @@ class TcpCommunicator(Communicator):
         bind, host = self._listen_address(host)
         family = socket.AF_INET6 if ":" in bind else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
-        self._listener.bind((bind, 0))
+        try:
+            self._listener.bind((bind, 0))
+        except OSError as e:
+            raise CommError(f"tcp communicator (rank {self.rank} of {self.world_size}): cannot listen on {bind} "
+                            f"({e}); host= must be an address (or name) of this host that the other ranks can "
+                            f"reach") from None
         self._listener.listen(max(self.world_size, 8))
         me = f"{host}:{self._listener.getsockname()[1]}"
         self._address = me

@@ -354,6 +354,15 @@ def test_a_rank_on_the_master_host_publishes_master_addr():
         s.close()
 
 
+def test_a_host_that_is_not_ours_is_a_clear_error():
+    before = open_fds()
+    store = TcpStore(HOST, 0, 2, is_server=True, timeout=5)
+    with pytest.raises(CommError, match=r"cannot listen on 192\.0\.2\.1 .*host= must be an address"):
+        TcpCommunicator(store, 0, 2, 0, 1, timeout=1, host="192.0.2.1")  # TEST-NET-1: never a local address
+    store.close()
+    assert open_fds() == before
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="0 <= rank < world_size"):
         TcpCommunicator(None, 2, 2)

@@ -65,8 +65,8 @@ class _PeerLost(Exception):
 class _Peer:
     """One connection: what is queued to send, and the buffer being filled (with what to do once full)."""
 
-    def __init__(self, rank: int, address: str, sock: socket.socket):
-        self.rank, self.address, self.sock = rank, address, sock
+    def __init__(self, rank: int, address: str, sock: socket.socket, hostname: str = "?"):
+        self.rank, self.address, self.sock, self.hostname = rank, address, sock, hostname
         self.fd = sock.fileno()
         self.out: collections.deque = collections.deque()
         self.want = None  # memoryview being received into
@@ -214,13 +214,15 @@ class TcpCommunicator(Communicator):
         self._listener.listen(max(self.world_size, 8))
         me = f"{host}:{self._listener.getsockname()[1]}"
         self._address = me
+        # the host's name first: whoever reads the address can read the name (for the errors)
+        self._store.set(f"{self._prefix}/hostname/{self.rank}", socket.gethostname().encode())
         self._store.set(f"{self._prefix}/addr/{self.rank}", me.encode())
         self._ident = _ident(self._prefix)
         for r in range(self.rank):  # connect to the lower ranks; they accept us
             address = self._store.get(f"{self._prefix}/addr/{r}", max(deadline - time.monotonic(), 0.0)).decode()
             sock = self._dial(r, address, deadline)
             sock.sendall(_HELLO.pack(_HELLO_MAGIC, _VERSION, self.world_size, self.rank, self._ident))
-            self._peers[r] = _Peer(r, address, sock)
+            self._peers[r] = _Peer(r, address, sock, self._hostname(r))
         while len(self._peers) < self.world_size - 1:  # accept the higher ranks
             left = deadline - time.monotonic()
             self._listener.settimeout(max(left, 0.001))
@@ -274,7 +276,10 @@ class TcpCommunicator(Communicator):
             return None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         address = self._store.get(f"{self._prefix}/addr/{r}", 1.0).decode()
-        return _Peer(r, address, sock)
+        return _Peer(r, address, sock, self._hostname(r))
+
+    def _hostname(self, r: int) -> str:
+        return self._store.get(f"{self._prefix}/hostname/{r}", 1.0).decode(errors="replace")
 
     # ----- the poll loop
     def _pump(self, name: str, deadline: float) -> None:
@@ -324,9 +329,16 @@ class TcpCommunicator(Communicator):
 
     def _timed_out(self, name: str, late) -> CommError:
         who = ", ".join(f"rank {p.rank} ({p.address})" for p in late) or "none"
+        hosts = {}
+        for p in late:
+            hosts.setdefault(p.hostname, []).append(p.rank)
+        where = (f", on host {next(iter(hosts))}" if len(hosts) == 1 else
+                 ", on hosts " + ", ".join(f"{h} (rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, sorted(rs)))})"
+                                          for h, rs in hosts.items()) if hosts else "")
         return self._fail(f"tcp {name} #{self._seq} (rank {self.rank} of {self.world_size}): not finished after "
-                          f"{self.timeout:g} s; still waiting to exchange data with {who}. Look at those ranks' "
-                          f"output, or raise the timeout (timeout= or SINGA_LITE_COMM_TIMEOUT)", report=True)
+                          f"{self.timeout:g} s; still waiting to exchange data with {who}{where}. Look at those ranks' "
+                          f"output (is their host up and reachable from this one?), or raise the timeout (timeout= "
+                          f"or SINGA_LITE_COMM_TIMEOUT)", report=True)
 
     def _lost(self, name: str, peer: _Peer, what: str) -> CommError:
         if self._aborted is not None:
@@ -335,8 +347,8 @@ class TcpCommunicator(Communicator):
         here = f"tcp {name} #{self._seq} (rank {self.rank} of {self.world_size})"
         if cause:
             return self._fail(f"{here}: {cause} (reported by rank {peer.rank}, which then left)", report=cause)
-        cause = (f"rank {peer.rank} ({peer.address}) {what} without reporting a cause: it died (killed or crashed), "
-                 f"or its host is unreachable")
+        cause = (f"rank {peer.rank} ({peer.address}, host {peer.hostname}) {what} without reporting a cause: it died "
+                 f"(killed or crashed), or its host is unreachable")
         return self._fail(f"{here}: {cause}", report=cause)
 
     def _fail(self, message: str, report) -> CommError:

@@ -231,6 +231,7 @@ def test_a_killed_rank_is_named_promptly_by_the_others():
     for r in (0, 2):
         assert out[r][:2] == ("error", "CommError"), out
         assert "rank 1 (127.0.0.1:" in out[r][2] and "died" in out[r][2], out[r]
+        assert f"host {socket.gethostname()})" in out[r][2], out[r]
     assert 1 not in out
     assert time.monotonic() - start < 20  # far below the 60 s timeout: process start-up included
 
@@ -241,6 +242,7 @@ def test_a_timeout_names_the_late_rank():
     for r in (0, 2):
         assert out[r][:2] == ("error", "CommError"), out
         assert "not finished after 1 s" in out[r][2] and "rank 1 (127.0.0.1:" in out[r][2], out[r]
+        assert f"on host {socket.gethostname()}" in out[r][2], out[r]
     assert time.monotonic() - start < 20
 
 

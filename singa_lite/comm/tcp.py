@@ -3,7 +3,9 @@
 Bootstrap: every rank listens on a port, publishes ``host:port`` in the rendezvous store (store.py), and
 connects a full mesh: rank j connects to every rank i < j and says who it is; rank i accepts them. The
 listening address defaults to the one this rank's store connection uses (the interface that reaches
-MASTER_ADDR), so the peers can reach it too.
+MASTER_ADDR), so the peers can reach it too; when that is a loopback address (MASTER_ADDR names this host),
+the rank listens on every interface and publishes MASTER_ADDR. Each communicator made on a store gets its
+own key prefix, counted in the store, so a long-lived store can serve several in turn.
 
 Every collective starts with a header exchange over the mesh: each rank sends every other its call's
 signature (operation, dtype, element count, root, op, call number). The ranks compare them before any data

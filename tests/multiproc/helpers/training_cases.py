@@ -333,7 +333,8 @@ def scenario_sync_batchnorm(comm):
     return "ok"
 
 
-def scenario_sync_buffers(comm):
+def bn_net():
+    """A Model of one BatchNorm2d(BN_C): its running statistics are the buffers."""
     from singa_lite import layer, model as model_mod
 
     class Net(model_mod.Model):
@@ -344,9 +345,13 @@ def scenario_sync_buffers(comm):
         def forward(self, x):
             return self.bn(x)
 
+    return Net()
+
+
+def scenario_sync_buffers(comm):
     results = {}
     for how in (True, "average", False):
-        net = Net()
+        net = bn_net()
         dopt = opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, broadcast_buffers=how)
         net.set_optimizer(dopt)
         net.train()
@@ -382,15 +387,7 @@ def scenario_buffers_at_checkpoint(comm):
     import shutil
     import tempfile
 
-    from singa_lite import checkpoint, layer, model as model_mod
-
-    class Net(model_mod.Model):
-        def __init__(self):
-            super().__init__()
-            self.bn = layer.BatchNorm2d(BN_C)
-
-        def forward(self, x):
-            return self.bn(x)
+    from singa_lite import checkpoint
 
     def buffers(net):
         return {"mean": tensor.to_numpy(net.bn.running_mean).copy(), "var": tensor.to_numpy(net.bn.running_var).copy()}
@@ -398,7 +395,7 @@ def scenario_buffers_at_checkpoint(comm):
     path = comm.broadcast_object(tempfile.mkdtemp(prefix="sl_bufckpt_") if comm.rank == 0 else None, 0)
     try:
         for how in (True, "average", False):
-            net = Net()
+            net = bn_net()
             dopt = opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, broadcast_buffers=how)
             net.set_optimizer(dopt)
             net.train()
@@ -408,14 +405,14 @@ def scenario_buffers_at_checkpoint(comm):
             checkpoint.save(path, net, dopt)
             for k, v in buffers(net).items():
                 assert np.array_equal(v, mine[k]), f"save changed the live buffer {k} ({how})"
-            again = Net()
+            again = bn_net()
             again.forward(tensor.from_numpy(bn_data(0)[0]))  # creates the states
             checkpoint.load(path, again, opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, broadcast_buffers=how))
             for k, v in buffers(again).items():  # the same number of ranks: each rank's own, bit for bit
                 assert np.array_equal(v, mine[k]), f"rank {comm.rank}'s {k} not restored exactly ({how})"
             comm.barrier()
             if comm.rank == 0:  # the checkpoint's one model, loaded by one process
-                single = Net()
+                single = bn_net()
                 single.forward(tensor.from_numpy(bn_data(0)[0]))
                 checkpoint.load(path, single, reshard=True)
                 for k, v in buffers(single).items():

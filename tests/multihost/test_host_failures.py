@@ -105,10 +105,13 @@ def test_a_cut_link_ends_every_rank_and_names_the_host(cluster, tmp_path):
     assert not left, f"ranks {left} still ran {ENDED_BY_S} s after the cut\n{text}"
     assert TIMEOUT_S <= ended_after, text  # not before their timeout: nothing else could tell them
     assert code not in (None, 0), f"mpiexec: {code}\n{text}"
-    # h0's ranks (their output reaches mpiexec; h1's cannot) name the host and its ranks.
-    for r in (0, 1):
-        assert re.search(rf"CommError: mpi \w+ #\d+ \(rank {r} of 4\): not finished after {TIMEOUT_S} s; host h1 is "
-                         r"unreachable: ranks 2, 3 did not answer a query of their progress", text), text
+    # h0's ranks name the host and its ranks. The first of them to time out aborts the job, and mpiexec may
+    # end the other h0 rank before its own timeout: at least one names them, and none says anything else.
+    named = [r for r in (0, 1) if re.search(rf"CommError: mpi \w+ #\d+ \(rank {r} of 4\): not finished after "
+                                            rf"{TIMEOUT_S} s; host h1 is unreachable: ranks 2, 3 did not answer a "
+                                            r"query of their progress", text)]
+    assert named, text
+    assert not re.search(r"\(rank [01] of 4\): not finished after \d+ s; (?!host h1 is unreachable)", text), text
     assert "finished" not in text.replace("not finished", ""), text
     assert not left_in_dev_shm(text), text
     assert not left_running(cluster), text

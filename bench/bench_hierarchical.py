@@ -3,14 +3,14 @@
     sudo python bench/bench_hierarchical.py                      # 2 hosts x 2 ranks, 1 Gbit/s, 100 us
     sudo python bench/bench_hierarchical.py --rate 10gbit --delay 20us --sizes 1,16
 
-Builds the simulated cluster of the multi-host tests (tests/multihost/helpers/sim_hosts.py: a network and
-UTS namespace per host, a bridge, veths; needs root), shapes every link with ``tc netem`` (rate and delay;
-the rate alone with ``tbf`` on a kernel without netem) and runs this script on every rank under mpiexec. Each rank times ``all_reduce(avg)`` of float32 buffers of each size on
-the flat mpi communicator and on ``comm.hierarchical.create(world)`` (reduce within the host over shm,
-all-reduce between the hosts' leaders over MPI, broadcast within the host), alternating the two, and the
-slowest rank's time of each call is kept (the call ends for everyone only then). Rank 0 prints medians and
-the ratio flat / hierarchical (> 1: hierarchical is faster). Both give the same averages (checked).
-"""
+Builds the simulated cluster of the multi-host tests (tests/multihost/helpers/sim_hosts.py: a network and UTS
+namespace per host, a bridge, veths; needs root), shapes every link with ``tc netem`` (rate and delay; the rate
+alone with ``tbf`` on a kernel without netem) and runs this script on every rank under mpiexec. Each rank times
+``all_reduce(avg)`` of float32 buffers of each size on the flat mpi communicator and on
+``comm.hierarchical.create(world)`` (reduce within the host over shm, all-reduce between the hosts' leaders over
+MPI, broadcast within the host), alternating the two, and the slowest rank's time of each call is kept (the call
+ends for everyone only then). Rank 0 prints medians and the ratio flat / hierarchical (> 1: hierarchical is
+faster). Both give the same averages (checked)."""
 from __future__ import annotations
 
 import argparse

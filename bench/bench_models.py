@@ -1,12 +1,14 @@
 """The models the training benchmarks time, written the same way in singa_lite and in PyTorch: SINGA's
-MNIST CNN (seed 001) and the MLP of the DDP exercises (seed 003). PyTorch is imported by the caller."""
-from singa_lite import autograd
+MNIST CNN (seed 001) and the MLP of the DDP exercises (seed 003). PyTorch is imported by the caller, and
+singa_lite only by the singa_lite models, so that a PyTorch-only process (bench/train_loop.py) never loads it."""
 
 MLP_SIZES = (1024, 256, 256, 256, 32)
 
 
 class SingaCNN:
     def __init__(self):
+        from singa_lite import autograd
+
         self.conv1 = autograd.Conv2d(1, 20, 5)
         self.conv2 = autograd.Conv2d(20, 50, 5)
         self.fc1 = autograd.Linear(800, 500)
@@ -14,6 +16,8 @@ class SingaCNN:
         self.pool = autograd.MaxPool2d(2, 2)
 
     def forward(self, x):
+        from singa_lite import autograd
+
         y = self.pool(autograd.relu(self.conv1(x)))
         y = self.pool(autograd.relu(self.conv2(y)))
         return self.fc2(autograd.relu(self.fc1(autograd.flatten(y))))
@@ -21,9 +25,13 @@ class SingaCNN:
 
 class SingaMLP:
     def __init__(self, sizes=MLP_SIZES):
+        from singa_lite import autograd
+
         self.layers = [autograd.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:])]
 
     def forward(self, x):
+        from singa_lite import autograd
+
         for layer in self.layers[:-1]:
             x = autograd.tanh(layer(x))
         return self.layers[-1](x)

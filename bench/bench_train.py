@@ -2,7 +2,9 @@
 same model, same data, same thread count, measured in the same run.
 
 Cases: SINGA's MNIST CNN (conv 20@5x5, pool, conv 50@5x5, pool, fc 500, fc 10) at batch 64 and 256, and
-the MLP of the DDP exercises (1024 -> 256 -> 256 -> 256 -> 32, tanh) at batch 64. Blocks of steps are
+the MLP of the DDP exercises (1024 -> 256 -> 256 -> 256 -> 32, tanh) at batch 64; ``loop_b64``: the CNN in
+the loop users write, with numpy augmentation and accuracy around each step (bench/train_loop.py: each
+library in a process of its own). Blocks of steps are
 interleaved (singa_lite, torch, singa_lite, ...) with a short sleep before each, so machine noise hits
 both; medians over blocks are reported. ratio = torch step time / singa_lite step time (> 1: singa_lite
 faster); the goal is ratio >= 1.0 (singa_lite's step at most PyTorch's).
@@ -85,8 +87,49 @@ def time_block(step, n):
     return (time.perf_counter() - t) / n
 
 
+def time_loops(batch):
+    """The loop with numpy work around each step (bench/train_loop.py): one worker process per library, blocks
+    interleaved; prints loop, step and numpy times, loop / (step + numpy), and singa_lite's loop / torch's."""
+    import subprocess
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_loop.py")
+    extra = ["--threads", str(ARGS.threads)] if ARGS.threads else []
+    workers = {}
+    for lib in ("singa", "torch"):
+        if ARGS.only in (None, lib):
+            workers[lib] = subprocess.Popen([sys.executable, script, lib, "--batch", str(batch), *extra],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert workers[lib].stdout.readline().strip() == "ready", f"the {lib} loop worker did not start"
+
+    def ask(lib, what):
+        time.sleep(ARGS.gap)
+        workers[lib].stdin.write(f"{what} {ARGS.steps}\n")
+        workers[lib].stdin.flush()
+        return float(workers[lib].stdout.readline())
+
+    times = {(lib, what): [] for lib in workers for what in ("loop", "step", "numpy")}
+    try:
+        for _ in range(ARGS.repeat):
+            for what in ("loop", "step", "numpy"):
+                for lib in workers:
+                    times[lib, what].append(ask(lib, what))
+    finally:
+        for w in workers.values():
+            w.stdin.close()
+            w.wait(timeout=60)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for lib in workers:
+        loop, parts = med[lib, "loop"], med[lib, "step"] + med[lib, "numpy"]
+        print(f"loop_b{batch} {lib:5s} loop {1e3 * loop:7.2f} ms  step {1e3 * med[lib, 'step']:6.2f} + numpy "
+              f"{1e3 * med[lib, 'numpy']:5.2f} ms  loop/sum {loop / parts:4.2f} (goal <= 1.15 for singa_lite)")
+    if len(workers) == 2:
+        ratios = sorted(s / t for s, t in zip(times["singa", "loop"], times["torch", "loop"]))
+        print(f"loop_b{batch} singa_lite loop / torch loop {med['singa', 'loop'] / med['torch', 'loop']:.2f} "
+              f"(goal <= 0.6; per block {', '.join(f'{r:.2f}' for r in ratios)})")
+
+
 def main():
-    cases = [("cnn_b64", "cnn", 64), ("cnn_b256", "cnn", 256), ("mlp_b64", "mlp", 64)]
+    cases = [("cnn_b64", "cnn", 64), ("cnn_b256", "cnn", 256), ("mlp_b64", "mlp", 64), ("loop_b64", "loop", 64)]
     print(f"singa_lite vs PyTorch {torch.__version__} eager, one training step (forward + backward + SGD)")
     print(f"threads: singa_lite {device.get_num_threads()}, torch {torch.get_num_threads()}; "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; {ARGS.repeat} blocks of "
@@ -94,6 +137,9 @@ def main():
     print(f"{'case':10s} {'torch ms':>9s} {'singa ms':>9s} {'ratio':>6s} {'per-block ratios':s}")
     for name, kind, batch in cases:
         if ARGS.filter not in name:
+            continue
+        if kind == "loop":
+            time_loops(batch)
             continue
         singa_step, torch_step = make_case(kind, batch)
         if ARGS.only:

@@ -9,34 +9,27 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 
-def _thread_defaults() -> None:
-    # One thread pool: GEMMs are split over singa_lite's OpenMP threads, each calling OpenBLAS on a single
-    # thread (csrc/cpu/matmul.cpp), so OpenBLAS needs no threads of its own. With two pools taking turns
-    # on the same cores, each pool's idle workers spun while the other worked, and every GEMM of a CNN
-    # training step ran about twice as slow as alone (docs/benchmarks.md). Set before OpenBLAS loads, since
-    # it reads the variable once; the thread count is OMP_NUM_THREADS or device.set_num_threads().
-    import os
-
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-
-_thread_defaults()
-
-
-def _preload_openblas() -> None:
+def _preload_openblas() -> str:
     # _core links libscipy_openblas.so from the scipy-openblas32 wheel. Loading it first, globally, lets
     # the dynamic linker resolve that dependency wherever pip put the wheel (editable installs included).
+    # It loads single-threaded, and only it (singa_lite/_threads.py): GEMMs are split over singa_lite's
+    # OpenMP threads, each calling OpenBLAS on one thread (csrc/cpu/matmul.cpp), so this OpenBLAS needs no
+    # threads of its own; two pools taking turns on the same cores made every GEMM of a CNN step about
+    # twice as slow (docs/benchmarks.md). The thread count is OMP_NUM_THREADS or device.set_num_threads().
     import ctypes
     import os
 
     import scipy_openblas32
 
-    lib_dir = scipy_openblas32.get_lib_dir()
-    name = scipy_openblas32.get_library(fullname=True)
-    ctypes.CDLL(os.path.join(lib_dir, name), mode=ctypes.RTLD_GLOBAL)
+    from ._threads import single_threaded_openblas_load
+
+    path = os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(fullname=True))
+    with single_threaded_openblas_load():
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    return path
 
 
-_preload_openblas()
+_OPENBLAS = _preload_openblas()
 
 from . import _core  # noqa: E402
 from ._core import CudaError  # noqa: E402
@@ -81,5 +74,16 @@ from . import device, tensor  # noqa: E402,F401
 # so SINGA's usual first line, `from singa import layer, model`, must find autograd already importing.
 from . import autograd  # noqa: E402,F401
 from . import checkpoint  # noqa: E402,F401
+
+
+def _calm_numpy_blas() -> None:
+    # numpy is loaded by now (tensor imports it): its OpenBLAS's idle threads stop spinning between calls,
+    # so that a training loop with numpy work between steps is not slowed by them (singa_lite/_threads.py).
+    from ._threads import calm_numpy_blas
+
+    calm_numpy_blas(_OPENBLAS)
+
+
+_calm_numpy_blas()
 
 __all__ = ["build_info", "checkpoint", "CudaError", "device", "tensor", "__version__"]

@@ -1,0 +1,76 @@
+"""The thread pools singa_lite shares the cores with: its own OpenBLAS, and numpy's.
+
+singa_lite runs one pool: its OpenMP threads, each calling its own OpenBLAS (the scipy-openblas32 wheel) on
+a single thread (csrc/cpu/matmul.cpp). Two things follow.
+
+1. **Our OpenBLAS starts single-threaded, and only ours.** OpenBLAS reads ``OPENBLAS_NUM_THREADS`` once, when
+   it is loaded. The variable is set to 1 just while our library loads and restored right after. It used to
+   be set for the whole process, which also made numpy's OpenBLAS single-threaded whenever singa_lite was
+   imported before numpy (a 1024x1024 numpy matmul went from 11.4 to 21-24 ms on 2 cores).
+
+2. **numpy's OpenBLAS stops spinning when its work is done.** After each call, numpy's BLAS worker threads
+   keep spinning, 2^28 CPU cycles by default (``OPENBLAS_THREAD_TIMEOUT=28``, about 0.1 s), before they sleep.
+   A training loop that does any numpy BLAS between steps (an accuracy matmul, augmentation) then runs every
+   step against those spinning threads. On 2 cores, the seed CNN's step plus 0.3 ms of numpy work took
+   2.8x the sum of the two alone. With numpy's timeout at 2^4 cycles it took 1.07x the sum, and numpy's own
+   large matmuls kept their speed (docs/benchmarks.md, "A training loop with numpy work").
+   So at import, singa_lite sets numpy's OpenBLAS thread timeout to ``OPENBLAS_THREAD_TIMEOUT`` (default
+   4, kept if the user set it). The timeout is only read when the threads start, so the library re-reads
+   its environment (``openblas_read_env``) and stops its idle threads (``blas_thread_shutdown_``). They
+   start again on the next threaded call, with the new timeout. Thread counts are not changed.
+   ``SINGA_LITE_NUMPY_BLAS=keep`` leaves numpy's OpenBLAS as it is. Other BLAS libraries (MKL, an OpenMP
+   build of OpenBLAS) are left alone.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+
+SPIN_VAR = "OPENBLAS_THREAD_TIMEOUT"
+SPIN_DEFAULT = "4"  # 2^4 cycles: idle workers sleep at once
+SWITCH_VAR = "SINGA_LITE_NUMPY_BLAS"  # "keep": leave numpy's OpenBLAS alone
+
+
+@contextlib.contextmanager
+def single_threaded_openblas_load():
+    """OPENBLAS_NUM_THREADS=1 while the block runs (our OpenBLAS loads in it), restored afterwards."""
+    saved = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("OPENBLAS_NUM_THREADS", None)
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = saved
+
+
+def loaded_openblas(exclude: str) -> list:
+    """Paths of the OpenBLAS libraries loaded in this process, other than `exclude` (ours)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "openblas" in line.rsplit("/", 1)[-1].lower()}
+    except OSError:  # not Linux
+        return []
+    ours = os.path.realpath(exclude)
+    return sorted(p for p in paths if p.startswith("/") and os.path.realpath(p) != ours and ".so" in p)
+
+
+def calm_numpy_blas(ours: str) -> list:
+    """Sets the spin timeout of every other OpenBLAS in the process (numpy's) as the module docstring says.
+    Returns the libraries changed."""
+    if os.environ.get(SWITCH_VAR) == "keep":
+        return []
+    changed = []
+    for path in loaded_openblas(ours):
+        try:
+            lib = ctypes.CDLL(path)
+            read_env, shutdown = lib.openblas_read_env, lib.blas_thread_shutdown_
+        except (OSError, AttributeError):  # not a pthreads OpenBLAS that exposes them: leave it
+            continue
+        os.environ.setdefault(SPIN_VAR, SPIN_DEFAULT)
+        read_env()
+        shutdown()  # idle workers end; the next threaded call starts them with the new timeout
+        changed.append(path)
+    return changed

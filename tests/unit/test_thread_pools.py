@@ -1,0 +1,93 @@
+"""singa_lite and numpy's OpenBLAS (singa_lite/_threads.py): our OpenBLAS loads single-threaded without making
+numpy's single-threaded too, whichever is imported first, and numpy's idle BLAS threads are told to stop
+spinning (unless SINGA_LITE_NUMPY_BLAS=keep). Each case runs in a fresh interpreter: OpenBLAS reads its
+environment when it loads."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import ctypes, json, os, sys
+first = sys.argv[1]
+if first == "singa":
+    import singa_lite
+import numpy
+if first != "singa":
+    import singa_lite
+from singa_lite import _threads
+theirs = _threads.loaded_openblas(singa_lite._OPENBLAS)
+def threads(path, names):
+    lib = ctypes.CDLL(path)
+    for name in names:
+        if hasattr(lib, name):
+            return getattr(lib, name)()
+    return None
+print(json.dumps({
+    "ours": threads(singa_lite._OPENBLAS, ["scipy_openblas_get_num_threads", "openblas_get_num_threads"]),
+    "numpy": [threads(p, ["scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
+                          "openblas_get_num_threads"]) for p in theirs],
+    "numpy_libs": theirs,
+    "env_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+    "env_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT"),
+}))
+"""
+
+
+def probe(first, **env):
+    base = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT",
+                                                             "SINGA_LITE_NUMPY_BLAS", "OMP_NUM_THREADS")}
+    r = subprocess.run([sys.executable, "-c", PROBE, first], capture_output=True, text=True, timeout=120,
+                       env={**base, **env})
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def numpy_has_openblas():
+    got = probe("numpy")
+    if not got["numpy_libs"] or None in got["numpy"]:
+        pytest.skip(f"numpy here does not use a pthreads OpenBLAS we can query: {got['numpy_libs']}")
+    return got
+
+
+@pytest.mark.parametrize("first", ["numpy", "singa"])
+def test_our_openblas_is_single_threaded_and_numpys_is_not(first):
+    numpy_has_openblas()
+    got = probe(first)
+    assert got["ours"] == 1, got
+    assert got["env_threads"] is None, got  # not left in the environment for numpy or child processes
+    if (os.cpu_count() or 1) > 1:
+        assert all(n > 1 for n in got["numpy"]), got  # importing singa_lite first used to make it 1
+
+
+def test_a_users_thread_count_is_kept_for_numpy():
+    numpy_has_openblas()
+    got = probe("singa", OPENBLAS_NUM_THREADS="1")
+    assert got["env_threads"] == "1" and got["numpy"] == [1] * len(got["numpy"]) and got["ours"] == 1, got
+
+
+@pytest.mark.parametrize("first", ["numpy", "singa"])
+def test_numpys_idle_blas_threads_stop_spinning_unless_kept(first):
+    numpy_has_openblas()
+    assert probe(first)["env_timeout"] == "4"
+    assert probe(first, OPENBLAS_THREAD_TIMEOUT="10")["env_timeout"] == "10"  # the user's choice stands
+    kept = probe(first, SINGA_LITE_NUMPY_BLAS="keep")
+    assert kept["env_timeout"] is None, kept
+
+
+def test_calm_numpy_blas_again_in_this_process(monkeypatch):
+    numpy_has_openblas()
+    import numpy as np
+
+    import singa_lite
+    from singa_lite import _threads
+
+    monkeypatch.setenv("SINGA_LITE_NUMPY_BLAS", "keep")
+    assert _threads.calm_numpy_blas(singa_lite._OPENBLAS) == []
+    monkeypatch.delenv("SINGA_LITE_NUMPY_BLAS")
+    changed = _threads.calm_numpy_blas(singa_lite._OPENBLAS)
+    assert changed and singa_lite._OPENBLAS not in changed, changed
+    a = np.arange(300 * 300, dtype=np.float64).reshape(300, 300) / 1e4
+    np.testing.assert_allclose(a @ a, np.einsum("ij,jk->ik", a, a), rtol=1e-10)  # its threads come back

@@ -19,8 +19,9 @@
 #   --out      where the repaired wheel goes (default: dist/)
 #
 # Steps: pip wheel -> auditwheel repair. The repair copies libgomp (libomp with --glibc) into the wheel
-# (singa_lite.libs/) and tags the wheel with the oldest manylinux policy its symbols allow; it excludes libscipy_openblas.so, which stays in the scipy-openblas32 wheel that singa_lite
-# depends on and preloads (singa_lite/__init__.py), so there is one OpenBLAS, not two.
+# (singa_lite.libs/) and tags the wheel with the oldest manylinux policy its symbols allow; it excludes
+# libscipy_openblas.so, which stays in the scipy-openblas32 wheel that singa_lite depends on and preloads
+# (singa_lite/__init__.py), so there is one OpenBLAS, not two.
 # Kept between runs: build/wheel/<variant>-<python tag> (CMake's folder; cpu-glibcX.Y-<python tag> with --glibc)
 # and build/wheel/venv-<python tag>; zig keeps what it compiled for the target (libc++) in ~/.cache/zig.
 set -euo pipefail

@@ -37,7 +37,7 @@ while [ $# -gt 0 ]; do
     --variant) variant="$2"; shift 2 ;;
     --glibc) glibc="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "build_wheel.sh: unknown argument '$1' (expected --python, --variant, --glibc, --out; see --help)" >&2; exit 2 ;;
   esac
 done

@@ -45,7 +45,7 @@ import os
 from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator, Work
 from .holder import NcclIdHolder
 from . import env
-from .mpi import broadcast_bytes, launched_by_mpiexec
+from .mpi import broadcast_bytes, launched_by_mpiexec, mpiexec_ranks
 
 BACKENDS = ("mpi", "shm", "nccl", "tcp")
 HOLDER_VAR = "SINGA_LITE_HOLDER"  # set by singa-run: the holder's to_string()
@@ -180,7 +180,7 @@ def _create(backend, holder, rank, world_size, timeout, options, launched=False)
         if world_size not in (None, 1):
             raise ValueError(f"backend 'shm' with world_size={world_size} needs the parent's NcclIdHolder: "
                              f"create one before starting the processes and pass it with holder=")
-        ranks = _mpiexec_ranks()
+        ranks = mpiexec_ranks()
         if world_size is None and ranks > 1:  # else each rank would silently train alone, a world of one
             raise ValueError(f"backend 'shm' takes its ranks from a NcclIdHolder (multiprocessing, singa-run), but "
                              f"this process is one of {ranks} ranks started by mpiexec: use backend 'mpi' (CPU "
@@ -193,17 +193,6 @@ def _create(backend, holder, rank, world_size, timeout, options, launched=False)
         raise TypeError(f"holder must be a NcclIdHolder, got {type(holder).__name__}")
     # A fresh name per use: a name seen in /dev/shm during an earlier rendezvous may have been re-created.
     return ShmCommunicator(holder.take_shm_name(), rank, world_size, timeout=timeout, **options)
-
-
-def _mpiexec_ranks() -> int:
-    """The number of ranks mpiexec started, from its environment (MPICH, Open MPI; 1 when it does not say); 0
-    when not started by mpiexec."""
-    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
-        try:
-            return int(os.environ[var])
-        except (KeyError, ValueError):
-            continue
-    return 1 if launched_by_mpiexec() else 0
 
 
 def _share_cores(comm: Communicator) -> Communicator:

@@ -141,22 +141,8 @@ def create(world: Communicator) -> Communicator:
         return world
     shm_name = next(e["shm"] for e in mine if e["local_rank"] == 0)
     intra = ShmCommunicator(shm_name, world.local_rank, world.local_size, timeout=world.timeout)
-    inter = _leaders(world)
+    inter = world.split(world.local_rank == 0)  # the leaders
     return HierarchicalCommunicator(world, intra, inter, len(hosts))
-
-
-def _leaders(world) -> Communicator | None:
-    """The communicator of the local ranks 0, ordered as the world; None on the other ranks."""
-    from .mpi import MpiCommunicator
-
-    MPI = world._MPI
-    sub = world._comm.Split(0 if world.local_rank == 0 else MPI.UNDEFINED, world.rank)
-    if sub == MPI.COMM_NULL:
-        return None
-    try:
-        return MpiCommunicator(comm=sub, timeout=world.timeout)
-    finally:
-        sub.Free()  # MpiCommunicator works on its own Dup
 
 
 __all__ = ["HierarchicalCommunicator", "create"]

@@ -64,6 +64,17 @@ def launched_by_mpiexec() -> bool:
     return any(v in os.environ for v in MPI_LAUNCH_VARS)
 
 
+def mpiexec_ranks() -> int:
+    """The number of ranks mpiexec started, from its environment (MPICH, Open MPI; 1 when it does not say); 0
+    when not started by mpiexec. Read without initialising MPI."""
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        try:
+            return int(os.environ[var])
+        except (KeyError, ValueError):
+            continue
+    return 1 if launched_by_mpiexec() else 0
+
+
 def import_mpi():
     """mpi4py's MPI module, initialised; a clear ImportError when mpi4py or an MPI library is missing."""
     try:
@@ -269,6 +280,18 @@ class MpiCommunicator(Communicator):
             abort_on_uncaught_exception(self, self._comm.Abort)
         local.Free()
         atexit.register(self._at_exit)
+
+    def split(self, member: bool) -> "MpiCommunicator | None":
+        """Collective: a new communicator of the ranks that pass member=True, in this one's rank order (with
+        this one's timeout and check); None on the others."""
+        MPI = self._MPI
+        sub = self._comm.Split(0 if member else MPI.UNDEFINED, self.rank)
+        if sub == MPI.COMM_NULL:
+            return None
+        try:
+            return MpiCommunicator(comm=sub, timeout=self.timeout, verify=self.verify)
+        finally:
+            sub.Free()  # the new communicator works on its own Dup
 
     # ----- buffers
     def _buf(self, t, count=None):

@@ -382,17 +382,29 @@ class DistOpt:
                                f"with finish() / step(), or drop it with discard(), first")
 
     # ----- the other steps
+    def _local_step(self, who: str, loss):
+        """The common start of the modes that update from this rank's own gradients (partial, sparse): the
+        pass's (name, param, grad) triples once the accumulated passes are gathered, the first step's model
+        check done and every rank's gradients finite; None when there is nothing to apply (a pass that only
+        accumulates, or a step skipped on every rank). Checked before anything changes: a NaN below the
+        threshold would never be sent but would stay in a residual, and a step skipped on some ranks only
+        would leave the replicas apart."""
+        self._require_no_open_step(who)
+        self._refuse_in_join(who)
+        triples = self._gather_passes(self._local_gradients(loss))
+        if triples is None:
+            return None
+        self._first_step(triples)
+        if not self._finite_everywhere([g.data for _, _, g in triples], local=True):
+            return None
+        return triples
+
     def backward_and_partial_update(self, loss, threshold=DEFAULT_THRESHOLD) -> None:
         """Local update with local gradients, then one partition of parameter values averaged (round robin;
         partitions hold about `threshold` elements)."""
-        self._require_no_open_step("backward_and_partial_update")
-        self._refuse_in_join("backward_and_partial_update")
         threshold = self._threshold(threshold)
-        triples = self._gather_passes(self._local_gradients(loss))
+        triples = self._local_step("backward_and_partial_update", loss)
         if triples is None:
-            return
-        self._first_step(triples)
-        if not self._finite_everywhere([g.data for _, _, g in triples], local=True):
             return
         self._apply(triples)
         parts = _partitions([p for _, p, _ in triples], threshold, size=lambda p: p.data.numel)
@@ -404,17 +416,10 @@ class DistOpt:
                                    corr=True) -> None:
         """Only significant gradient entries are exchanged: |g| >= spars, or with topK=True the largest
         ceil(spars * n) magnitudes of each fused group; corr=True keeps what was not sent as a residual."""
-        self._require_no_open_step("backward_and_sparse_update")
-        self._refuse_in_join("backward_and_sparse_update")
         threshold = self._threshold(threshold)
         spars = _check_spars(spars, topK)
-        triples = self._gather_passes(self._local_gradients(loss))
+        triples = self._local_step("backward_and_sparse_update", loss)
         if triples is None:
-            return
-        self._first_step(triples)
-        # Checked before anything changes: a NaN below the threshold would never be sent but would stay in
-        # the residual, and a step skipped on some ranks only would leave the replicas apart.
-        if not self._finite_everywhere([g.data for _, _, g in triples], local=True):
             return
         for group in _partitions(triples, threshold, size=lambda tr: tr[2].data.numel):
             self._sparse_group([g.data for _, _, g in group], [n for n, _, _ in group], spars, bool(topK),

@@ -16,7 +16,6 @@ import distopt_cases  # noqa: E402
 from singa_lite import dist, opt, tensor  # noqa: E402
 from singa_lite.comm import hierarchical  # noqa: E402
 from singa_lite.comm.holder import new_shm_name  # noqa: E402
-from singa_lite.comm.mpi import MpiCommunicator  # noqa: E402
 from singa_lite.comm.shm import ShmCommunicator  # noqa: E402
 
 PER_HOST = 2
@@ -27,9 +26,7 @@ def two_hosts(world):
     host, local = divmod(world.rank, PER_HOST)
     names = world.all_gather_object(new_shm_name() if local == 0 else None)
     intra = ShmCommunicator(names[host * PER_HOST], local, PER_HOST, timeout=world.timeout)
-    MPI = world._MPI
-    sub = world._comm.Split(0 if local == 0 else MPI.UNDEFINED, world.rank)
-    inter = None if sub == MPI.COMM_NULL else MpiCommunicator(comm=sub, timeout=world.timeout)
+    inter = world.split(local == 0)
     return hierarchical.HierarchicalCommunicator(world, intra, inter, world.world_size // PER_HOST)
 
 

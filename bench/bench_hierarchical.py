@@ -7,10 +7,12 @@ Builds the simulated cluster of the multi-host tests (tests/multihost/helpers/si
 namespace per host, a bridge, veths; needs root), shapes every link with ``tc netem`` (rate and delay; the rate
 alone with ``tbf`` on a kernel without netem) and runs this script on every rank under mpiexec. Each rank times
 ``all_reduce(avg)`` of float32 buffers of each size on the flat mpi communicator and on
-``comm.hierarchical.create(world)`` (reduce within the host over shm, all-reduce between the hosts' leaders over
-MPI, broadcast within the host), alternating the two, and the slowest rank's time of each call is kept (the call
-ends for everyone only then). Rank 0 prints medians and the ratio flat / hierarchical (> 1: hierarchical is
-faster). Both give the same averages (checked)."""
+the two forms of ``comm.hierarchical.create(world, form)``: "sharded" (reduce-scatter within the host over shm,
+each local rank all-reduces its shard with its peers on the other hosts, all-gather within the host) and
+"leader" (reduce to the host's leader over shm, all-reduce between the leaders, broadcast within the host),
+round-robin, and the slowest rank's time of each call is kept (the call ends for everyone only then). Rank 0
+prints medians and the ratios flat / hierarchical (> 1: hierarchical is faster). All give the same averages
+(checked)."""
 from __future__ import annotations
 
 import argparse
@@ -31,16 +33,17 @@ def worker(sizes_mib: list, repeats: int) -> None:
     from singa_lite.comm import hierarchical
 
     world = dist.init(backend="mpi", timeout=120)
-    hier = hierarchical.create(world)
-    assert hier is not world, "the ranks are on one host: nothing hierarchical to measure"
+    routes = {"flat": world, "sharded": hierarchical.create(world, "sharded"),
+              "leader": hierarchical.create(world, "leader")}
+    assert routes["sharded"] is not world, "the ranks are on one host: nothing hierarchical to measure"
     rows = []
     for mib in sizes_mib:
         n = int(mib * (1 << 20)) // 4
         x = np.random.default_rng(world.rank).standard_normal(n).astype(np.float32)
-        times = {"flat": [], "hierarchical": []}
+        times = {name: [] for name in routes}
         results = {}
-        for i in range(repeats + 1):  # the first round warms up both routes
-            for name, comm in (("flat", world), ("hierarchical", hier)):
+        for i in range(repeats + 1):  # the first round warms up every route
+            for name, comm in routes.items():
                 t = tensor.from_numpy(x.copy())
                 world.barrier()
                 start = time.perf_counter()
@@ -50,20 +53,23 @@ def worker(sizes_mib: list, repeats: int) -> None:
                 if i > 0:
                     times[name].append(slowest)
                 results[name] = tensor.to_numpy(t)
-        np.testing.assert_allclose(results["hierarchical"], results["flat"], rtol=1e-5, atol=1e-6)
-        flat, fast = (statistics.median(times[k]) for k in ("flat", "hierarchical"))
-        rows.append((mib, flat, fast, min(times["flat"]), max(times["flat"]), min(times["hierarchical"]),
-                     max(times["hierarchical"])))
+        for name in ("sharded", "leader"):
+            np.testing.assert_allclose(results[name], results["flat"], rtol=1e-5, atol=1e-6, err_msg=name)
+        rows.append((mib, {name: (statistics.median(ts), min(ts), max(ts)) for name, ts in times.items()}))
     if world.rank == 0:
-        print(f"{world.world_size} ranks on {hier.hosts} hosts; all_reduce(avg) of float32, median of {repeats} "
-              f"(min-max), the slowest rank's time")
-        print(f"{'MiB':>6} {'flat ms':>18} {'hierarchical ms':>18} {'flat/hier':>10}")
-        for mib, flat, fast, f0, f1, h0, h1 in rows:
-            print(f"{mib:>6g} {flat * 1e3:>7.1f} ({f0 * 1e3:.0f}-{f1 * 1e3:.0f}) {fast * 1e3:>7.1f} "
-                  f"({h0 * 1e3:.0f}-{h1 * 1e3:.0f}) {flat / fast:>9.2f}x", flush=True)
-    hier.intra.close()
-    if hier.inter is not None:
-        hier.inter.close()
+        print(f"{world.world_size} ranks on {routes['sharded'].hosts} hosts; all_reduce(avg) of float32, median "
+              f"of {repeats} (min-max), the slowest rank's time")
+        print(f"{'MiB':>6} " + " ".join(f"{name + ' ms':>18}" for name in routes)
+              + f" {'flat/sharded':>13} {'flat/leader':>12}")
+        for mib, cells in rows:
+            flat = cells["flat"][0]
+            print(f"{mib:>6g} " + " ".join(f"{m * 1e3:>7.1f} ({lo * 1e3:.0f}-{hi * 1e3:.0f})".rjust(18)
+                                           for m, lo, hi in cells.values())
+                  + f" {flat / cells['sharded'][0]:>12.2f}x {flat / cells['leader'][0]:>11.2f}x", flush=True)
+    for name in ("sharded", "leader"):
+        routes[name].intra.close()
+        if routes[name].inter is not None:
+            routes[name].inter.close()
 
 
 def main() -> int:

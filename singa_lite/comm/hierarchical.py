@@ -1,23 +1,33 @@
-"""Hierarchical all-reduce: within a host over shared memory, across hosts between one leader per host.
+"""Hierarchical all-reduce: within a host over shared memory, across hosts over the world's backend.
 
     comm = hierarchical.create(dist.init(backend="mpi"))      # under mpiexec, ranks on several hosts
     sgd = opt.DistOpt(opt.SGD(lr=0.1), hierarchical=True)      # the same, made by DistOpt
 
-A flat all-reduce over P ranks on H hosts sends every rank's data across the network; on a slow link the
-ranks of one host share that link and take turns on it. Here each all-reduce runs in three steps:
+A flat all-reduce over P ranks on H hosts may send a full copy of the data across hosts from every rank
+(whenever the algorithm's first, full-size exchange pairs ranks of different hosts, as with ranks placed
+cyclically over the hosts); on a slow link the ranks of one host share that link and take turns on it. Here
+each all-reduce of floats is done in three steps instead, in one of two forms:
 
-1. reduce to the host's leader (local rank 0) over the shm backend (``intra``, this host's ranks);
-2. all-reduce between the leaders only (``inter``, one rank per host, over the world's backend);
-3. broadcast from the leader to the host's ranks over shm.
+* **sharded** (every host runs the same number L of ranks, the usual case):
 
-So each host sends one rank's worth of data across hosts instead of ``local_size`` ranks' worth. The result
-is the same as the flat all-reduce up to the order of the floating-point sum (the test checks both). Every
-other collective, and all-reduce of integers, goes to the flat world communicator unchanged: they are
-metadata, not gradient traffic.
+  1. reduce-scatter within the host over the shm backend (``intra``): local rank j holds the host's sum of
+     shard j (1/L of the data);
+  2. all-reduce of shard j between the local ranks j of every host (``inter``, one communicator per local
+     rank, over the world's backend): L exchanges of 1/L of the data each, in parallel;
+  3. all-gather of the shards within the host over shm.
+
+* **leader** (hosts with different numbers of ranks): reduce to the host's local rank 0 over shm, all-reduce
+  between these leaders, broadcast from the leader within the host.
+
+Either way each host sends one copy of the data across hosts, the least an all-reduce can; the sharded form
+also splits the shared-memory work and the link over all the host's ranks instead of funnelling it through
+one. The result is the same as the flat all-reduce up to the order of the floating-point sum (the test checks
+both) and the same bits on every rank. Every other collective, and all-reduce of integers, goes to the flat
+world communicator unchanged: they are metadata, not gradient traffic.
 
 Ranks are grouped into hosts by their host names (exchanged once, at creation), which must agree with the
-world communicator's local ranks. The leaders' communicator is made from the world's: an MPI split for the
-mpi backend. GPU jobs do not need this: NCCL builds its own rings and trees across hosts.
+world communicator's local ranks. The cross-host communicators are made from the world's (MPI splits for the
+mpi backend). GPU jobs do not need this: NCCL builds its own rings and trees across hosts.
 """
 from __future__ import annotations
 
@@ -34,18 +44,25 @@ _FLOATS = (tensor.float16, tensor.bfloat16, tensor.float32, tensor.float64)
 class HierarchicalCommunicator(Communicator):
     """The world communicator with all_reduce done in three steps (see the module docstring).
 
-    world: the flat communicator of every rank; intra: this host's ranks (rank = local rank, leader 0);
-    inter: the leaders' communicator on a leader, None on the other ranks."""
+    world: the flat communicator of every rank; intra: this host's ranks (rank = local rank). sharded=True:
+    inter is the communicator of the ranks with this rank's local rank on every host (present on every rank);
+    sharded=False: inter is the leaders' (local rank 0 of each host) communicator on a leader, None elsewhere."""
 
     backend = "hierarchical"
 
-    def __init__(self, world: Communicator, intra: Communicator, inter: Communicator | None, hosts: int):
+    def __init__(self, world: Communicator, intra: Communicator, inter: Communicator | None, hosts: int,
+                 sharded: bool = False):
         super().__init__(world.rank, world.world_size, world.local_rank, world.local_size, world.timeout)
-        self.world, self.intra, self.inter, self.hosts = world, intra, inter, hosts
+        if sharded and inter is None:
+            raise ValueError("HierarchicalCommunicator: sharded=True needs inter on every rank (the communicator "
+                             "of the ranks with this local rank on every host)")
+        self.world, self.intra, self.inter, self.hosts, self.sharded = world, intra, inter, hosts, sharded
+        self._staging = {}  # (dtype, padded size) -> a flat tensor for sizes that local_size does not divide
 
     def __repr__(self):
         return (f"HierarchicalCommunicator(rank={self.rank}, world_size={self.world_size}, hosts={self.hosts}, "
-                f"local_rank={self.local_rank}, local_size={self.local_size}, over={self.world.backend})")
+                f"local_rank={self.local_rank}, local_size={self.local_size}, over={self.world.backend}, "
+                f"{'sharded' if self.sharded else 'leader'})")
 
     def _timeout_changed(self):
         for c in self._parts():
@@ -67,14 +84,42 @@ class HierarchicalCommunicator(Communicator):
         half = t.dtype in (tensor.float16, tensor.bfloat16)
         if op == "avg" and half:  # divided first, so that the sum cannot overflow where the mean does not
             _core.div_scalar(t, float(self.world_size), out=t)
+        summing = "sum" if op == "avg" else op
+        if self.sharded:
+            self._sharded(t, summing)
+        else:
+            self._leader(t, summing)
+        if op == "avg" and not half:
+            _core.div_scalar(t, float(self.world_size), out=t)
+
+    def _leader(self, t, op):
         if self.intra.world_size > 1:
-            self.intra.reduce(t, 0, "sum" if op == "avg" else op)
+            self.intra.reduce(t, 0, op)
         if self.inter is not None:  # a leader
-            self.inter.all_reduce(t, "sum" if op == "avg" else op)
-            if op == "avg" and not half:
-                _core.div_scalar(t, float(self.world_size), out=t)  # once, before the broadcast
+            self.inter.all_reduce(t, op)
         if self.intra.world_size > 1:
             self.intra.broadcast(t, 0)
+
+    def _sharded(self, t, op):
+        local = self.intra.world_size
+        n = t.numel
+        if local == 1:
+            self.inter.all_reduce(t, op)
+            return
+        flat = t.reshape([n])
+        padded = -(-n // local) * local
+        if padded != n:  # reduce-scatter wants equal shards: a staging copy with a tail that nobody reads
+            key = (t.dtype, padded)
+            if key not in self._staging:
+                self._staging[key] = _core.Tensor([padded], t.dtype, t.device)
+            whole = self._staging[key]
+            _core.copy_(whole.slice(0, 0, n, 1), flat)
+        else:
+            whole = flat
+        shard = self.intra.reduce_scatter(whole, op)  # this rank's 1/local of the host's sum
+        self.inter.all_reduce(shard, op)  # the same shard of every host
+        gathered = self.intra.all_gather(shard).reshape([padded])
+        _core.copy_(flat, gathered.slice(0, 0, n, 1) if padded != n else gathered)
 
     # ----- everything else: the flat world communicator
     def broadcast(self, t, root: int = 0, async_op: bool = False):
@@ -113,10 +158,17 @@ class HierarchicalCommunicator(Communicator):
             c.close()
 
 
-def create(world: Communicator) -> Communicator:
+FORMS = ("auto", "sharded", "leader")
+
+
+def create(world: Communicator, form: str = "auto") -> Communicator:
     """The hierarchical form of `world` (collective: every rank calls it). `world` comes back unchanged
     where there is nothing to gain: a job on one host (the shm backend, or mpi with one host), and the
-    nccl backend, whose rings and trees already keep traffic within a host where they can."""
+    nccl backend, whose rings and trees already keep traffic within a host where they can.
+    form: "sharded" or "leader" (see the module docstring); "auto": sharded when every host runs the same
+    number of ranks, else leader (sharded needs that; asked for otherwise it raises ValueError)."""
+    if form not in FORMS:
+        raise ValueError(f"hierarchical.create: form must be one of {', '.join(FORMS)}, got {form!r}")
     if isinstance(world, HierarchicalCommunicator):
         return world
     if not isinstance(world, Communicator):
@@ -141,6 +193,15 @@ def create(world: Communicator) -> Communicator:
         return world
     shm_name = next(e["shm"] for e in mine if e["local_rank"] == 0)
     intra = ShmCommunicator(shm_name, world.local_rank, world.local_size, timeout=world.timeout)
+    sizes = {sum(1 for e in every if e["host"] == h) for h in hosts}
+    if form == "sharded" and len(sizes) > 1:
+        intra.close()
+        raise ValueError(f"hierarchical.create: form 'sharded' needs the same number of ranks on every host; these "
+                         f"hosts run {', '.join(str(sum(1 for e in every if e['host'] == h)) for h in hosts)} "
+                         f"ranks: use form 'leader' or 'auto'")
+    if form != "leader" and len(sizes) == 1:  # one cross-host communicator per local rank
+        peers = [world.split(world.local_rank == j) for j in range(world.local_size)]
+        return HierarchicalCommunicator(world, intra, peers[world.local_rank], len(hosts), sharded=True)
     inter = world.split(world.local_rank == 0)  # the leaders
     return HierarchicalCommunicator(world, intra, inter, len(hosts))
 

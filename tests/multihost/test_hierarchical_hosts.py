@@ -1,6 +1,7 @@
 """The hierarchical all-reduce across two simulated hosts (2 ranks each): create() finds the hosts by name,
 every collective matches the flat mpi backend and DistOpt trains as one process (the job of
-tests/multiproc/jobs/hierarchical_job.py, in its ``hosts`` mode). Its speed: bench/bench_hierarchical.py."""
+tests/multiproc/jobs/hierarchical_job.py, in its ``hosts`` mode: the sharded form); hosts with different
+numbers of ranks get the leader form (``uneven`` mode). Its speed: bench/bench_hierarchical.py."""
 import os
 import sys
 
@@ -16,4 +17,13 @@ def test_hierarchical_all_reduce_across_two_hosts(cluster, tmp_path):
     code, out, _ = cluster.run(cluster.mpiexec_command(hostfile, 4, [sys.executable, JOB, "hosts"]), 240)
     assert code == 0, out
     assert all(f"OK rank {r}" in out for r in range(4)), out
-    assert out.count("DistOpt scenarios: singa_low_level, equivalence_sgd") == 4, out
+    assert out.count("sharded DistOpt scenarios: singa_low_level, equivalence_sgd") == 4, out
+
+
+@pytest.mark.slow
+def test_hosts_with_different_rank_counts_get_the_leader_form(cluster, tmp_path):
+    hostfile = cluster.hostfile(tmp_path / "hosts")  # h0:2, h1:2 with 3 ranks: 2 on h0, 1 on h1
+    code, out, _ = cluster.run(cluster.mpiexec_command(hostfile, 3, [sys.executable, JOB, "uneven"]), 240)
+    assert code == 0, out
+    assert all(f"OK rank {r}" in out for r in range(3)), out
+    assert out.count("leader DistOpt scenarios: singa_low_level, equivalence_sgd") == 3, out

@@ -9,9 +9,10 @@ from test_dist_mpi import run_job_under_mpiexec
 
 
 @pytest.mark.slow
-def test_three_steps_match_the_flat_all_reduce_and_distopt_trains_as_one_process():
+def test_both_forms_match_the_flat_all_reduce_and_distopt_trains_as_one_process():
     out = run_job_under_mpiexec("hierarchical_job.py", 4, timeout=240)
-    assert out.count("DistOpt scenarios: singa_low_level, equivalence_sgd") == 4, out
+    for form in ("sharded", "leader"):
+        assert out.count(f"{form} DistOpt scenarios: singa_low_level, equivalence_sgd") == 4, out
 
 
 def test_one_host_and_nccl_are_left_flat_and_bad_input_is_named():
@@ -23,5 +24,7 @@ def test_one_host_and_nccl_are_left_flat_and_bad_input_is_named():
             opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, hierarchical="yes")
         with pytest.raises(TypeError, match="expected a Communicator"):
             hierarchical.create(object())
+        with pytest.raises(ValueError, match="form must be one of auto, sharded, leader, got 'ring'"):
+            hierarchical.create(comm, form="ring")
     finally:
         comm.close()

@@ -1,9 +1,10 @@
 """The hierarchical all-reduce (singa_lite/comm/hierarchical.py) under ``mpiexec -n 4``. On one host
-(tests/multiproc/test_hierarchical.py) ranks 0-1 and 2-3 play two hosts (the shm communicator of each pair,
-the leaders 0 and 2 over MPI), so the three steps run as on two hosts, and create() must leave the job flat.
-With the argument ``hosts`` (tests/multihost, 2 simulated hosts x 2 ranks) create() makes it from the real
-hosts. Either way every collective matches what the flat mpi backend gives and DistOpt trains as on one
-process. Prints ``OK rank r``."""
+(tests/multiproc/test_hierarchical.py) ranks 0-1 and 2-3 play two hosts (the shm communicator of each pair;
+across the "hosts" ranks 0-2 and 1-3 in the sharded form, the leaders 0 and 2 in the leader form), so the three
+steps of both forms run as on two hosts, and create() must leave the job flat. With the argument ``hosts``
+(tests/multihost, 2 simulated hosts x 2 ranks) create() makes the sharded form from the real hosts. Either way
+every collective matches what the flat mpi backend gives and DistOpt trains as on one process. With ``uneven``
+(3 ranks on the 2 simulated hosts: 2 and 1) create() makes the leader form. Prints ``OK rank r``."""
 import os
 import sys
 
@@ -21,22 +22,36 @@ from singa_lite.comm.shm import ShmCommunicator  # noqa: E402
 PER_HOST = 2
 
 
-def two_hosts(world):
+def two_hosts(world, sharded: bool):
     """world's ranks as hosts of PER_HOST ranks each."""
     host, local = divmod(world.rank, PER_HOST)
     names = world.all_gather_object(new_shm_name() if local == 0 else None)
     intra = ShmCommunicator(names[host * PER_HOST], local, PER_HOST, timeout=world.timeout)
-    inter = world.split(local == 0)
-    return hierarchical.HierarchicalCommunicator(world, intra, inter, world.world_size // PER_HOST)
+    if sharded:  # the ranks of local rank j on every host
+        inter = [world.split(local == j) for j in range(PER_HOST)][local]
+    else:  # the leaders
+        inter = world.split(local == 0)
+    return hierarchical.HierarchicalCommunicator(world, intra, inter, world.world_size // PER_HOST, sharded)
 
 
 def main(mode: str):
     world = dist.init(backend="mpi", timeout=60)
-    assert world.world_size % PER_HOST == 0, world.world_size
-    if mode == "hosts":  # several hosts: made from their names, one leader per host
+    if mode == "uneven":  # 2 hosts running 2 and 1 ranks: the leader form, and sharded refused by name
+        try:
+            hierarchical.create(world, "sharded")
+        except ValueError as e:
+            assert "needs the same number of ranks on every host; these hosts run 2, 1 ranks" in str(e), e
+        else:
+            raise AssertionError("form 'sharded' accepted hosts with 2 and 1 ranks")
         comm = hierarchical.create(world)
-        assert isinstance(comm, hierarchical.HierarchicalCommunicator) and comm.hosts == 2, comm
-        assert comm.intra.world_size == world.local_size and (comm.inter is not None) == (world.local_rank == 0)
+        assert comm.hosts == 2 and not comm.sharded and (comm.inter is not None) == (world.local_rank == 0), comm
+        check(world, comm)
+        return
+    assert world.world_size % PER_HOST == 0, world.world_size
+    if mode == "hosts":  # several hosts with as many ranks each: made from their names, sharded
+        comm = hierarchical.create(world)
+        assert isinstance(comm, hierarchical.HierarchicalCommunicator) and comm.hosts == 2 and comm.sharded, comm
+        assert comm.intra.world_size == world.local_size and comm.inter.world_size == 2, comm
         check(world, comm)
         return
     # one host: nothing to gain, the world comes back as it is
@@ -48,16 +63,17 @@ def main(mode: str):
         assert "expected a Communicator" in str(e), e
     else:
         raise AssertionError("create() accepted a string")
-    check(world, two_hosts(world))
+    check(world, two_hosts(world, sharded=True), last=False)
+    check(world, two_hosts(world, sharded=False))
 
 
-def check(world, comm):
+def check(world, comm, last: bool = True):
     assert comm.backend == "hierarchical" and comm.rank == world.rank and comm.world_size == world.world_size
     dist_cases.check_all(comm)  # every collective and dtype, exact where the flat backend is exact
     # floats that do not sum exactly: within rounding of the flat all-reduce, and the same bits on every rank
     rng = np.random.default_rng(world.rank)
-    for dt in (np.float32, np.float64, tensor.bfloat16):
-        x = rng.standard_normal(100_003).astype(np.float32)
+    for dt, n in ((np.float32, 100_003), (np.float64, 100_000), (tensor.bfloat16, 7), (np.float32, 1)):
+        x = rng.standard_normal(n).astype(np.float32)  # sizes the local ranks do not divide, and one that they do
         a = tensor.from_numpy(x).as_type(dt) if dt is tensor.bfloat16 else tensor.from_numpy(x.astype(dt))
         b = a.clone()
         comm.all_reduce(a, "avg")
@@ -69,8 +85,14 @@ def check(world, comm):
     work = comm.all_reduce(tensor.from_numpy(np.full(7, world.rank + 1.0, np.float32)), "sum", async_op=True)
     np.testing.assert_array_equal(tensor.to_numpy(work.wait()), np.full(7, sum(range(1, world.world_size + 1))))
     done = distopt_cases.run_all(comm)  # DistOpt over it: k ranks == 1 rank, every mode
+    form = "sharded" if comm.sharded else "leader"
+    print(f"rank {world.rank} {form} DistOpt scenarios: {', '.join(done)}", flush=True)
+    if not last:  # its own parts only: the world goes on to the next form
+        comm.intra.close()
+        if comm.inter is not None:
+            comm.inter.close()
+        return
     comm.close()
-    print(f"rank {world.rank} DistOpt scenarios: {', '.join(done)}", flush=True)
     print(f"OK rank {world.rank}", flush=True)
 
 

@@ -45,6 +45,21 @@ def test_each_host_watches_its_own_ranks(cluster, tmp_path):
 
 
 @pytest.mark.slow
+def test_each_hosts_ranks_map_to_its_own_gpus(cluster, tmp_path):
+    # The nccl backend's device choice (SINGA's create_cuda_gpu_on(local_rank)): local ranks restart per host, so
+    # ranks 2 and 3 on h1 take h1's GPUs 0 and 1, not 2 and 3; a host with fewer GPUs than ranks is named.
+    lines, out = topology(cluster, tmp_path, "mpi", "gpus")
+    gpus = [line for line in lines if " gpu " in line]
+    assert len(gpus) == 4, out
+    for r in range(4):
+        local = r % 2
+        one = ("fits" if local == 0 else
+               "nccl: local rank 1 of 2 on this host, but the host has 1 GPU(s): NCCL needs one GPU per rank; "
+               "start at most 1 ranks per host, or pass device=")
+        assert f"rank {r} gpu cuda:{local}; on 1 GPU: {one}" in gpus, out
+
+
+@pytest.mark.slow
 def test_forcing_shm_under_mpiexec_is_refused(cluster, tmp_path):
     # The shm backend takes its ranks from a holder (one host). Forced under mpiexec it must not silently give
     # 4 one-rank jobs (each rank training alone): an error naming the mpi backend is expected.

@@ -3,8 +3,11 @@
 count from an all-gather of the hostnames, then (with ``watchers``) one line per mpiexec watcher
 (singa_lite/comm/watch.py) running in its network namespace, i.e. on its host:
 ``rank <r> sees watcher for <host argument> of ranks <r>,<r>``, then (with ``distopt``) the DistOpt scenarios
-of tests/multiproc/helpers/distopt_cases.py it passed: ``rank <r> DistOpt scenarios: <names>``.
-``python topology_job.py [backend|auto] [watchers] [distopt]``."""
+of tests/multiproc/helpers/distopt_cases.py it passed: ``rank <r> DistOpt scenarios: <names>``, then (with
+``gpus``) the GPU the nccl backend would give this rank on hosts of 2 GPUs and what it says on hosts of 1:
+``rank <r> gpu cuda:<i>; on 1 GPU: <error>`` (no GPU here: the device count and the device are stood in for, so
+what is checked is the mapping from the host's local ranks, as SINGA's ``create_cuda_gpu_on(local_rank)``).
+``python topology_job.py [backend|auto] [watchers] [distopt] [gpus]``."""
 import os
 import socket
 import sys
@@ -33,6 +36,27 @@ def watchers_here() -> list:
     return found
 
 
+def gpu_mapping(comm) -> str:
+    """Which GPU nccl.choose_device gives this rank on hosts of 2 GPUs, and its error on hosts of 1."""
+    from singa_lite import _core, device
+    from singa_lite.comm import nccl
+
+    real = _core.cuda_device_count, device.create_cuda_gpu_on
+    device.create_cuda_gpu_on = lambda i: f"cuda:{i}"
+    try:
+        _core.cuda_device_count = lambda: 2
+        chosen = nccl.choose_device(None, comm.local_rank, comm.local_size)
+        _core.cuda_device_count = lambda: 1
+        try:
+            nccl.choose_device(None, comm.local_rank, comm.local_size)
+            one = "fits"
+        except ValueError as e:
+            one = str(e)
+    finally:
+        _core.cuda_device_count, device.create_cuda_gpu_on = real
+    return f"rank {comm.rank} gpu {chosen}; on 1 GPU: {one}\n"
+
+
 def main(backend="auto", *what):
     comm = dist.init(backend=None if backend == "auto" else backend)
     host = socket.gethostname()
@@ -45,6 +69,8 @@ def main(backend="auto", *what):
         import distopt_cases
 
         lines.append(f"rank {comm.rank} DistOpt scenarios: {', '.join(distopt_cases.run_all(comm))}\n")
+    if "gpus" in what:
+        lines.append(gpu_mapping(comm))
     os.write(1, "".join(lines).encode())  # one write: mpiexec may interleave the ranks' pieces
     comm.barrier()
     comm.close()

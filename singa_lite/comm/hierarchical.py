@@ -1,6 +1,7 @@
 """Hierarchical all-reduce: within a host over shared memory, across hosts over the world's backend.
 
     comm = hierarchical.create(dist.init(backend="mpi"))      # under mpiexec, ranks on several hosts
+    comm = hierarchical.create(dist.init(init_method="env"))  # tcp: singa-run --hostfile, torchrun, Slurm
     sgd = opt.DistOpt(opt.SGD(lr=0.1), hierarchical=True)      # the same, made by DistOpt
 
 A flat all-reduce over P ranks on H hosts may send a full copy of the data across hosts from every rank
@@ -26,8 +27,9 @@ both) and the same bits on every rank. Every other collective, and all-reduce of
 world communicator unchanged: they are metadata, not gradient traffic.
 
 Ranks are grouped into hosts by their host names (exchanged once, at creation), which must agree with the
-world communicator's local ranks. The cross-host communicators are made from the world's (MPI splits for the
-mpi backend). GPU jobs do not need this: NCCL builds its own rings and trees across hosts.
+world communicator's local ranks. The cross-host communicators are made from the world's (``split``: an MPI
+split on the mpi backend, a new mesh on the same rendezvous store on the tcp backend). GPU jobs do not need
+this: NCCL builds its own rings and trees across hosts.
 """
 from __future__ import annotations
 
@@ -163,7 +165,7 @@ FORMS = ("auto", "sharded", "leader")
 
 def create(world: Communicator, form: str = "auto") -> Communicator:
     """The hierarchical form of `world` (collective: every rank calls it). `world` comes back unchanged
-    where there is nothing to gain: a job on one host (the shm backend, or mpi with one host), and the
+    where there is nothing to gain: a job on one host (the shm backend, or mpi / tcp with one host), and the
     nccl backend, whose rings and trees already keep traffic within a host where they can.
     form: "sharded" or "leader" (see the module docstring); "auto": sharded when every host runs the same
     number of ranks, else leader (sharded needs that; asked for otherwise it raises ValueError)."""
@@ -175,9 +177,10 @@ def create(world: Communicator, form: str = "auto") -> Communicator:
         raise TypeError(f"hierarchical.create: expected a Communicator (dist.init()), got {type(world).__name__}")
     if world.backend in ("shm", "nccl"):  # one host; NCCL builds rings and trees across hosts by itself
         return world
-    if world.backend != "mpi":
-        raise ValueError(f"hierarchical all-reduce runs over the mpi backend (ranks started by mpiexec), got "
-                         f"backend {world.backend!r}; use hierarchical=False with it")
+    if world.backend not in ("mpi", "tcp"):
+        raise ValueError(f"hierarchical all-reduce runs over the mpi backend (ranks started by mpiexec) or the tcp "
+                         f"backend (singa-run, torchrun, Slurm), got backend {world.backend!r}; use "
+                         f"hierarchical=False with it")
     # Host names and local ranks, once: the hosts, and each host's shm rendezvous from its leader.
     if world.local_rank == 0:
         sweep_stale_segments()  # what killed jobs left, as a holder does

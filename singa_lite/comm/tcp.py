@@ -159,6 +159,8 @@ class TcpCommunicator(Communicator):
                              f"local_size={local_size}")
         super().__init__(rank, world_size, local_rank, local_size, timeout)
         self._store = store
+        self._host = host  # as given (None: found from the store connection); split() passes it on
+        self._splits = 0
         self._pid = os.getpid()
         if prefix is None:
             # Every rank counts itself in: the k-th communicator of the job (on this store) is the one whose
@@ -179,6 +181,19 @@ class TcpCommunicator(Communicator):
             raise
         for p in self._peers.values():
             p.sock.setblocking(False)
+
+    def split(self, member: bool) -> "TcpCommunicator | None":
+        """Collective: a new communicator of the ranks that pass member=True, in this one's rank order, meeting
+        on this one's store under keys of its own (with this one's timeout); None on the others. Its local ranks
+        count the members on each host (by host name)."""
+        every = self.all_gather_object((bool(member), socket.gethostname()))
+        self._splits += 1
+        if not member:
+            return None
+        ranks = [r for r, (m, _) in enumerate(every) if m]
+        here = [r for r in ranks if every[r][1] == every[self.rank][1]]
+        return TcpCommunicator(self._store, ranks.index(self.rank), len(ranks), here.index(self.rank), len(here),
+                               timeout=self.timeout, host=self._host, prefix=f"{self._prefix}/split{self._splits}")
 
     # ----- bootstrap
     def _listen_address(self, host) -> tuple[str, str]:

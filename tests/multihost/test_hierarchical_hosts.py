@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+import sim_hosts
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(os.path.dirname(HERE), "multiproc", "jobs", "hierarchical_job.py")
 
@@ -27,3 +29,18 @@ def test_hosts_with_different_rank_counts_get_the_leader_form(cluster, tmp_path)
     assert code == 0, out
     assert all(f"OK rank {r}" in out for r in range(3)), out
     assert out.count("leader DistOpt scenarios: singa_low_level, equivalence_sgd") == 3, out
+
+
+@pytest.mark.slow
+def test_hierarchical_over_tcp_across_two_hosts_launched_by_singa_run(cluster, tmp_path):
+    # No MPI: singa-run --hostfile starts the ranks, the world is the tcp backend, and its split() makes the
+    # cross-host meshes on the same rendezvous store.
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("".join(f"{h}:2\n" for h in cluster.hosts))
+    command = ["ip", "netns", "exec", cluster.ns("launcher"), sim_hosts.WRAPPER, "--here", "launcher",
+               sys.executable, "-m", "singa_lite.run", "--hostfile", str(hostfile), "--launcher-exec",
+               sim_hosts.WRAPPER, "--master-addr", cluster.address["h0"], "--no-prefix", JOB, "hosts", "auto"]
+    code, out, _ = cluster.run(command, timeout=240, cwd=os.path.dirname(os.path.dirname(HERE)))
+    assert code == 0, out
+    assert all(f"OK rank {r}" in out for r in range(4)), out
+    assert out.count("sharded DistOpt scenarios: singa_low_level, equivalence_sgd") == 4, out

@@ -1,11 +1,14 @@
 """The hierarchical all-reduce (singa_lite/comm/hierarchical.py). Across real (simulated) hosts it runs in
 tests/multihost; here 4 mpiexec ranks on one host play 2 hosts of 2 (jobs/hierarchical_job.py)."""
+import distopt_cases
+import paths
 import pytest
 
 from singa_lite import dist, opt
 from singa_lite.comm import hierarchical
 
 from test_dist_mpi import run_job_under_mpiexec
+from test_tcp_backend import run_tcp
 
 
 @pytest.mark.slow
@@ -28,3 +31,21 @@ def test_one_host_and_nccl_are_left_flat_and_bad_input_is_named():
             hierarchical.create(comm, form="ring")
     finally:
         comm.close()
+
+
+def _both_forms_over(world):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hierarchical_job", paths.job("hierarchical_job.py"))
+    hierarchical_job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hierarchical_job)
+
+    return [hierarchical_job.check(world, hierarchical_job.two_hosts(world, sharded), last=False)
+            for sharded in (True, False)]
+
+
+def test_both_forms_over_the_tcp_backend():
+    # ranks 0-1 and 2-3 play two hosts as under mpiexec, with the tcp world's split() making the cross-host meshes
+    out, _ = run_tcp(_both_forms_over, 4, timeout=240, comm_timeout=60)
+    for r in range(4):
+        assert out[r] == ("ok", [list(distopt_cases.SCENARIOS)] * 2), out

@@ -192,6 +192,17 @@ def scenario_point_to_point(comm):
     return "idle"
 
 
+def scenario_split(comm):
+    """Two splits in turn (evens, then odds): each member's place in its part and a sum over the part."""
+    evens = comm.split(comm.rank % 2 == 0)
+    odds = comm.split(comm.rank % 2 == 1)
+    assert (evens is None) != (odds is None)
+    part = evens or odds
+    total = float(npy(part.all_reduce(T(np.array([comm.rank], np.float32))))[0])
+    part.close()
+    return part.rank, part.world_size, part.local_rank, part.local_size, total
+
+
 # ----------------------------------------------------------------------------------------- tests
 @pytest.mark.parametrize("world_size,rank0_serves,method", [(2, True, "spawn"), (3, False, "fork")])
 def test_every_collective_and_dtype(world_size, rank0_serves, method):
@@ -206,6 +217,12 @@ def test_distopt_on_tcp(world_size):
     for r in range(world_size):
         assert out[r][0] == "ok", out
         assert "equivalence_sgd" in out[r][1] and "buckets_leave_during_backward" in out[r][1], out
+
+
+def test_split_makes_a_mesh_of_the_members_on_the_same_store():
+    out, _ = run_tcp(scenario_split, 4)
+    # one host: every member is local; the evens sum 0 + 2, the odds 1 + 3
+    assert out == {r: ("ok", (r // 2, 2, r // 2, 2, 2.0 if r % 2 == 0 else 4.0)) for r in range(4)}, out
 
 
 def test_mismatched_calls_name_every_rank_and_the_communicator_goes_on():

@@ -4,7 +4,8 @@ across the "hosts" ranks 0-2 and 1-3 in the sharded form, the leaders 0 and 2 in
 steps of both forms run as on two hosts, and create() must leave the job flat. With the argument ``hosts``
 (tests/multihost, 2 simulated hosts x 2 ranks) create() makes the sharded form from the real hosts. Either way
 every collective matches what the flat mpi backend gives and DistOpt trains as on one process. With ``uneven``
-(3 ranks on the 2 simulated hosts: 2 and 1) create() makes the leader form. Prints ``OK rank r``."""
+(3 ranks on the 2 simulated hosts: 2 and 1) create() makes the leader form. A second argument names the world's
+backend (default mpi; ``auto`` under singa-run gives tcp). Prints ``OK rank r``."""
 import os
 import sys
 
@@ -34,8 +35,8 @@ def two_hosts(world, sharded: bool):
     return hierarchical.HierarchicalCommunicator(world, intra, inter, world.world_size // PER_HOST, sharded)
 
 
-def main(mode: str):
-    world = dist.init(backend="mpi", timeout=60)
+def main(mode: str, backend: str = "mpi"):
+    world = dist.init(backend=None if backend == "auto" else backend, timeout=60)
     if mode == "uneven":  # 2 hosts running 2 and 1 ranks: the leader form, and sharded refused by name
         try:
             hierarchical.create(world, "sharded")
@@ -67,7 +68,9 @@ def main(mode: str):
     check(world, two_hosts(world, sharded=False))
 
 
-def check(world, comm, last: bool = True):
+def check(world, comm, last: bool = True) -> list:
+    """Every collective and DistOpt over the hierarchical `comm` against the flat `world`; the DistOpt
+    scenarios passed. last: close comm and its world after (else only comm's own parts)."""
     assert comm.backend == "hierarchical" and comm.rank == world.rank and comm.world_size == world.world_size
     dist_cases.check_all(comm)  # every collective and dtype, exact where the flat backend is exact
     # floats that do not sum exactly: within rounding of the flat all-reduce, and the same bits on every rank
@@ -91,10 +94,11 @@ def check(world, comm, last: bool = True):
         comm.intra.close()
         if comm.inter is not None:
             comm.inter.close()
-        return
+        return done
     comm.close()
     print(f"OK rank {world.rank}", flush=True)
+    return done
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "one host")
+    main(*(sys.argv[1:] or ["one host"]))

@@ -79,6 +79,27 @@ def test_torchrun_variables_find_each_other_and_train_like_one_process(script):
                           "distopt": "same as one process"}, err
 
 
+TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
+
+
+@pytest.mark.skipif(not os.path.exists(TORCHRUN), reason="torchrun is not installed (pip install 'singa_lite[parity]')")
+def test_real_torchrun_standalone(script):
+    # PyTorch's launcher itself: its agent serves its own store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE), so
+    # ours must take another port; the ranks then meet and train as with the variables set by hand.
+    proc = subprocess.Popen([TORCHRUN, "--standalone", "--nproc-per-node", "2", script, HELPERS, "full"], env=CLEAN,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:  # torchrun and its workers: one process group
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, out + err
+    reports = sorted((json.loads(line) for line in out.splitlines() if line.startswith("{")), key=lambda r: r["rank"])
+    assert reports == [{"rank": r, "world": 2, "local": [r, 2], "backend": "shm", "distopt": "same as one process"}
+                       for r in range(2)], out + err
+
+
 def test_explicit_env_init_and_the_exchange_decides_local_ranks(script):
     # The launcher claims two hosts (LOCAL_WORLD_SIZE 1): the ranks share this one, so the exchange says so.
     port = free_port()

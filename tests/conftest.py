@@ -1,7 +1,17 @@
-"""Test-wide setup: tests marked `gpu` run only where a CUDA build sees a GPU."""
+"""Test-wide setup: tests marked `gpu` run only where a CUDA build sees a GPU; the `training` fixture."""
 import pytest
 
-from singa_lite import device
+from singa_lite import autograd, device
+
+
+@pytest.fixture
+def training():
+    """autograd.training on for the test (SINGA's switch for recording the graph), restored after it. A module
+    whose every test trains says `pytestmark = pytest.mark.usefixtures("training")`."""
+    saved = autograd.training
+    autograd.training = True
+    yield
+    autograd.training = saved
 
 
 def pytest_collection_modifyitems(config, items):

@@ -14,12 +14,7 @@ from singa_lite import autograd, layer, tensor
 from singa_lite.tensor import Tensor
 
 
-@pytest.fixture(autouse=True)
-def training():
-    saved = autograd.training
-    autograd.training = True
-    yield
-    autograd.training = saved
+pytestmark = pytest.mark.usefixtures("training")  # tests/conftest.py
 
 
 def param(a):

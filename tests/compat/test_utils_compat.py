@@ -11,14 +11,6 @@ from singa_lite._wrap_handles import ConvHandle, CudnnConvHandle, PoolingHandle
 from singa_lite.autograd_graph import Dummy, infer_dependency, post_order
 
 
-@pytest.fixture
-def training():
-    old = autograd.training
-    autograd.training = True
-    yield
-    autograd.training = old
-
-
 def raw(a):
     return tensor.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).data
 

@@ -13,21 +13,13 @@ from singa_lite import autograd, device, layer, model, opt, tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from autograd_cases import CASES, make_inputs  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("training")]  # training: tests/conftest.py
 TOL = dict(rtol=2e-4, atol=2e-5)
 
 
 @pytest.fixture(scope="module")
 def gpu():
     return device.create_cuda_gpu_on(0)
-
-
-@pytest.fixture(autouse=True)
-def training():
-    saved = autograd.training
-    autograd.training = True
-    yield
-    autograd.training = saved
 
 
 def on(dev, a, grad=True):

@@ -7,7 +7,7 @@ import numpy as np
 
 from singa_lite import _core, amp, autograd, opt, tensor
 
-from distopt_cases import N, data, loss_of, make_opt, make_params, reference, train
+from distopt_cases import data, loss_of, make_opt, make_params, reference, shard_of, train
 
 
 def bf16_round(x) -> np.ndarray:
@@ -72,11 +72,9 @@ def scenario_amp_skip_on_every_rank(comm, steps=8, bad_step=3):
     params = half_params(0, tensor.float16)
     mp = amp.MixedPrecision(opt.SGD(lr=0.1, momentum=0.9), amp.LossScaler(init_scale=2.0 ** 8, growth_interval=100))
     dopt = opt.DistOpt(mp, communicator=comm)
-    per = N // comm.world_size
     autograd.training = True
     for step in range(steps):
-        x, y = data(step)
-        x, y = x[comm.rank * per:(comm.rank + 1) * per], y[comm.rank * per:(comm.rank + 1) * per]
+        x, y = shard_of(*data(step), comm.rank, comm.world_size)
         before = {k: tensor.to_numpy(v).copy() for k, v in params.items()}
         moments = {k: tensor.to_numpy(m).copy() for k, m in mp.opt.moments.items()}
         # rank 1 injects an overflow: its float16 gradients of a loss 1e6 times larger are inf at this scale
@@ -111,11 +109,9 @@ def scenario_amp_bf16_half_wire(comm, steps=10):
     """bfloat16 parameters, bfloat16 on the wire, float32 masters: tracks one float32 process."""
     params = half_params(0, tensor.bfloat16)
     dopt = opt.DistOpt(amp.MixedPrecision(opt.SGD(lr=0.1, momentum=0.9)), communicator=comm)
-    per = N // comm.world_size
     autograd.training = True
     for step in range(steps):
-        x, y = data(step)
-        x, y = x[comm.rank * per:(comm.rank + 1) * per], y[comm.rank * per:(comm.rank + 1) * per]
+        x, y = shard_of(*data(step), comm.rank, comm.world_size)
         dopt.backward_and_update_half(half_loss(params, x, y), threshold=150, dtype=tensor.bfloat16)
     want = reference("sgd", steps)
     for k in want:
@@ -129,11 +125,9 @@ def scenario_amp_partial_update(comm, steps=6):
     params = half_params(0, tensor.float16)
     mp = amp.MixedPrecision(opt.SGD(lr=0.1), amp.LossScaler(init_scale=2.0 ** 8))
     dopt = opt.DistOpt(mp, communicator=comm)
-    per = N // comm.world_size
     autograd.training = True
     for step in range(steps):
-        x, y = data(step)
-        x, y = x[comm.rank * per:(comm.rank + 1) * per], y[comm.rank * per:(comm.rank + 1) * per]
+        x, y = shard_of(*data(step), comm.rank, comm.world_size)
         dopt.backward_and_partial_update(half_loss(params, x, y), threshold=150)
     dopt.average_parameters()
     names = sorted(params)

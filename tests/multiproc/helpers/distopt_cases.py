@@ -43,14 +43,18 @@ def make_opt(kind: str):
             "rmsprop": lambda: opt.RMSProp(lr=0.01), "adagrad": lambda: opt.AdaGrad(lr=0.05)}[kind]()
 
 
+def shard_of(x, y, rank: int, world: int):
+    """Rank `rank`'s consecutive 1/world of the batch (x, y): how every scenario splits the data."""
+    per = N // world
+    return x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+
+
 def train(params, optimizer, steps: int, shard=None, method="backward_and_update", **kw):
     autograd.training = True
     for step in range(steps):
         x, y = data(step)
         if shard is not None:
-            rank, world = shard
-            per = N // world
-            x, y = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+            x, y = shard_of(x, y, *shard)
         loss = loss_of(params, x, y)
         if method is None:
             optimizer(loss)

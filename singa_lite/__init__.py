@@ -15,7 +15,7 @@ def _preload_openblas() -> str:
     # It loads single-threaded, and only it (singa_lite/_threads.py): GEMMs are split over singa_lite's
     # OpenMP threads, each calling OpenBLAS on one thread (csrc/cpu/matmul.cpp), so this OpenBLAS needs no
     # threads of its own; two pools taking turns on the same cores made every GEMM of a CNN step about
-    # twice as slow (docs/benchmarks.md). The thread count is OMP_NUM_THREADS or device.set_num_threads().
+    # twice as slow (docs/benchmarks/training.md). The thread count is OMP_NUM_THREADS or device.set_num_threads().
     import ctypes
     import os
 

@@ -13,7 +13,7 @@ a single thread (csrc/cpu/matmul.cpp). Two things follow.
    A training loop that does any numpy BLAS between steps (an accuracy matmul, augmentation) then runs every
    step against those spinning threads. On 2 cores, the seed CNN's step plus 0.3 ms of numpy work took
    2.8x the sum of the two alone. With numpy's timeout at 2^4 cycles it took 1.07x the sum, and numpy's own
-   large matmuls kept their speed (docs/benchmarks.md, "A training loop with numpy work").
+   large matmuls kept their speed (docs/benchmarks/training.md, "A training loop with numpy work").
    So at import, singa_lite sets numpy's OpenBLAS thread timeout to ``OPENBLAS_THREAD_TIMEOUT`` (default
    4, kept if the user set it). The timeout is only read when the threads start, so the library re-reads
    its environment (``openblas_read_env``) and stops its idle threads (``blas_thread_shutdown_``). They

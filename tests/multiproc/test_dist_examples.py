@@ -26,7 +26,7 @@ def run(args, launcher=None, python=True, script=SCRIPT):
 
 # Issue 5 asks >= 97% for plain and half, and partial / sparse within 1 point of plain. On 360 test digits
 # one run's accuracy moves by about a point with the seed, so the goal is judged on means over seeds 0-9
-# (docs/benchmarks.md, "Convergence"): plain 98.17, half 98.11, partial (three partitions) 98.03, top-K 5%
+# (docs/benchmarks/distopt.md, "Convergence"): plain 98.17, half 98.11, partial (three partitions) 98.03, top-K 5%
 # 98.11, threshold 98.03. Here seed 0 of each runs against a floor it clears with a margin.
 @pytest.mark.parametrize("option,extra,floor", [
     ("plain", [], 0.97), ("half", [], 0.97), ("partialUpdate", ["--threshold", "20000"], 0.965),

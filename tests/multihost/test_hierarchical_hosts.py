@@ -13,22 +13,25 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(os.path.dirname(HERE), "multiproc", "jobs", "hierarchical_job.py")
 
 
+def passed(code, out, ranks: int, form: str) -> None:
+    """The job ended well on every rank, and DistOpt trained over the hierarchical form `form` on each."""
+    assert code == 0, out
+    assert all(f"OK rank {r}" in out for r in range(ranks)), out
+    assert out.count(f"{form} DistOpt scenarios: singa_low_level, equivalence_sgd") == ranks, out
+
+
 @pytest.mark.slow
 def test_hierarchical_all_reduce_across_two_hosts(cluster, tmp_path):
     hostfile = cluster.hostfile(tmp_path / "hosts")
     code, out, _ = cluster.run(cluster.mpiexec_command(hostfile, 4, [sys.executable, JOB, "hosts"]), 240)
-    assert code == 0, out
-    assert all(f"OK rank {r}" in out for r in range(4)), out
-    assert out.count("sharded DistOpt scenarios: singa_low_level, equivalence_sgd") == 4, out
+    passed(code, out, 4, "sharded")
 
 
 @pytest.mark.slow
 def test_hosts_with_different_rank_counts_get_the_leader_form(cluster, tmp_path):
     hostfile = cluster.hostfile(tmp_path / "hosts")  # h0:2, h1:2 with 3 ranks: 2 on h0, 1 on h1
     code, out, _ = cluster.run(cluster.mpiexec_command(hostfile, 3, [sys.executable, JOB, "uneven"]), 240)
-    assert code == 0, out
-    assert all(f"OK rank {r}" in out for r in range(3)), out
-    assert out.count("leader DistOpt scenarios: singa_low_level, equivalence_sgd") == 3, out
+    passed(code, out, 3, "leader")
 
 
 @pytest.mark.slow
@@ -41,6 +44,4 @@ def test_hierarchical_over_tcp_across_two_hosts_launched_by_singa_run(cluster, t
                sys.executable, "-m", "singa_lite.run", "--hostfile", str(hostfile), "--launcher-exec",
                sim_hosts.WRAPPER, "--master-addr", cluster.address["h0"], "--no-prefix", JOB, "hosts", "auto"]
     code, out, _ = cluster.run(command, timeout=240, cwd=os.path.dirname(os.path.dirname(HERE)))
-    assert code == 0, out
-    assert all(f"OK rank {r}" in out for r in range(4)), out
-    assert out.count("sharded DistOpt scenarios: singa_low_level, equivalence_sgd") == 4, out
+    passed(code, out, 4, "sharded")

@@ -2,11 +2,13 @@
 
     sudo python bench/bench_hierarchical.py                      # 2 hosts x 2 ranks, 1 Gbit/s, 100 us
     sudo python bench/bench_hierarchical.py --rate 10gbit --delay 20us --sizes 1,16
+    sudo python bench/bench_hierarchical.py --backend tcp      # no MPI: singa-run --hostfile, the tcp backend
 
 Builds the simulated cluster of the multi-host tests (tests/multihost/helpers/sim_hosts.py: a network and UTS
 namespace per host, a bridge, veths; needs root), shapes every link with ``tc netem`` (rate and delay; the rate
-alone with ``tbf`` on a kernel without netem) and runs this script on every rank under mpiexec. Each rank times
-``all_reduce(avg)`` of float32 buffers of each size on the flat mpi communicator and on
+alone with ``tbf`` on a kernel without netem) and runs this script on every rank under mpiexec (or singa-run
+with ``--backend tcp``). Each rank times ``all_reduce(avg)`` of float32 buffers of each size on the flat world
+communicator and on
 the two forms of ``comm.hierarchical.create(world, form)``: "sharded" (reduce-scatter within the host over shm,
 each local rank all-reduces its shard with its peers on the other hosts, all-gather within the host) and
 "leader" (reduce to the host's leader over shm, all-reduce between the leaders, broadcast within the host),
@@ -26,13 +28,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HELPERS = os.path.join(os.path.dirname(HERE), "tests", "multihost", "helpers")
 
 
-def worker(sizes_mib: list, repeats: int) -> None:
+def worker(sizes_mib: list, repeats: int, backend: str) -> None:
     import numpy as np
 
     from singa_lite import dist, tensor
     from singa_lite.comm import hierarchical
 
-    world = dist.init(backend="mpi", timeout=120)
+    world = dist.init(backend=backend, timeout=120)
     routes = {"flat": world, "sharded": hierarchical.create(world, "sharded"),
               "leader": hierarchical.create(world, "leader")}
     assert routes["sharded"] is not world, "the ranks are on one host: nothing hierarchical to measure"
@@ -57,8 +59,8 @@ def worker(sizes_mib: list, repeats: int) -> None:
             np.testing.assert_allclose(results[name], results["flat"], rtol=1e-5, atol=1e-6, err_msg=name)
         rows.append((mib, {name: (statistics.median(ts), min(ts), max(ts)) for name, ts in times.items()}))
     if world.rank == 0:
-        print(f"{world.world_size} ranks on {routes['sharded'].hosts} hosts; all_reduce(avg) of float32, median "
-              f"of {repeats} (min-max), the slowest rank's time")
+        print(f"{world.world_size} ranks on {routes['sharded'].hosts} hosts, {backend} backend; all_reduce(avg) of "
+              f"float32, median of {repeats} (min-max), the slowest rank's time")
         print(f"{'MiB':>6} " + " ".join(f"{name + ' ms':>18}" for name in routes)
               + f" {'flat/sharded':>13} {'flat/leader':>12}")
         for mib, cells in rows:
@@ -84,12 +86,17 @@ def main() -> int:
     parser.add_argument("--placement", choices=("block", "cyclic"), default="block",
                         help="block: ranks 0..k-1 on h0 (hostfile h0:k); cyclic: rank r on host r %% hosts (h0:1, "
                              "mpiexec wraps around), as Slurm's --distribution=cyclic")
+    parser.add_argument("--backend", choices=("mpi", "tcp"), default="mpi",
+                        help="the world's backend: mpi (mpiexec starts the ranks) or tcp (singa-run --hostfile starts "
+                             "them; block placement only)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sizes = [float(s) for s in args.sizes.split(",")]
     if args.worker:
-        worker(sizes, args.repeats)
+        worker(sizes, args.repeats, args.backend)
         return 0
+    if args.backend == "tcp" and args.placement != "block":
+        parser.error("--backend tcp: singa-run fills each host's slots in turn (block placement only)")
     sys.path.insert(0, HELPERS)
     import sim_hosts
 
@@ -103,11 +110,18 @@ def main() -> int:
         slots = args.ranks_per_host if args.placement == "block" else 1
         hostfile = cluster.hostfile(os.path.join(tmp, "hosts"), slots=slots)
         n = args.hosts * args.ranks_per_host
-        argv = [sys.executable, os.path.abspath(__file__), "--worker", "--sizes", args.sizes,
-                "--repeats", str(args.repeats)]
+        argv = [os.path.abspath(__file__), "--worker", "--sizes", args.sizes, "--repeats", str(args.repeats),
+                "--backend", args.backend]
         print(f"{args.hosts} simulated hosts x {args.ranks_per_host} ranks, {args.placement} placement, every "
               f"link: {shaping}", flush=True)
-        code, out, seconds = cluster.run(cluster.mpiexec_command(hostfile, n, argv), timeout=900)
+        if args.backend == "mpi":
+            command = cluster.mpiexec_command(hostfile, n, [sys.executable, *argv])
+        else:  # singa-run in the launcher host, starting each host's ranks through the namespace wrapper
+            command = ["ip", "netns", "exec", cluster.ns("launcher"), sim_hosts.WRAPPER, "--here", "launcher",
+                       sys.executable, "-m", "singa_lite.run", "--hostfile", hostfile, "--launcher-exec",
+                       sim_hosts.WRAPPER, "--master-addr", cluster.address["h0"], "--backend", "tcp", "--no-prefix",
+                       *argv]
+        code, out, seconds = cluster.run(command, timeout=900)
         print(out, end="")
         print(f"({seconds:.0f} s)")
         return code

@@ -6,6 +6,7 @@
 #include <exception>  // std::uncaught_exceptions
 
 #include "bindings/binders.h"
+#include "comm/mpi_hot.h"
 #include "comm/shm_comm.h"
 #include "core/errors.h"
 
@@ -119,6 +120,36 @@ or abort() on any rank makes every rank raise CommError, now or at its next call
 
   m.def("shm_unlink", &comm::shm_unlink_name, py::arg("name"),
         "Removes a shared-memory segment name (cleanup after a failed job); a missing name is fine.");
+
+  // The mpi backend's hot path (comm/mpi_hot.h); only singa_lite/comm/mpi.py makes one, after checking the ABI.
+  using comm::MpiHotPath;
+  using comm::MpiStatus;
+  py::class_<MpiHotPath>(m, "MpiHotPath", "Internal: the per-call work of the mpi backend (see comm/mpi_hot.h).")
+      .def(py::init([](const std::string& library, int comm, int win, intptr_t check_request, intptr_t slot,
+                       intptr_t slots, int64_t slot_bytes, int world_size, intptr_t entered, intptr_t progress,
+                       std::vector<int> dtype_codes, std::vector<int> mpi_types, std::vector<int> mpi_ops,
+                       int all_reduce_kind, int avg_op, int max_op, int min_op, int request_null, int64_t spin_ns,
+                       int64_t yield_ns) {
+             comm::MpiHotSetup s{library, comm, win, check_request, slot, slots, slot_bytes, world_size, entered,
+                                 progress, std::move(dtype_codes), std::move(mpi_types), std::move(mpi_ops),
+                                 all_reduce_kind, avg_op, max_op, min_op, request_null, spin_ns, yield_ns};
+             return std::make_unique<MpiHotPath>(std::move(s), check_python_signals);
+           }),
+           py::arg("library"), py::arg("comm"), py::arg("win"), py::arg("check_request"), py::arg("slot"),
+           py::arg("slots"), py::arg("slot_bytes"), py::arg("world_size"), py::arg("entered"), py::arg("progress"),
+           py::arg("dtype_codes"), py::arg("mpi_types"), py::arg("mpi_ops"), py::arg("all_reduce_kind"),
+           py::arg("avg_op"), py::arg("max_op"), py::arg("min_op"), py::arg("request_null"), py::arg("spin_ns"),
+           py::arg("yield_ns"))
+      .def("enter", &MpiHotPath::enter, py::arg("kind"), py::arg("dtype_code"), py::arg("count"), py::arg("root"),
+           py::arg("op"), py::arg("check"))
+      .def("all_reduce", [](MpiHotPath& h, const Tensor& t, int op, bool check, double timeout) {
+        return int(h.all_reduce(t, op, check, timeout));
+      }, py::arg("tensor"), py::arg("op"), py::arg("check"), py::arg("timeout"), release)
+      .def("wait", [](MpiHotPath& h, intptr_t request, double timeout) { return int(h.wait(request, timeout)); },
+           py::arg("request"), py::arg("timeout"), release)
+      .def("drain", &MpiHotPath::drain, py::arg("seconds"), release)
+      .def_property_readonly("check_active", &MpiHotPath::check_active)
+      .def_property_readonly("last_error", &MpiHotPath::last_error);
 }
 
 }  // namespace sl::bindings

@@ -4,6 +4,8 @@
 
 #include "bindings/binders.h"
 #include "core/device.h"
+#include "core/errors.h"
+#include "cpu/isa.h"
 #ifdef SINGA_LITE_WITH_CUDA
 #include "cuda/cublas.h"
 #include "cuda/cudnn.h"
@@ -17,11 +19,28 @@ namespace py = pybind11;
 namespace sl::bindings {
 
 void bind_build_info(py::module_& m) {
+  // SINGA_LITE_ISA is applied on import, so that a bad value stops the import with its reason (as a ValueError)
+  // instead of being ignored.
+  try {
+    cpu::set_isa_from_env();
+  } catch (const sl::ValueError& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+    throw py::error_already_set();
+  }
+  m.def("set_isa", [](const std::string& level) { cpu::set_isa(level); }, py::arg("level"),
+        "Chooses the instruction-set level of the CPU kernels: 'baseline', 'avx2', 'avx512' or 'best' (the "
+        "highest this CPU supports, the default). Results are the same bits on every level. Raises ValueError "
+        "for an unknown name or a level this CPU lacks.");
+  m.def("get_isa", [] { return std::string(cpu::isa_name(cpu::active_isa())); },
+        "The instruction-set level the CPU kernels use now (see set_isa).");
   m.def("build_info", [] {
     py::dict info;
     info["compiler"] = SINGA_LITE_CXX_COMPILER;
     info["build_type"] = SINGA_LITE_BUILD_TYPE;
     info["openmp"] = _OPENMP;
+    // The instruction-set level of the CPU kernels' hot loops (cpu/isa.h): in use, and the best this CPU has.
+    info["cpu_isa"] = py::dict(py::arg("active") = cpu::isa_name(cpu::active_isa()),
+                               py::arg("best") = cpu::isa_name(cpu::best_isa()));
     py::dict blas;
     blas["library"] = "OpenBLAS";
     blas["package"] = std::string("scipy-openblas32 ") + SINGA_LITE_OPENBLAS_VERSION;

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "core/errors.h"
+#include "cpu/isa.h"
 #include "cpu/kernels.h"
 #include "cpu/loop.h"
 #include "cpu/vecmath.h"
@@ -71,6 +72,32 @@ inline auto apply_binary(C a, C b) {
   else return a >= b;
 }
 
+// float and double rows compile per instruction-set level (cpu/isa.h), except pow (a libm call per element);
+// element-wise work gives the same bits on every level.
+template <typename T>
+constexpr bool kMultiIsa = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+// The unit-stride forms of a binary row: both operands contiguous, or one of them a broadcast scalar.
+enum class RowKind { kBoth, kScalarY, kScalarX };
+
+template <BinaryOp Op, typename T>
+struct BinaryRow {
+  using C = compute_t<T>;
+  using Out = std::conditional_t<Op >= BinaryOp::kEq, bool, T>;
+  template <Isa Level>
+  static SL_ISA_INLINE void run(Out* o, const T* x, const T* y, int64_t n, RowKind kind) {
+    if (kind == RowKind::kBoth) {
+      for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(apply_binary<Op, C>(C(x[i]), C(y[i])));
+    } else if (kind == RowKind::kScalarY) {
+      const C yv = C(y[0]);
+      for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(apply_binary<Op, C>(C(x[i]), yv));
+    } else {
+      const C xv = C(x[0]);
+      for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(apply_binary<Op, C>(xv, C(y[i])));
+    }
+  }
+};
+
 template <BinaryOp Op, typename T>
 void binary_typed(const Tensor& out, const Tensor& a, const Tensor& b) {
   using C = compute_t<T>;
@@ -81,14 +108,10 @@ void binary_typed(const Tensor& out, const Tensor& a, const Tensor& b) {
     const T* x = reinterpret_cast<const T*>(p[1]);
     const T* y = reinterpret_cast<const T*>(p[2]);
     const int64_t so = s[0] / int64_t(sizeof(Out)), sx = s[1] / int64_t(sizeof(T)), sy = s[2] / int64_t(sizeof(T));
-    if (so == 1 && sx == 1 && sy == 1) {
-      for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(apply_binary<Op, C>(C(x[i]), C(y[i])));
-    } else if (so == 1 && sx == 1 && sy == 0) {
-      const C yv = C(y[0]);
-      for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(apply_binary<Op, C>(C(x[i]), yv));
-    } else if (so == 1 && sx == 0 && sy == 1) {
-      const C xv = C(x[0]);
-      for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(apply_binary<Op, C>(xv, C(y[i])));
+    if (so == 1 && (sx == 1 || sx == 0) && (sy == 1 || sy == 0) && (sx | sy) != 0) {
+      const RowKind kind = sx == 0 ? RowKind::kScalarX : sy == 0 ? RowKind::kScalarY : RowKind::kBoth;
+      if constexpr (kMultiIsa<T> && Op != BinaryOp::kPow) run_isa<BinaryRow<Op, T>>(o, x, y, n, kind);
+      else BinaryRow<Op, T>::template run<Isa::kBaseline>(o, x, y, n, kind);
     } else {
       for (int64_t i = 0; i < n; ++i) o[i * so] = convert<Out>(apply_binary<Op, C>(C(x[i * sx]), C(y[i * sy])));
     }
@@ -108,7 +131,14 @@ void binary_scalar_typed(const Tensor& out, const Tensor& a, double s) {
     const int64_t so = st[0] / int64_t(sizeof(Out)), sx = st[1] / int64_t(sizeof(T));
     auto f = [sv](C v) { return ScalarFirst ? apply_binary<Op, C>(sv, v) : apply_binary<Op, C>(v, sv); };
     if (so == 1 && sx == 1) {
-      for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(f(C(x[i])));
+      // As a row with a broadcast scalar operand, so that it shares BinaryRow's per-level copies.
+      const T sv_t = convert<T>(sv);
+      if constexpr (kMultiIsa<T> && Op != BinaryOp::kPow) {  // pow: a libm call per element
+        if (ScalarFirst) run_isa<BinaryRow<Op, T>>(o, &sv_t, x, n, RowKind::kScalarX);
+        else run_isa<BinaryRow<Op, T>>(o, x, &sv_t, n, RowKind::kScalarY);
+      } else {
+        for (int64_t i = 0; i < n; ++i) o[i] = convert<Out>(f(C(x[i])));
+      }
     } else {
       for (int64_t i = 0; i < n; ++i) o[i * so] = convert<Out>(f(C(x[i * sx])));
     }
@@ -160,24 +190,25 @@ inline __attribute__((always_inline)) C apply_unary(C v) {
   else return v > C(20) ? v : std::log1p(std::exp(v));  // softplus; exact to rounding above 20
 }
 
-// The float32 polynomial ops (cpu/vecmath.h) are compute-bound: on CPUs with AVX2 their loop runs from a
-// second copy compiled for 8-lane vectors, chosen at run time (the build itself targets baseline x86-64).
-// No FMA in that copy, so both copies round identically and results do not depend on the CPU.
-constexpr bool is_polynomial_f32(UnaryOp op) {
-  return op == UnaryOp::kExp || op == UnaryOp::kTanh || op == UnaryOp::kSigmoid;
+// Unary ops computed inline (no libm call), whose contiguous float / double rows compile per instruction-set
+// level (cpu/isa.h): the float32 polynomials of cpu/vecmath.h (compute-bound: 2x faster with AVX2, 4x with
+// AVX-512), and the plain arithmetic ones. The rest call libm per element, where wider vectors do not help.
+template <UnaryOp Op, typename T>
+constexpr bool unary_multi_isa() {
+  if constexpr (!kMultiIsa<T>) return false;
+  else if (Op == UnaryOp::kNeg || Op == UnaryOp::kAbs || Op == UnaryOp::kSign || Op == UnaryOp::kSquare ||
+           Op == UnaryOp::kRelu || Op == UnaryOp::kReciprocal)
+    return true;
+  else return std::is_same_v<T, float> && (Op == UnaryOp::kExp || Op == UnaryOp::kTanh || Op == UnaryOp::kSigmoid);
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-template <UnaryOp Op>
-__attribute__((target("avx2"))) void unary_f32_avx2(float* o, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) o[i] = apply_unary<Op, float>(x[i]);
-}
-
-bool cpu_has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2");
-  return yes;
-}
-#endif
+template <UnaryOp Op, typename T>
+struct UnaryRow {
+  template <Isa Level>
+  static SL_ISA_INLINE void run(T* o, const T* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) o[i] = apply_unary<Op, T>(x[i]);
+  }
+};
 
 template <UnaryOp Op, typename T>
 void unary_typed(const Tensor& out, const Tensor& x) {
@@ -187,11 +218,9 @@ void unary_typed(const Tensor& out, const Tensor& x) {
     T* o = reinterpret_cast<T*>(p[0]);
     const T* xs = reinterpret_cast<const T*>(p[1]);
     const int64_t so = s[0] / int64_t(sizeof(T)), sx = s[1] / int64_t(sizeof(T));
-#if defined(__x86_64__) && defined(__GNUC__)
-    if constexpr (std::is_same_v<T, float> && is_polynomial_f32(Op)) {
-      if (so == 1 && sx == 1 && cpu_has_avx2()) return unary_f32_avx2<Op>(o, xs, n);
+    if constexpr (unary_multi_isa<Op, T>()) {
+      if (so == 1 && sx == 1) return run_isa<UnaryRow<Op, T>>(o, xs, n);
     }
-#endif
     if (so == 1 && sx == 1) {
       for (int64_t i = 0; i < n; ++i) o[i] = convert<T>(apply_unary<Op, C>(C(xs[i])));
     } else {

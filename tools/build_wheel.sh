@@ -1,27 +1,30 @@
 #!/usr/bin/env bash
 # Builds one binary wheel of singa_lite and repairs it into a manylinux wheel that pip installs without a compiler.
 #
-#   tools/build_wheel.sh [--python PYTHON] [--variant cpu|cuda12x|cuda13x] [--glibc X.Y] [--out DIR]
+#   tools/build_wheel.sh [--python PYTHON] [--variant cpu|cuda12x|cuda13x] [--glibc native|X.Y] [--out DIR]
 #
 #   --python   the interpreter to build for (default: python3); one wheel per CPython version, e.g.
-#              for v in 3.10 3.11 3.12 3.13; do tools/build_wheel.sh --python python$v; done
+#              for v in 3.10 3.12 3.13; do tools/build_wheel.sh --python ~/.pyenv/versions/$v.*/bin/python$v; done
 #   --variant  cpu (default): distribution singa_lite, the C++ core only (SINGA_LITE_CUDA=OFF, even where nvcc is).
 #              cuda13x / cuda12x: distributions singa-lite-cuda13x / singa-lite-cuda12x (named as cupy names its
 #              wheels), the same import package singa_lite compiled with nvcc 13 / 12, depending on NVIDIA's
 #              runtime, cuBLAS, cuDNN and NCCL wheels (the extras cuda13 / cuda12 of pyproject.toml), which
 #              singa_lite loads from site-packages/nvidia at run time. Compiled for SINGA_LITE_CUDA_ARCHS
-#              (default here "80-real;90": sm_80 and sm_90 code plus sm_90 PTX for newer GPUs).
-#   --glibc    cpu only: compile with zig's clang (the `ziglang` wheel, tools/zig-c++) against glibc X.Y's
-#              symbols, e.g. 2.28 for a manylinux_2_28 wheel that installs on Ubuntu 20.04+, RHEL 8+, Debian 10+,
-#              whatever glibc this machine has. OpenMP is then LLVM's libomp (from the `cmeel-libomp` wheel,
-#              bundled into the wheel by the repair) instead of GCC's libgomp. Without --glibc: the system's
-#              g++ and libgomp, and the wheel is tagged for this machine's glibc (manylinux_2_34+ on Debian 12).
+#              (default here "80-real;90": sm_80 and sm_90 code plus sm_90 PTX for newer GPUs). The nvcc:
+#              CUDACXX, else nvcc on PATH; for cuda12x when neither is CUDA 12, one assembled from Debian's
+#              nvidia-cuda-toolkit (12.4) and NVIDIA's cu12 wheels by tools/cuda12_toolkit.sh (build/wheel/).
+#   --glibc    cpu only. native (default_glibc below): the system's g++ and libgomp, the wheel tagged for this
+#              machine's glibc (manylinux_2_34+ on Debian 12). X.Y: compile with zig's clang (the `ziglang`
+#              wheel, tools/zig-c++) against glibc X.Y's symbols, e.g. 2.28 for a manylinux_2_28 wheel that
+#              installs on Ubuntu 20.04+, RHEL 8+, Debian 10+, whatever glibc this machine has. OpenMP is then
+#              LLVM's libomp (from the `cmeel-libomp` wheel, bundled into the wheel by the repair).
 #   --out      where the repaired wheel goes (default: dist/)
 #
 # Steps: pip wheel -> auditwheel repair. The repair copies libgomp (libomp with --glibc) into the wheel
 # (singa_lite.libs/) and tags the wheel with the oldest manylinux policy its symbols allow; it excludes
 # libscipy_openblas.so, which stays in the scipy-openblas32 wheel that singa_lite depends on and preloads
 # (singa_lite/__init__.py), so there is one OpenBLAS, not two.
+# With ccache installed, compiles go through it (see below): a second build, even in a fresh clone, reuses them.
 # Kept between runs: build/wheel/<variant>-<python tag> (CMake's folder; cpu-glibcX.Y-<python tag> with --glibc)
 # and build/wheel/venv-<python tag>; zig keeps what it compiled for the target (libc++) in ~/.cache/zig.
 set -euo pipefail
@@ -29,6 +32,10 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 
 python=python3
 variant=cpu
+# The CPU wheel's toolchain when --glibc is not given: "native" = the system's g++, the wheel tagged for this
+# machine's glibc. Set it to 2.28 (one line) to make the portable zig build the default; `--glibc native` then
+# still gives the g++ wheel (.ci/wheels.sh asks for both explicitly).
+default_glibc=native
 glibc=""
 out="$root/dist"
 while [ $# -gt 0 ]; do
@@ -42,12 +49,13 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$variant" in
-  cpu) ;;
+  cpu) glibc="${glibc:-$default_glibc}" ;;
   cuda12x|cuda13x) ;;
   *) echo "build_wheel.sh: --variant must be cpu, cuda12x or cuda13x, got '$variant'" >&2; exit 2 ;;
 esac
+[ "$glibc" = native ] && glibc=""
 if [ -n "$glibc" ]; then
-  [[ "$glibc" =~ ^2\.[0-9]+$ ]] || { echo "build_wheel.sh: --glibc takes a glibc version like 2.28, got '$glibc'" >&2; exit 2; }
+  [[ "$glibc" =~ ^2\.[0-9]+$ ]] || { echo "build_wheel.sh: --glibc takes a glibc version like 2.28 (or native), got '$glibc'" >&2; exit 2; }
   # nvcc compiles host code with g++ only; the CUDA wheels keep the build machine's glibc.
   [ "$variant" = cpu ] || { echo "build_wheel.sh: --glibc works for --variant cpu only, not $variant" >&2; exit 2; }
 fi
@@ -114,9 +122,15 @@ if [ "$variant" = cpu ]; then
 else
   # nvcc's major version must match the wheel's name: the CUDA runtime is linked statically into _core.
   nvcc_bin="${CUDACXX:-$(command -v nvcc || true)}"
+  want="${variant#cuda}"; want="${want%x}"
+  if [ "$variant" = cuda12x ] && [ -z "${CUDACXX:-}" ] &&
+     { [ -z "$nvcc_bin" ] || ! "$nvcc_bin" --version | grep -q "release 12\."; }; then
+    # No nvcc 12 given: one assembled from Debian's nvidia-cuda-toolkit (12.4) and NVIDIA's cu12 wheels
+    # (tools/cuda12_toolkit.sh says why both), kept in build/wheel/cuda12-toolkit.
+    nvcc_bin="$(PYTHON="$tools_py" "$root/tools/cuda12_toolkit.sh" "$root/build/wheel/cuda12-toolkit")"
+  fi
   [ -n "$nvcc_bin" ] || { echo "build_wheel.sh: --variant $variant needs nvcc (put it on PATH or set CUDACXX)" >&2; exit 2; }
   nvcc_major="$("$nvcc_bin" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')"
-  want="${variant#cuda}"; want="${want%x}"
   [ "$nvcc_major" = "$want" ] || {
     echo "build_wheel.sh: --variant $variant needs nvcc $want.x, $nvcc_bin is release $nvcc_major" >&2; exit 2; }
   export SINGA_LITE_CUDA=ON CUDACXX="$nvcc_bin"
@@ -138,11 +152,32 @@ for rel in sys.stdin.read().split("\0"):
   "$tools_py" "$root/tools/wheel_variant.py" "$src/pyproject.toml" "$variant"
 fi
 
+# ccache, where installed (SINGA_LITE_CCACHE=0 turns it off): a rebuild, in this checkout or in another clone of it
+# (CI's fresh clone on the same machine), compiles only the sources that changed. CCACHE_BASEDIR makes the paths
+# inside the checkout (sources, build folder, the tools venv's pybind11 and OpenBLAS headers) relative, so that
+# two clones share the cache. What ccache hashes as "the compiler": the system g++ by its mtime (ccache's default);
+# nvcc by its content (the assembled CUDA 12 toolkit is a new file in each clone); for zig, its version, this
+# wrapper's content and the glibc target, which tools/zig-c++ takes from the environment where ccache cannot see it.
+use_ccache=0
+if [ "${SINGA_LITE_CCACHE:-1}" != 0 ] && command -v ccache >/dev/null; then
+  use_ccache=1
+  export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
+  cmake_defines+=(-C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  if [ "$variant" != cpu ]; then
+    cmake_defines+=(-C cmake.define.CMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+    export CCACHE_COMPILERCHECK=content
+  elif [ -n "$glibc" ]; then
+    export CCACHE_COMPILERCHECK="string:zig-$("$SINGA_LITE_ZIG" version)-glibc$glibc-$(sha256sum "$root/tools/zig-c++" | cut -c1-16)"
+  fi
+  ccache --zero-stats >/dev/null
+fi
+
 echo "== building the $variant wheel for $pytag ($("$python" -V 2>&1)), SINGA_LITE_CUDA=$SINGA_LITE_CUDA${glibc:+, glibc $glibc with zig}"
 start=$(date +%s)
 "$tools_py" -m pip wheel --no-deps --no-build-isolation --disable-pip-version-check -w "$work/raw" "$src" \
   -C build-dir="$build_dir" "${cmake_defines[@]}"
 echo "== compiled in $(( $(date +%s) - start )) s"
+[ "$use_ccache" = 0 ] || ccache --show-stats | grep -iE "^(cacheable calls|  hits|  misses|hits|misses)" | sed 's/^/   ccache: /' || true
 
 raw_wheel="$(ls "$work"/raw/*.whl)"
 "$tools/bin/auditwheel" show "$raw_wheel"

@@ -462,7 +462,7 @@ class MpiCommunicator(Communicator):
         (its result is garbage; the tensor's contents are undefined): then ValueError on every rank (the
         signatures are the same on every rank, so every rank sees the mismatch). The communicator is broken
         when the kinds differ or the data collective did not end."""
-        if self._hot is not None and not self._runner.is_current():
+        if self._hot is not None:  # polls in C++ with the GIL released: on the background thread too
             kind = name if self._check is None else self._check[1]
             self._check = None
             status = self._hot.wait(self._MPI._addressof(request), self.timeout)
@@ -599,7 +599,7 @@ class MpiCommunicator(Communicator):
         raise ValueError(str(mismatch))
 
     def _all_reduce(self, t, op):
-        if self._hot is not None and not self._runner.is_current() and self._hot_all_reduce(t, op):
+        if self._hot is not None and self._hot_all_reduce(t, op):
             return
         if self._fusable(t.dtype, t.numel):
             return self._all_reduce_fused(t, op)

@@ -140,8 +140,9 @@ or abort() on any rank makes every rank raise CommError, now or at its next call
            py::arg("dtype_codes"), py::arg("mpi_types"), py::arg("mpi_ops"), py::arg("all_reduce_kind"),
            py::arg("avg_op"), py::arg("max_op"), py::arg("min_op"), py::arg("request_null"), py::arg("spin_ns"),
            py::arg("yield_ns"))
-      .def("enter", &MpiHotPath::enter, py::arg("kind"), py::arg("dtype_code"), py::arg("count"), py::arg("root"),
-           py::arg("op"), py::arg("check"))
+      .def("enter", [](MpiHotPath& h, int kind, int dtype_code, int64_t count, int root, int op, bool check) {
+        h.enter(kind, dtype_code, count, root, op, check);
+      }, py::arg("kind"), py::arg("dtype_code"), py::arg("count"), py::arg("root"), py::arg("op"), py::arg("check"))
       .def("all_reduce", [](MpiHotPath& h, const Tensor& t, int op, bool check, double timeout) {
         return int(h.all_reduce(t, op, check, timeout));
       }, py::arg("tensor"), py::arg("op"), py::arg("check"), py::arg("timeout"), release)

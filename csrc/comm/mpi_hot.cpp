@@ -73,7 +73,8 @@ int MpiHotPath::test(int* request, bool* done) {
   return rc;
 }
 
-void MpiHotPath::enter(int kind, int dtype_code, int64_t count, int root, int op, bool check) {
+void MpiHotPath::enter(int kind, int dtype_code, int64_t count, int root, int op, bool check, const void* payload,
+                       size_t payload_bytes) {
   auto* entered = reinterpret_cast<int64_t*>(s_.entered);
   *entered += 1;
   api_->Win_sync(s_.win);  // the store becomes visible to a timed-out rank's Get of the board
@@ -84,6 +85,8 @@ void MpiHotPath::enter(int kind, int dtype_code, int64_t count, int root, int op
     api_->Wait(request, kStatusIgnore);
     check_active_ = false;
   }
+  // Only now may the slot change: the stale check above was still sending it.
+  if (payload_bytes > 0) std::memcpy(reinterpret_cast<char*>(s_.slot) + kSigWords * 8, payload, payload_bytes);
   auto* sig = reinterpret_cast<int64_t*>(s_.slot);
   const int64_t words[kSigWords] = {kind, dtype_code, count, root, op, *entered};
   std::memcpy(sig, words, sizeof words);
@@ -265,9 +268,7 @@ MpiStatus MpiHotPath::all_reduce(const Tensor& t, int op, bool check, double tim
 }
 
 MpiStatus MpiHotPath::fused_all_reduce(const Tensor& t, int op, double timeout) {
-  const size_t bytes = t.nbytes();
-  if (bytes > 0) std::memcpy(reinterpret_cast<char*>(s_.slot) + kSigWords * 8, t.data_ptr(), bytes);
-  enter(s_.all_reduce_kind, s_.dtype_codes[size_t(t.dtype())], t.numel(), -1, op, true);
+  enter(s_.all_reduce_kind, s_.dtype_codes[size_t(t.dtype())], t.numel(), -1, op, true, t.data_ptr(), t.nbytes());
   const MpiStatus st = wait(0, timeout);
   if (st != MpiStatus::kDone) return st;
   if (!reduces_here(t.dtype(), op)) return MpiStatus::kReduceInPython;

@@ -63,8 +63,9 @@ class MpiHotPath {
   MpiHotPath& operator=(const MpiHotPath&) = delete;
 
   // Counts a call on the arrival board; when `check`, packs its signature (kind, dtype code, count, root,
-  // op code, call number) and starts the check's all-gather.
-  void enter(int kind, int dtype_code, int64_t count, int root, int op, bool check);
+  // op code, call number) and `payload` (a fused all_reduce's data) into the slot and starts the check.
+  void enter(int kind, int dtype_code, int64_t count, int root, int op, bool check, const void* payload = nullptr,
+             size_t payload_bytes = 0);
 
   // An all_reduce, in place, by the same rules as mpi.py's Python path: with `check` and when it fits the
   // check's slot (nbytes <= slot_bytes - 48) the data rides in the check's all-gather and every rank's row is

@@ -9,7 +9,9 @@ and ``OTHER <rank> ok`` after the other collectives (which enter and wait throug
 ``mpi_hot_job.py timeout``: rank 1 never arrives at an all_reduce too big to ride in the check (MPI_Iallreduce
 polled in C++): the others print ``TIMEOUT <rank> <seconds> <message>``. ``mpi_hot_job.py kinds``: rank 0 calls
 that all_reduce, rank 1 a broadcast: ``RAISED <rank> <message>`` on both, then ``BROKEN <rank>`` when the
-next call raises CommError (different kinds never pair up in MPI)."""
+next call raises CommError (different kinds never pair up in MPI). ``mpi_hot_job.py count``: rank 1 passes one
+element more: ``RAISED`` on both, then ``AFTER <rank> <values>`` from a matched all_reduce (the mismatched data
+collectives paired up and were drained: the communicator goes on)."""
 import os
 import sys
 import time
@@ -114,6 +116,15 @@ def failures(case: str):
             comm.all_reduce(big)
         except _core.CommError as e:
             print(f"TIMEOUT {rank} {time.monotonic() - start:.1f} {e}", flush=True)
+        return
+    if case == "count":
+        try:
+            comm.all_reduce(_core.Tensor.from_buffer(np.ones(5000 + rank, np.float32)))
+        except ValueError as e:
+            print(f"RAISED {rank} {e}", flush=True)
+        after = _core.Tensor.from_buffer(np.ones(3, np.float32))
+        comm.all_reduce(after)
+        print(f"AFTER {rank} {np.asarray(after).tolist()}", flush=True)
         return
     try:
         if rank == 0:

@@ -67,7 +67,7 @@ HOT_PATH_VAR = "SINGA_LITE_MPI_HOT_PATH"  # "0": the Python path even where the 
 # The C++ wait polls MPI_Test without yielding, as MPI_Wait does, for SPIN_S when every rank of this host has a
 # CPU of its own; with more ranks than CPUs only this long (then sched_yield between polls, as the Python path:
 # the rank waited for may need this CPU). Measured, 2 ranks on 2 shared vCPUs: yielding after 10 us made a
-# 64-256 KiB all_reduce up to 2-4x slower than not yielding (after 300 us: as fast).
+# 64-256 KiB all_reduce up to 2-4x slower than not yielding (after 300 us: up to 1.9x).
 HOT_SPIN_NS = 10_000
 # _core.MpiHotPath's results (csrc/comm/mpi_hot.h, MpiStatus)
 _HOT_DONE, _HOT_TIMEOUT, _HOT_MISMATCH, _HOT_MPI_ERROR, _HOT_REDUCE_IN_PYTHON, _HOT_NOT_HANDLED = range(6)

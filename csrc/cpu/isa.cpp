@@ -1,6 +1,7 @@
 // Detection and choice of the instruction-set level (cpu/isa.h).
 #include "cpu/isa.h"
 
+#include <cstdint>
 #include <cstdlib>
 
 #include "core/errors.h"
@@ -8,14 +9,34 @@
 namespace sl::cpu {
 namespace {
 
+#ifdef SL_MULTI_ISA
+// CPUID and XGETBV directly, not __builtin_cpu_supports: that reads a table filled by the compiler's runtime
+// library, and the clang of the portable wheel (zig's) links a runtime that leaves it empty (every level then
+// read as baseline).
+void cpuid(uint32_t leaf, uint32_t sub, uint32_t r[4]) {
+  __asm__ volatile("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(sub));
+}
+#endif
+
 Isa detect() {
 #ifdef SL_MULTI_ISA
-  __builtin_cpu_init();
-  // The OS must also save the wide registers (XCR0); __builtin_cpu_supports checks that for AVX / AVX-512.
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2"))
-    return Isa::kAvx512;
-  if (__builtin_cpu_supports("avx2")) return Isa::kAvx2;
+  uint32_t r[4];
+  cpuid(0, 0, r);
+  const uint32_t max_leaf = r[0];
+  if (max_leaf < 7) return Isa::kBaseline;
+  cpuid(1, 0, r);
+  const bool osxsave = (r[2] >> 27) & 1, avx = (r[2] >> 28) & 1;
+  if (!osxsave || !avx) return Isa::kBaseline;
+  // The OS must save the wider registers on a context switch: XCR0 bits 1-2 (SSE, AVX), 5-7 (AVX-512).
+  uint32_t xcr0_lo, xcr0_hi;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & 0x6) != 0x6) return Isa::kBaseline;
+  cpuid(7, 0, r);
+  const uint32_t ebx = r[1];
+  const bool avx2 = (ebx >> 5) & 1;
+  const bool avx512 = ((ebx >> 16) & 1) && ((ebx >> 17) & 1) && ((ebx >> 30) & 1) && ((ebx >> 31) & 1);  // F DQ BW VL
+  if (avx2 && avx512 && (xcr0_lo & 0xe0) == 0xe0) return Isa::kAvx512;
+  if (avx2) return Isa::kAvx2;
 #endif
   return Isa::kBaseline;
 }

@@ -33,6 +33,8 @@ def test_the_hot_path_gives_the_same_bits_as_the_python_path(n):
     for r in range(n):
         assert f"HOT {r} True False" in out, out  # on by default with the MPICH wheel; off with the variable
         assert f"CHECKED {r} 171" in out and f"OTHER {r} ok" in out, out
+        calls = re.search(rf"PROGRESS {r} (\d+) (\d+)", out)
+        assert calls and calls[1] == calls[2] and int(calls[1]) > 171, out
     assert "DIFF" not in out, out
 
 

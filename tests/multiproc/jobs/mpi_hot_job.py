@@ -4,7 +4,8 @@ ranks, one made with the hot path (the default, where mpi4py speaks the MPICH AB
 SINGA_LITE_MPI_HOT_PATH=0, run the same all_reduce calls (every dtype and op, fused into the call check and
 not, with inf, nan, signed zeros, overflow and values whose sum depends on the order); every result must be the
 same bits. Prints ``HOT <rank> <on> <off>``, ``DIFF <rank> <case>`` for a difference, ``CHECKED <rank> <n>``,
-and ``OTHER <rank> ok`` after the other collectives (which enter and wait through the hot path).
+``OTHER <rank> ok`` after the other collectives (which enter and wait through the hot path), and
+``PROGRESS <rank> <watcher's board> <calls entered>``.
 
 ``mpi_hot_job.py timeout``: rank 1 never arrives at an all_reduce too big to ride in the check (MPI_Iallreduce
 polled in C++): the others print ``TIMEOUT <rank> <seconds> <message>``. ``mpi_hot_job.py kinds``: rank 0 calls
@@ -98,6 +99,9 @@ def main():
     hot.barrier()
     ok = np.asarray(t).tolist() == [1.0] * 5 and gathered[:, 0].tolist() == list(range(hot.world_size))
     print(f"OTHER {rank} {'ok' if ok else 'wrong'}", flush=True)
+    # The watcher's progress board (which rank died first) follows the calls counted in C++.
+    board, slot = hot._progress
+    print(f"PROGRESS {rank} {board[slot]} {int(hot._entered[0])}", flush=True)
     hot.close()
     cold.close()
 

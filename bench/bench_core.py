@@ -13,7 +13,9 @@ A case reports the median seconds per call of each side and ratio = speed_singa 
 (= median_t_numpy / median_t_singa; > 1 means singa_lite is faster), with the range of the per-block
 ratios as a noise indicator, and "other load": the share of the machine's CPU time that other
 processes used while the blocks ran (a contaminated case shows it). Goals: matmul (and the
-GEMM-dominated mixed case) >= 0.95, element-wise and reductions >= 0.8.
+GEMM-dominated mixed case) >= 0.95, element-wise and reductions >= 1.0. singa_lite's kernels run at the
+instruction-set level build_info()["cpu_isa"] reports (SINGA_LITE_ISA=baseline|avx2|avx512 lowers it; the
+environment section of --out shows it).
 
 Thread counts: by default both libraries use all cores (OpenBLAS and OpenMP defaults). --threads N
 sets OMP_NUM_THREADS / OPENBLAS_NUM_THREADS before numpy and singa_lite are imported and calls
@@ -34,8 +36,8 @@ import statistics
 import sys
 import time
 
-GOAL_MATMUL = 0.95
-GOAL_STREAM = 0.80
+GOAL_MATMUL = 0.95  # the same OpenBLAS on both sides: parity within noise
+GOAL_STREAM = 1.0   # issue 18.6: element-wise and reductions at least numpy's speed
 
 
 def parse_args(argv=None):
@@ -193,6 +195,7 @@ def environment(core, singa_lite, args) -> dict:
         "singa_lite_compiler": bi.get("compiler"),
         "singa_lite_build_type": bi.get("build_type"),
         "singa_lite_openmp": bi.get("openmp"),
+        "singa_lite_cpu_isa": bi.get("cpu_isa"),
         "singa_lite_core_so": so,
         "singa_lite_core_so_mtime": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(so)))
         if so and os.path.exists(so) else None,
@@ -370,7 +373,7 @@ def build_cases(core):
         cases.append(Case(f"sum_f32_{label}", "reduction", f"({label},) -> scalar", "float32", "byte", GOAL_STREAM,
                           sum_full_setup(n), 4.0 * n, quick=n <= 10 ** 6))
 
-    def max_full_setup(n):  # numpy's max has AVX dispatch; ours is SSE-vectorised and split over threads
+    def max_full_setup(n):  # both dispatch to AVX2 / AVX-512 loops; ours is also split over threads
         def setup():
             a = rng.standard_normal(n, dtype=np.float32)
             ta = T(a)
@@ -595,7 +598,9 @@ def env_markdown(env):
         f"- Python {env['python']}; numpy {env['numpy_version']}, BLAS {nb.get('name')} {nb.get('version')} "
         f"(SIMD baseline {nb.get('simd baseline')}, dispatch {nb.get('simd found')})",
         f"- singa_lite {env['singa_lite_version']}: {env['singa_lite_compiler']}, {env['singa_lite_build_type']}, "
-        f"OpenMP {env['singa_lite_openmp']}; BLAS {env['singa_lite_blas'].get('package')}",
+        f"OpenMP {env['singa_lite_openmp']}; BLAS {env['singa_lite_blas'].get('package')}; CPU kernels' "
+        f"instruction set {(env.get('singa_lite_cpu_isa') or {}).get('active', '?')} "
+        f"(best here {(env.get('singa_lite_cpu_isa') or {}).get('best', '?')})",
         f"- _core: {env['singa_lite_core_so']} (built {env['singa_lite_core_so_mtime']}, "
         f"sha256 {env.get('singa_lite_core_so_sha256')})",
         f"- threads: --threads {env['threads_option']}, OMP_NUM_THREADS={env['env_OMP_NUM_THREADS']}, "

@@ -24,9 +24,10 @@
 # (singa_lite.libs/) and tags the wheel with the oldest manylinux policy its symbols allow; it excludes
 # libscipy_openblas.so, which stays in the scipy-openblas32 wheel that singa_lite depends on and preloads
 # (singa_lite/__init__.py), so there is one OpenBLAS, not two.
-# With ccache installed, compiles go through it (see below): a second build, even in a fresh clone, reuses them.
+# With SINGA_LITE_CCACHE=1, compiles go through ccache (see below): a second build, even in a fresh clone, reuses them.
 # Kept between runs: build/wheel/<variant>-<python tag> (CMake's folder; cpu-glibcX.Y-<python tag> with --glibc)
-# and build/wheel/venv-<python tag>; zig keeps what it compiled for the target (libc++) in ~/.cache/zig.
+# and build/wheel/venv-<python tag>; zig itself is installed once in ~/.cache/singa_lite/ziglang-<version> and keeps
+# what it compiled for the target (libc++) in ~/.cache/zig.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 
@@ -96,9 +97,19 @@ if [ "$variant" = cpu ]; then
     # zig's clang emits OpenMP calls to LLVM's runtime API (__kmpc_*), which libgomp lacks: link LLVM's libomp
     # (glibc >= 2.14 only) from the cmeel-libomp wheel, with its omp.h. Versions pinned: a new zig can change
     # its command line, and the runtime's ABI must match what this clang emits.
-    "$tools_py" -m pip install -q --disable-pip-version-check --only-binary :all: "ziglang==0.17.1"
+    # zig goes to one fixed folder per user, not into the checkout's tools venv: zig's cache of what it compiled
+    # for the target (libc++, 100-150 s of compiling) is keyed by the path of zig's own sources, so a zig inside a
+    # fresh clone (CI) compiled libc++ again every time.
+    zig_home="${XDG_CACHE_HOME:-$HOME/.cache}/singa_lite/ziglang-0.17.1"
+    if [ ! -x "$zig_home/ziglang/zig" ]; then
+      rm -rf "$zig_home.tmp$$"
+      "$tools_py" -m pip install -q --disable-pip-version-check --only-binary :all: --no-deps \
+        --target "$zig_home.tmp$$" "ziglang==0.17.1"
+      mkdir -p "$(dirname "$zig_home")"
+      mv -T "$zig_home.tmp$$" "$zig_home" 2>/dev/null || rm -rf "$zig_home.tmp$$"  # another build got there first
+    fi
+    export SINGA_LITE_ZIG="$zig_home/ziglang/zig"
     "$tools_py" -m pip install -q --disable-pip-version-check --only-binary :all: --no-deps "cmeel-libomp==21.1.8"
-    export SINGA_LITE_ZIG="$("$tools_py" -c 'import os, ziglang; print(os.path.join(os.path.dirname(ziglang.__file__), "zig"))')"
     export SINGA_LITE_GLIBC="$glibc"
     omp="$("$tools_py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/cmeel.prefix"
     [ -f "$omp/lib/libomp.so" ] && [ -f "$omp/include/omp.h" ] ||
@@ -152,14 +163,19 @@ for rel in sys.stdin.read().split("\0"):
   "$tools_py" "$root/tools/wheel_variant.py" "$src/pyproject.toml" "$variant"
 fi
 
-# ccache, where installed (SINGA_LITE_CCACHE=0 turns it off): a rebuild, in this checkout or in another clone of it
-# (CI's fresh clone on the same machine), compiles only the sources that changed. CCACHE_BASEDIR makes the paths
-# inside the checkout (sources, build folder, the tools venv's pybind11 and OpenBLAS headers) relative, so that
-# two clones share the cache. What ccache hashes as "the compiler": the system g++ by its mtime (ccache's default);
-# nvcc by its content (the assembled CUDA 12 toolkit is a new file in each clone); for zig, its version, this
-# wrapper's content and the glibc target, which tools/zig-c++ takes from the environment where ccache cannot see it.
+# ccache, only when asked (SINGA_LITE_CCACHE=1, as .ci/wheels.sh does under CI with a cache of its own): a rebuild,
+# in this checkout or in another clone of it (CI's fresh clone on the same machine), then compiles only the sources
+# that changed. CCACHE_BASEDIR makes the paths inside the checkout (sources, build folder, the tools venv's pybind11
+# and OpenBLAS headers) relative, so that two clones share the cache. Not by default: a header edited while a
+# build reads it can leave a cache entry whose object was compiled from the new text but which is filed under the
+# old one (seen here when a checkout shared by several people was edited during a build: a later build of the old
+# sources linked an object calling a function they lack). What ccache hashes as "the compiler": the system g++ by
+# its mtime (ccache's default); nvcc by its content (the assembled CUDA 12 toolkit is a new file in each clone);
+# for zig, its version, this wrapper's content and the glibc target, which tools/zig-c++ takes from the
+# environment where ccache cannot see it.
 use_ccache=0
-if [ "${SINGA_LITE_CCACHE:-1}" != 0 ] && command -v ccache >/dev/null; then
+if [ "${SINGA_LITE_CCACHE:-0}" = 1 ]; then
+  command -v ccache >/dev/null || { echo "build_wheel.sh: SINGA_LITE_CCACHE=1 but ccache is not installed" >&2; exit 2; }
   use_ccache=1
   export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
   cmake_defines+=(-C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)

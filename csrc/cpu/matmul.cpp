@@ -78,27 +78,27 @@ void gemm_parallel(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A
     const int64_t extent = by_cols ? N : M;
     const int64_t parts = std::min<int64_t>(nt, (extent + 15) / 16);
     const int64_t block = ((extent + parts - 1) / parts + 15) / 16 * 16;  // multiples of 16: whole SIMD tiles
-#pragma omp parallel for num_threads(nt) schedule(static, 1)
-    for (int64_t p = 0; p < parts; ++p) {
+    auto part = [&](int64_t p) {
       const int64_t lo = p * block, hi = std::min(extent, lo + block);
-      if (lo >= hi) continue;
+      if (lo >= hi) return;
       if (by_cols)
         gemm_call<T>(ta, tb, M, hi - lo, K, A, lda, b_at(0, lo), ldb, C + lo, ldc);
       else
         gemm_call<T>(ta, tb, hi - lo, N, K, a_at(lo, 0), lda, B, ldb, C + lo * ldc, ldc);
-    }
+    };
+    run_chunks(nt, parts, [](void* f, int64_t p) { (*static_cast<decltype(part)*>(f))(p); }, &part);
     return;
   }
   const int64_t chunks = (K + kSplitK - 1) / kSplitK;
   std::vector<T> partial(static_cast<size_t>((chunks - 1) * M * N));
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-  for (int64_t c = 0; c < chunks; ++c) {
+  auto k_chunk = [&](int64_t c) {
     const int64_t k0 = c * kSplitK, kc = std::min(K, k0 + kSplitK) - k0;
     if (c == 0)
       gemm_call<T>(ta, tb, M, N, kc, a_at(0, k0), lda, b_at(k0, 0), ldb, C, ldc);
     else
       gemm_call<T>(ta, tb, M, N, kc, a_at(0, k0), lda, b_at(k0, 0), ldb, partial.data() + (c - 1) * M * N, N);
-  }
+  };
+  run_chunks(nt, chunks, [](void* f, int64_t c) { (*static_cast<decltype(k_chunk)*>(f))(c); }, &k_chunk);
   for (int64_t c = 1; c < chunks; ++c) {
     const T* p = partial.data() + (c - 1) * M * N;
     for (int64_t i = 0; i < M; ++i)
@@ -128,11 +128,12 @@ void matmul_blas(const Tensor& out, Tensor a, Tensor b) {
     std::vector<std::array<int64_t, 3>> offsets;
     offsets.reserve(static_cast<size_t>(batches));
     for_each_batch(out, a, b, [&](int64_t oo, int64_t oa, int64_t ob) { offsets.push_back({oo, oa, ob}); });
-#pragma omp parallel for num_threads(max_threads) schedule(dynamic, 1)
-    for (int64_t i = 0; i < batches; ++i) {
-      const auto& o = offsets[size_t(i)];
-      gemm_call<T>(la.trans, lb.trans, M, N, K, pa + o[1], la.ld, pb + o[2], lb.ld, po + o[0], N);
-    }
+    parallel_range(batches, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const auto& o = offsets[size_t(i)];
+        gemm_call<T>(la.trans, lb.trans, M, N, K, pa + o[1], la.ld, pb + o[2], lb.ld, po + o[0], N);
+      }
+    }, M * N * K);
     return;
   }
   for_each_batch(out, a, b, [&](int64_t oo, int64_t oa, int64_t ob) {

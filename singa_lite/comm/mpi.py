@@ -24,6 +24,7 @@ import os
 import signal
 import struct
 import sys
+import threading
 import time
 import warnings
 
@@ -31,7 +32,7 @@ import numpy as np
 
 from .. import _core, tensor
 from . import watch
-from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator
+from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator, _check_timeout
 from ..tensor import Tensor
 
 ABORT_GRACE_S = 1.0
@@ -41,6 +42,8 @@ ABORT_EXIT_S = 5
 # After a mismatch was found, how long to wait for the mismatched data collectives to end (they were started
 # together with the check): those that match as MPI collectives (same kind) end; others may never.
 MISMATCH_DRAIN_S = 2.0
+# close() waits for every rank to close for the timeout plus this long (see _wait_for_every_close).
+CLOSE_GRACE_S = 5.0
 # Every call's signature check is an all-gather of a fixed slot per rank: the signature (6 int64) and room for
 # FUSE_BYTES of data. An all_reduce that fits travels in that same all-gather and is reduced locally (in rank
 # order, so every rank computes the same bits): the check then costs no collective of its own. Bigger calls
@@ -110,14 +113,80 @@ def mpich_abi_library(MPI) -> str | None:
     return paths[0] if len(paths) == 1 else None
 
 
-def import_mpi():
-    """mpi4py's MPI module, initialised; a clear ImportError when mpi4py or an MPI library is missing."""
+def import_mpi(timeout: float | None = None):
+    """mpi4py's MPI module, initialised; a clear ImportError when mpi4py or an MPI library is missing.
+
+    timeout (seconds): MPI_Init waits for every rank of the job to start MPI (MPICH: a PMI fence), forever when
+    one never does (stuck in its own code before init). Under mpiexec, when this first initialises MPI, it
+    then runs MPI_Init_thread on a helper thread through ctypes (mpi4py's own Init holds the GIL) and raises
+    CommError when it has not finished after `timeout`; MPI is then not initialised and cannot abort the job:
+    this rank ends with the error (uncaught), and mpiexec ends the others."""
     try:
-        from mpi4py import MPI
+        import mpi4py
+        if timeout is not None and "mpi4py.MPI" not in sys.modules and mpiexec_ranks() > 1 \
+                and mpi4py.rc.initialize and mpi4py.rc.errors == "exception":
+            mpi4py.rc.initialize = False  # initialised below, with a deadline
+            if mpi4py.rc.finalize is None:
+                mpi4py.rc.finalize = True  # as if mpi4py had initialised it: MPI_Finalize at exit
+            from mpi4py import MPI
+            _init_with_deadline(MPI, mpi4py.rc, timeout)
+        else:
+            from mpi4py import MPI
     except ImportError as e:
         raise ImportError(f"the mpi backend needs mpi4py and an MPI library: pip install 'singa_lite[mpi]' "
                           f"(mpi4py + the MPICH wheel), or mpi4py built against your cluster's MPI ({e})") from e
     return MPI
+
+
+def _init_with_deadline(MPI, rc, timeout: float) -> None:
+    """MPI_Init_thread as mpi4py would run it at import (thread level and error handlers from mpi4py.rc), but
+    given up after `timeout` (see import_mpi)."""
+    if MPI.Is_initialized():
+        return
+    levels = {"multiple": MPI.THREAD_MULTIPLE, "serialized": MPI.THREAD_SERIALIZED,
+              "funneled": MPI.THREAD_FUNNELED, "single": MPI.THREAD_SINGLE}
+    required = levels.get(str(rc.thread_level).lower(), MPI.THREAD_MULTIPLE) if rc.threads else MPI.THREAD_SINGLE
+    library = _loaded_mpi_library()
+    if library is None:  # not Linux, or not one library: mpi4py's own (blocking) initialisation
+        MPI.Init_thread(required)
+    else:
+        provided = ctypes.c_int(-1)
+        result = []
+        # ctypes releases the GIL during the call, so this thread can keep time; a daemon thread, as it may
+        # never come back. (MPI calls it the main thread; MPICH finalises from the interpreter's own fine.)
+        worker = threading.Thread(target=lambda: result.append(library.MPI_Init_thread(
+            None, None, ctypes.c_int(required), ctypes.byref(provided))), name="singa_lite MPI_Init", daemon=True)
+        worker.start()
+        worker.join(timeout)
+        if worker.is_alive():
+            rank, size = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "?")), mpiexec_ranks()
+            raise CommError(
+                f"mpi start-up (MPI_Init) on rank {rank} of {size}: not finished after {timeout:g} s. MPI_Init "
+                f"waits for every rank of the job to start MPI, and at least one has not (stuck in its own code "
+                f"before dist.init(), or much slower to start); MPI_Init cannot tell which. Look at the other "
+                f"ranks' output, or raise the timeout (timeout= or SINGA_LITE_COMM_TIMEOUT). This rank ends "
+                f"with this error; mpiexec then ends the others")
+        if result[0] != 0:
+            raise CommError(f"mpi start-up: MPI_Init_thread failed with MPI error code {result[0]}")
+    # mpi4py's default policy (rc.errors "exception"): MPI errors come back as MPI.Exception, not an abort.
+    for comm in (MPI.COMM_SELF, MPI.COMM_WORLD):
+        comm.Set_errhandler(MPI.ERRORS_RETURN)
+
+
+def _loaded_mpi_library():
+    """The MPI library mpi4py loaded (ctypes handle), when there is exactly one libmpi in this process."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split(None, 5)[5].strip() for line in f if "/libmpi" in line}
+    except (OSError, IndexError):
+        return None
+    paths = [p for p in paths if os.path.basename(p).startswith("libmpi.so")]
+    if len(paths) != 1:
+        return None
+    try:
+        return ctypes.CDLL(paths[0], mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return None
 
 
 def broadcast_bytes(data: bytes | None, root: int = 0, comm=None) -> bytes:
@@ -198,6 +267,73 @@ class _Mismatch(Exception):
         self.paired = paired
 
 
+def _poll(request, timeout: float) -> bool:
+    """Whether the MPI request completed within `timeout` seconds, polled with Test (sleeping ever longer
+    between polls, up to 10 ms: the setup is not latency-bound and the ranks may share few CPUs)."""
+    end = time.monotonic() + timeout
+    nap = 1e-5
+    while not request.Test():
+        if time.monotonic() >= end:
+            return False
+        time.sleep(nap)
+        nap = min(nap * 2, 1e-2)
+    return True
+
+
+def _setup_error(step: str, rank: int, size: int, timeout: float, who: str) -> CommError:
+    return CommError(f"mpi communicator setup ({step}) on rank {rank} of {size}: not finished after {timeout:g} s; "
+                     f"{who}. The job cannot continue: it is aborted at exit. Look at those ranks' output, or raise "
+                     f"the timeout (timeout= or SINGA_LITE_COMM_TIMEOUT)")
+
+
+def _await_setup(request, step: str, timeout: float, rank: int, size: int) -> None:
+    """Waits for a setup step that starts after every rank has joined (see _join): so on expiry, a rank is
+    stuck in the setup or gone, and which one cannot be told."""
+    if not _poll(request, timeout):
+        raise _setup_error(step, rank, size, timeout, "every rank had joined the setup before it, so one of them "
+                           "is stuck in it or gone (MPI does not tell which)")
+
+
+def _join(MPI, parent, timeout: float):
+    """Our own duplicate of `parent`, once every rank of it has arrived, each wait bounded by `timeout`.
+    First a nonblocking all-gather of arrival flags (polled): a rank that never comes leaves its flag unset,
+    so the others can name it; then the nonblocking duplicate (MPI_Comm_idup), which only starts once every
+    rank is known to be here."""
+    rank, size = parent.rank, parent.size
+    arrived = np.zeros(size, np.int64)
+    arrived[rank] = 1
+    if not _poll(parent.Iallgather(np.ones(1, np.int64), arrived), timeout):
+        # (read while the all-gather is still in flight: entries already delivered are 1, the rest still 0)
+        missing = [r for r in range(size) if not arrived[r]]
+        if size == 2:
+            who = f"rank {missing[0]} never arrived (it has not called init: still in its own code, stuck in " \
+                  f"another MPI call, or much slower to start)"
+        else:
+            who = (f"not heard from rank{'s' * (len(missing) > 1)} {', '.join(map(str, missing))}: those that never "
+                   f"arrived (not called init: still in their own code, stuck in another MPI call, or much slower "
+                   f"to start) are among them, but an all-gather that a rank never joined may also leave out ranks "
+                   f"that did arrive")
+        raise _setup_error("every rank's arrival", rank, size, timeout, who)
+    dup, request = parent.Idup()
+    if not _poll(request, timeout):
+        raise _setup_error("duplicating the communicator, MPI_Comm_idup", rank, size, timeout,
+                           "every rank had arrived, so one of them is stuck in it or gone (MPI does not tell which)")
+    return dup
+
+
+def _abort_at_exit(MPI, rank: int, error: BaseException) -> None:
+    """After a failed setup: aborts the MPI job at interpreter exit (after the traceback), as MPI_Finalize
+    would wait forever for the setup's requests still in flight, and the other ranks for this one."""
+    def abort():
+        if MPI.Is_finalized():
+            return
+        print(f"singa_lite: rank {rank}: aborting the MPI job after a failed communicator setup: {error!r}",
+              file=sys.stderr, flush=True)
+        time.sleep(ABORT_GRACE_S)  # the other ranks' own errors get printed too
+        abort_job(MPI.COMM_WORLD.Abort)
+    atexit.register(abort)
+
+
 def _fp16_op(MPI, name: str):
     ufunc = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[name]
 
@@ -266,12 +402,28 @@ class MpiCommunicator(Communicator):
     _times_out_itself = False  # asynchronous work blocks in MPI on the background thread
 
     def __init__(self, comm=None, timeout: float = DEFAULT_TIMEOUT, verify=True):
-        MPI = import_mpi()
+        timeout = _check_timeout(timeout)
         if verify not in (True, False, "auto"):
             raise ValueError(f"verify must be True, False or 'auto', got {verify!r}")
+        MPI = import_mpi(timeout)
         self.verify = verify
         self._MPI = MPI
-        self._comm = (comm or MPI.COMM_WORLD).Dup()  # our own context: user traffic cannot interleave
+        self._stuck = None  # the CommError of a close() that timed out (see _close): the job is aborted at exit
+        parent = comm or MPI.COMM_WORLD
+        # Every step of the setup is bounded by the timeout: a rank that never comes (stuck in its own code
+        # before init) must not leave the others waiting forever. A setup that failed leaves MPI requests in
+        # flight on `parent`, which MPI_Finalize would wait for: the job is aborted at exit then.
+        try:
+            self._comm = _join(MPI, parent, timeout)  # our own context: user traffic cannot interleave
+            self._set_up(MPI, comm, timeout)
+        except BaseException as e:
+            _abort_at_exit(MPI, parent.rank, e)
+            raise
+
+    def _set_up(self, MPI, comm, timeout: float) -> None:
+        """The rest of the setup, on our own communicator that every rank has joined (see _join): the steps
+        without a nonblocking form in MPI (split, window creation) run blocking, as every rank is known to be
+        here; those that wait for the others (the last barrier, the watcher's start) are bounded."""
         local = self._comm.Split_type(MPI.COMM_TYPE_SHARED)
         super().__init__(self._comm.rank, self._comm.size, local.rank, local.size, timeout)
         # Every rank's host, so that a timeout can name the host of the ranks that no longer answer.
@@ -305,7 +457,8 @@ class MpiCommunicator(Communicator):
         self._entered = np.frombuffer(self._board.tomemory(), np.int64)
         self._entered[0] = 0
         self._board.Lock_all(MPI.MODE_NOCHECK)
-        self._comm.Barrier()
+        _await_setup(self._comm.Ibarrier(), "the barrier after the arrival board's creation", timeout,
+                     self.rank, self.world_size)
         self._watch_name = None
         self._progress = None  # (the watcher's progress board, this rank's slot): see watch.py
         if whole_job:  # every rank of the job has passed MPI_Init, so every one has mapped MPICH's segments
@@ -366,6 +519,12 @@ class MpiCommunicator(Communicator):
         """Collective: a new communicator of the ranks that pass member=True, in this one's rank order (with
         this one's timeout and check); None on the others."""
         MPI = self._MPI
+        # MPI has no nonblocking split: a checked, timed barrier first (it names a rank that never comes, and
+        # one that called another collective instead), so that Split only starts once every rank is there.
+        try:
+            self.barrier()
+        except CommError as e:
+            raise CommError(f"mpi split: its rendezvous failed: {e}") from e
         sub = self._comm.Split(0 if member else MPI.UNDEFINED, self.rank)
         if sub == MPI.COMM_NULL:
             return None
@@ -730,13 +889,16 @@ class MpiCommunicator(Communicator):
             return None
         mine = np.array([self.rank, os.getpid()], np.int64)
         table = np.zeros((local.size, 2), np.int64)
-        local.Allgather(mine, table)  # plain integers: no pickle
+        _await_setup(local.Iallgather(mine, table), "this host's ranks' pids for the watcher", self.timeout,
+                     self.rank, self.world_size)  # plain integers: no pickle
         name = watch.socket_name(int(table[0, 1]))
         started = np.zeros(2, np.int64)  # the watcher's pid and its progress board's descriptor; 0: none
         if local.rank == 0:
             started[:] = watch.start(name, self._MPI.Get_processor_name(), {int(r): int(p) for r, p in table}) \
                 or (0, 0)
-        local.Bcast(started, root=0)  # once it listens: no rank of this host can end unseen
+        # once it listens: no rank of this host can end unseen
+        _await_setup(local.Ibcast(started, root=0), "the start of this host's watcher", self.timeout, self.rank,
+                     self.world_size)
         if started[0]:
             board = watch.open_board(int(started[0]), int(started[1]), local.size)
             if board is not None:  # slots in the order of the ranks (the watcher's order)
@@ -748,6 +910,12 @@ class MpiCommunicator(Communicator):
         abort_job(self._comm.Abort)
 
     def _close(self):
+        if self.world_size > 1:
+            try:
+                self._wait_for_every_close()
+            except CommError as e:  # nothing is freed (MPI would wait in it): the job is aborted at exit
+                self._broken = self._stuck = e
+                raise
         self._hot = None  # it points into what is freed below
         if self._check_request is not None:
             self._check_request.Free()
@@ -814,16 +982,53 @@ class MpiCommunicator(Communicator):
             time.sleep(1e-3)
         return [int(bufs[r][0]) if r in answered else None for r in range(self.world_size)]
 
+    def _wait_for_every_close(self) -> None:
+        """Marks this rank's end on the arrival board (-1 - count: a rank still waiting for this one in a
+        collective names it as ended normally, see _on_timeout), then waits until every rank's entry says the
+        same, reading the board with nonblocking one-sided reads (no collective that could pair up with
+        another call of a rank still working): MPI_Win_free, which follows, is collective and would wait
+        forever for a rank that never closes. Waits the timeout plus CLOSE_GRACE_S: a rank stuck in a
+        collective this one never entered times out by itself, and its error says more (its call, and that
+        this rank ended), so it should come first. On expiry: CommError naming the ranks that did not close."""
+        if self._entered[0] >= 0:
+            self._entered[0] = -1 - self._entered[0]
+        self._board.Sync()
+        limit = self.timeout + CLOSE_GRACE_S
+        end = time.monotonic() + limit
+        nap = 1e-3
+        while True:
+            counts = self._read_board(timeout=max(min(BOARD_QUERY_S, end - time.monotonic()), 0.1))
+            if all(c is not None and c < 0 for c in counts):
+                return
+            if time.monotonic() >= end:
+                break
+            time.sleep(nap)
+            nap = min(nap * 2, 0.05)
+        running = [r for r, c in enumerate(counts) if c is not None and c >= 0]
+        silent = [r for r, c in enumerate(counts) if c is None]
+        parts = []
+        if running:
+            parts.append(f"rank{'s' * (len(running) > 1)} {', '.join(map(str, running))} had not closed it nor "
+                         f"reached the end of {'their' if len(running) > 1 else 'its'} script (still in "
+                         f"{'their' if len(running) > 1 else 'its'} own code, or stuck in another call)")
+        if silent:
+            parts.append(self._unreachable(silent))
+        raise CommError(f"mpi close (rank {self.rank} of {self.world_size}): every rank must close the "
+                        f"communicator (at the latest at exit; freeing it is collective in MPI), but after "
+                        f"{limit:g} s {'; '.join(parts)}. The job cannot end normally: it is aborted at exit. Look "
+                        f"at those ranks' output, or raise the timeout (timeout= or SINGA_LITE_COMM_TIMEOUT)")
+
     def _at_exit(self):
+        if self._broken is None and not self.closed:
+            try:  # the window must go before MPI_Finalize (mpi4py's own exit hook, which runs after)
+                self.close()
+            except CommError:  # a rank never closed (self._stuck): aborted below, as MPI_Finalize would hang
+                pass
+        failed = self._stuck or (None if self.closed else self._broken)
         if self._watch_name is not None:  # this rank's end is not a death: the watcher must not blame it
-            watch.tell(self._watch_name, "done" if self._broken is None else "reported", self.rank)
-        if self._broken is None and not self.closed:  # on the board as -1 - count: a rank still waiting for
-            self._entered[0] = -1 - self._entered[0]  # this one names it as ended normally (_on_timeout)
-            self._board.Sync()
-        if self._broken is None:
-            self.close()  # the window must go before MPI_Finalize (mpi4py's own exit hook, which runs after)
-        elif not self.closed:
-            print(f"singa_lite: rank {self.rank}: aborting the MPI job after: {self._broken}", file=sys.stderr,
+            watch.tell(self._watch_name, "done" if failed is None else "reported", self.rank)
+        if failed is not None:
+            print(f"singa_lite: rank {self.rank}: aborting the MPI job after: {failed}", file=sys.stderr,
                   flush=True)
             time.sleep(ABORT_GRACE_S)  # the other surviving ranks' own errors get printed too
             abort_job(self._MPI.COMM_WORLD.Abort)

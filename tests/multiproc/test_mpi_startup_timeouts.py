@@ -70,7 +70,8 @@ def test_a_rank_that_never_calls_init_is_named_by_the_others(n):
 def test_exit_does_not_wait_forever_for_a_rank_that_never_closes():
     proc, out, elapsed, pids = run("never_closes")
     assert "END 0" in out and "END 1" not in out, out
-    assert re.search(r"rank 0: aborting the MPI job after: mpi close \(rank 0 of 2\).*rank 1 had not closed it", out), out
+    assert re.search(r"rank 0: aborting the MPI job after: mpi close \(rank 0 of 2\).*rank 1 had not closed it",
+                     out), out
     ended(proc, out, elapsed, pids, TIMEOUT + 5 + SLACK)  # 5: CLOSE_GRACE_S
 
 

@@ -160,27 +160,6 @@ esac
 check_cpu_wheel "$portable_wheel" "glibc 2.28" venz "$python" "$portable_tests"
 check_cpu_wheel "$gpp_wheel" g++ venv "$python" "$gpp_tests"
 
-# ---------------------------------------------------------------- other CPython versions (--pythons)
-# The interpreter of version X.Y: pythonX.Y on PATH, else pyenv's newest X.Y.* install.
-find_python() {
-  local version="$1" found
-  if found="$(command -v "python$version")" && "$found" -V >/dev/null 2>&1; then echo "$found"; return; fi
-  for found in $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}/versions/$version".* 2>/dev/null | sort -V -r); do
-    [ -x "$found/bin/python$version" ] && { echo "$found/bin/python$version"; return; }
-  done
-  return 1
-}
-for version in $pythons; do
-  interpreter="$(find_python "$version")" ||
-    { echo "--pythons: no Python $version (neither python$version on PATH nor under pyenv's versions)" >&2; exit 1; }
-  start=$(date +%s)
-  tools/build_wheel.sh --python "$interpreter" --variant cpu --glibc 2.28 --out "$tmp/wheelhouse-py$version"
-  echo "CPU wheel (zig, glibc 2.28) for Python $version built and repaired in $(( $(date +%s) - start )) s"
-  wheel="$(ls "$tmp/wheelhouse-py$version"/singa_lite-*.whl)"
-  check_portable_tag "$wheel"
-  check_cpu_wheel "$wheel" "Python $version glibc 2.28" "v${version/./}" "$interpreter" smoke
-done
-
 # ---------------------------------------------------------------- CUDA wheels
 # cuobjdump lists the GPU code a binary carries. NVIDIA's pip-installed CUDA 13 has none beside nvcc, so it comes
 # from its own small wheel (nvidia-cuda-cuobjdump) when neither PATH nor nvcc's folder has it.
@@ -272,4 +251,25 @@ else
     CUDACXX="" check_cuda_wheel cuda12x ""
   fi
 fi
+# ---------------------------------------------------------------- other CPython versions (--pythons)
+# The interpreter of version X.Y: pythonX.Y on PATH, else pyenv's newest X.Y.* install.
+find_python() {
+  local version="$1" found
+  if found="$(command -v "python$version")" && "$found" -V >/dev/null 2>&1; then echo "$found"; return; fi
+  for found in $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}/versions/$version".* 2>/dev/null | sort -V -r); do
+    [ -x "$found/bin/python$version" ] && { echo "$found/bin/python$version"; return; }
+  done
+  return 1
+}
+for version in $pythons; do
+  interpreter="$(find_python "$version")" ||
+    { echo "--pythons: no Python $version (neither python$version on PATH nor under pyenv's versions)" >&2; exit 1; }
+  start=$(date +%s)
+  tools/build_wheel.sh --python "$interpreter" --variant cpu --glibc 2.28 --out "$tmp/wheelhouse-py$version"
+  echo "CPU wheel (zig, glibc 2.28) for Python $version built and repaired in $(( $(date +%s) - start )) s"
+  wheel="$(ls "$tmp/wheelhouse-py$version"/singa_lite-*.whl)"
+  check_portable_tag "$wheel"
+  check_cpu_wheel "$wheel" "Python $version glibc 2.28" "v${version/./}" "$interpreter" smoke
+done
+
 echo ".ci/wheels.sh took $(( $(date +%s) - total_start )) s"

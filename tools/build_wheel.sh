@@ -73,7 +73,11 @@ trap 'rm -rf "$work"' EXIT
 # cached paths stay valid and a second run recompiles only what changed (isolation makes a new environment
 # each time, and scikit-build-core then starts the build folder afresh).
 tools="$root/build/wheel/venv-$pytag"
-[ -x "$tools/bin/python" ] || "$python" -m venv "$tools"
+if [ ! -x "$tools/bin/python" ]; then
+  "$python" -m venv "$tools"
+  # pip wheel -C (config settings) needs pip 23.1; the pip of an older CPython's venv may lack it.
+  "$tools/bin/python" -m pip install -q --disable-pip-version-check --upgrade "pip>=23.1"
+fi
 tools_py="$tools/bin/python"
 build_requires="$("$tools_py" -c '
 import ast, re, sys

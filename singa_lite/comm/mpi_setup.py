@@ -94,17 +94,34 @@ def _init_with_deadline(MPI, rc, timeout: float) -> None:
         worker.join(timeout)
         if worker.is_alive():
             rank, size = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "?")), mpiexec_ranks()
+            atexit.register(_exit_failed)
             raise CommError(
                 f"mpi start-up (MPI_Init) on rank {rank} of {size}: not finished after {timeout:g} s. MPI_Init "
                 f"waits for every rank of the job to start MPI, and at least one has not (stuck in its own code "
                 f"before dist.init(), or much slower to start); MPI_Init cannot tell which. Look at the other "
-                f"ranks' output, or raise the timeout (timeout= or SINGA_LITE_COMM_TIMEOUT). This rank ends "
-                f"with this error; mpiexec then ends the others")
+                f"ranks' output, or raise the timeout (timeout= or SINGA_LITE_COMM_TIMEOUT). MPI cannot be used "
+                f"by this rank any more: it exits with status 1 (caught or not), and mpiexec then ends the others")
         if result != [0]:  # an MPI error code (or the call raised on its thread: printed there)
             raise CommError(f"mpi start-up: MPI_Init_thread failed ({result[0] if result else 'no result'})")
     # mpi4py's default policy (rc.errors "exception"): MPI errors come back as MPI.Exception, not an abort.
     for comm in (MPI.COMM_SELF, MPI.COMM_WORLD):
         comm.Set_errhandler(MPI.ERRORS_RETURN)
+
+
+def _exit_failed() -> None:
+    """At exit after MPI_Init timed out: the rank ends with status 1 even when the script caught the error. MPI
+    cannot abort the job (not initialised), and mpiexec (Hydra) ends the other ranks when this one exits, but
+    reports the job by this rank's status: 0 would call a job successful whose other ranks it killed. (os._exit:
+    the exit handlers registered before this one do not run; the standard streams and logging are flushed.)"""
+    logging = sys.modules.get("logging")
+    if logging is not None:
+        logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    os._exit(1)
 
 
 def _loaded_mpi_library():

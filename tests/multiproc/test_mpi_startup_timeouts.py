@@ -41,8 +41,11 @@ def ended(proc, out, elapsed, pids, within):
     assert not survivors(pids, seconds=10), f"ranks left running\n{out}"
 
 
-def test_a_rank_that_never_starts_mpi_fails_the_others_in_mpi_init():
-    proc, out, elapsed, pids = run("never_starts_mpi")
+@pytest.mark.parametrize("caught", [False, True])
+def test_a_rank_that_never_starts_mpi_fails_the_others_in_mpi_init(caught):
+    # caught: the script catches the CommError and ends normally; the rank still exits 1 (else mpiexec, which ends
+    # the stuck rank, reported the job as successful: exit status 0)
+    proc, out, elapsed, pids = run("never_starts_mpi" + "_caught" * caught)
     said = raised(out)
     assert "0" in said and "1" not in said, out
     assert said["0"].startswith(f"mpi start-up (MPI_Init) on rank 0 of 2: not finished after {TIMEOUT} s"), said
@@ -50,9 +53,9 @@ def test_a_rank_that_never_starts_mpi_fails_the_others_in_mpi_init():
     ended(proc, out, elapsed, pids, TIMEOUT + SLACK)
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_a_rank_that_never_calls_init_is_named_by_the_others(n):
-    proc, out, elapsed, pids = run("never_inits", n)
+@pytest.mark.parametrize("n, caught", [(2, False), (3, False), (2, True)])
+def test_a_rank_that_never_calls_init_is_named_by_the_others(n, caught):
+    proc, out, elapsed, pids = run("never_inits" + "_caught" * caught, n)
     said = raised(out)
     others = [str(r) for r in range(n) if r != 1]
     assert sorted(said) == others, out

@@ -70,6 +70,15 @@ def test_a_rank_that_never_calls_init_is_named_by_the_others(n, caught):
     ended(proc, out, elapsed, pids, TIMEOUT + SLACK)
 
 
+def test_a_rank_stuck_in_another_collective_before_init_is_named():
+    # MPI's blocking collectives never pair with nonblocking ones (the setup's): rank 1's barrier cannot complete
+    # against rank 0's arrival all-gather, and rank 0 names rank 1 as never arrived
+    proc, out, elapsed, pids = run("in_other_collective")
+    said = raised(out)
+    assert list(said) == ["0"] and "rank 1 never arrived" in said["0"], out
+    ended(proc, out, elapsed, pids, TIMEOUT + SLACK)
+
+
 def test_exit_does_not_wait_forever_for_a_rank_that_never_closes():
     proc, out, elapsed, pids = run("never_closes")
     assert "END 0" in out and "END 1" not in out, out

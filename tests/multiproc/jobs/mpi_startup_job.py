@@ -22,6 +22,9 @@ def main(scenario: str) -> None:
     if scenario.startswith("never_inits") and RANK == LATE:  # MPI started (mpi4py imported), but no dist.init()
         from mpi4py import MPI  # noqa: F401
         time.sleep(3600)
+    if scenario == "in_other_collective" and RANK == LATE:  # a barrier on COMM_WORLD that no other rank calls
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Barrier()
 
     from singa_lite import dist
     from singa_lite.comm import CommError

@@ -14,7 +14,9 @@ nonblocking one and completed by polling ``Test`` (as ``MPI_Wait`` itself busy-p
 timeout; on expiry the ranks that had not entered the operation are read from an "arrival board" (a
 one-sided MPI window holding each rank's operation count) and named in the ``CommError``. A communicator
 that timed out is broken: at interpreter exit it aborts the MPI job (``MPI_Abort``), as ``MPI_Finalize``
-would otherwise wait forever for the stuck operation.
+would otherwise wait forever for the stuck operation. Making the communicator (mpi_setup.py: MPI_Init, every
+rank's arrival, Idup) and closing it (every rank's end on the arrival board before the collective MPI_Win_free,
+see _wait_for_every_close) are bounded by the same timeout: a rank that never comes fails the others there too.
 """
 from __future__ import annotations
 

@@ -29,6 +29,9 @@ def _preload_openblas() -> str:
     return path
 
 
+from ._threads import preset_numpy_blas  # noqa: E402
+
+preset_numpy_blas()  # first: nothing below may import numpy before it
 _OPENBLAS = _preload_openblas()
 
 from . import _core  # noqa: E402

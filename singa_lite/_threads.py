@@ -20,6 +20,10 @@ a single thread (csrc/cpu/matmul.cpp). Two things follow.
    start again on the next threaded call, with the new timeout. Thread counts are not changed.
    ``SINGA_LITE_NUMPY_BLAS=keep`` leaves numpy's OpenBLAS as it is. Other BLAS libraries (MKL, an OpenMP
    build of OpenBLAS) are left alone.
+   When singa_lite is imported before numpy, the variable is simply set before numpy's OpenBLAS loads
+   (``preset_numpy_blas``), which works with every OpenBLAS: numpy 2.5's (OpenBLAS 0.3.34 of scipy-openblas64)
+   no longer exports ``openblas_read_env`` / ``blas_thread_shutdown_``, so with numpy 2.5 imported first
+   its threads keep their default timeout (import singa_lite first, or set ``OPENBLAS_THREAD_TIMEOUT=4``).
 """
 from __future__ import annotations
 
@@ -44,6 +48,15 @@ def single_threaded_openblas_load():
             os.environ.pop("OPENBLAS_NUM_THREADS", None)
         else:
             os.environ["OPENBLAS_NUM_THREADS"] = saved
+
+
+def preset_numpy_blas() -> None:
+    """Before numpy is imported: its OpenBLAS will read OPENBLAS_THREAD_TIMEOUT when it loads (the default 4
+    unless the user set one; nothing with SINGA_LITE_NUMPY_BLAS=keep). Does nothing once numpy is loaded."""
+    import sys
+
+    if "numpy" not in sys.modules and os.environ.get(SWITCH_VAR) != "keep":
+        os.environ.setdefault(SPIN_VAR, SPIN_DEFAULT)
 
 
 def loaded_openblas(exclude: str) -> list:

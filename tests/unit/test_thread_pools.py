@@ -68,9 +68,20 @@ def test_a_users_thread_count_is_kept_for_numpy():
     assert got["env_threads"] == "1" and got["numpy"] == [1] * len(got["numpy"]) and got["ours"] == 1, got
 
 
+def numpy_blas_calmable(got) -> bool:
+    """Whether numpy's OpenBLAS can re-read its environment once loaded (numpy 2.5's OpenBLAS 0.3.34 cannot)."""
+    import ctypes
+
+    return all(hasattr(ctypes.CDLL(p), "openblas_read_env") and hasattr(ctypes.CDLL(p), "blas_thread_shutdown_")
+               for p in got["numpy_libs"])
+
+
 @pytest.mark.parametrize("first", ["numpy", "singa"])
 def test_numpys_idle_blas_threads_stop_spinning_unless_kept(first):
-    numpy_has_openblas()
+    got = numpy_has_openblas()
+    if first == "numpy" and not numpy_blas_calmable(got):
+        pytest.skip(f"numpy's OpenBLAS ({got['numpy_libs']}) exports no openblas_read_env / blas_thread_shutdown_: "
+                    f"once loaded it keeps its timeout (singa_lite/_threads.py)")
     assert probe(first)["env_timeout"] == "4"
     assert probe(first, OPENBLAS_THREAD_TIMEOUT="10")["env_timeout"] == "10"  # the user's choice stands
     kept = probe(first, SINGA_LITE_NUMPY_BLAS="keep")
@@ -78,7 +89,8 @@ def test_numpys_idle_blas_threads_stop_spinning_unless_kept(first):
 
 
 def test_calm_numpy_blas_again_in_this_process(monkeypatch):
-    numpy_has_openblas()
+    if not numpy_blas_calmable(numpy_has_openblas()):
+        pytest.skip("numpy's OpenBLAS cannot re-read its environment once loaded (numpy 2.5)")
     import numpy as np
 
     import singa_lite

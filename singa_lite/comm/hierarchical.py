@@ -9,7 +9,10 @@ A flat all-reduce over P ranks on H hosts may send a full copy of the data acros
 cyclically over the hosts); on a slow link the ranks of one host share that link and take turns on it. Here
 each all-reduce of floats is done in three steps instead, in one of two forms:
 
-* **sharded** (every host runs the same number L of ranks, the usual case):
+* **leader** (the default): reduce to the host's local rank 0 over shm, all-reduce between these leaders,
+  broadcast from the leader within the host.
+
+* **sharded** (every host must run the same number L of ranks):
 
   1. reduce-scatter within the host over the shm backend (``intra``): local rank j holds the host's sum of
      shard j (1/L of the data);
@@ -17,14 +20,13 @@ each all-reduce of floats is done in three steps instead, in one of two forms:
      rank, over the world's backend): L exchanges of 1/L of the data each, in parallel;
   3. all-gather of the shards within the host over shm.
 
-* **leader** (hosts with different numbers of ranks): reduce to the host's local rank 0 over shm, all-reduce
-  between these leaders, broadcast from the leader within the host.
-
-Either way each host sends one copy of the data across hosts, the least an all-reduce can; the sharded form
-also splits the shared-memory work and the link over all the host's ranks instead of funnelling it through
-one. The result is the same as the flat all-reduce up to the order of the floating-point sum (the test checks
-both) and the same bits on every rank. Every other collective, and all-reduce of integers, goes to the flat
-world communicator unchanged: they are metadata, not gradient traffic.
+Either way each host sends one copy of the data across hosts, the least an all-reduce can. The sharded form
+splits the shared-memory work and the link over all the host's ranks instead of funnelling it through one; on
+2 simulated hosts x 2 ranks of a 2-core machine the leader form was as fast or faster in most cases
+(docs/benchmarks/communication.md), hence the default. The result is the same as the flat all-reduce up to
+the order of the floating-point sum (the test checks both) and the same bits on every rank. Every other
+collective, and all-reduce of integers, goes to the flat world communicator unchanged: they are metadata,
+not gradient traffic.
 
 Ranks are grouped into hosts by their host names (exchanged once, at creation), which must agree with the
 world communicator's local ranks. The cross-host communicators are made from the world's (``split``: an MPI
@@ -160,15 +162,15 @@ class HierarchicalCommunicator(Communicator):
             c.close()
 
 
-FORMS = ("auto", "sharded", "leader")
+FORMS = ("leader", "sharded")
 
 
-def create(world: Communicator, form: str = "auto") -> Communicator:
+def create(world: Communicator, form: str = "leader") -> Communicator:
     """The hierarchical form of `world` (collective: every rank calls it). `world` comes back unchanged
     where there is nothing to gain: a job on one host (the shm backend, or mpi / tcp with one host), and the
     nccl backend, whose rings and trees already keep traffic within a host where they can.
-    form: "sharded" or "leader" (see the module docstring); "auto": sharded when every host runs the same
-    number of ranks, else leader (sharded needs that; asked for otherwise it raises ValueError)."""
+    form: "leader" or "sharded" (see the module docstring; sharded needs the same number of ranks on every
+    host, else ValueError)."""
     if form not in FORMS:
         raise ValueError(f"hierarchical.create: form must be one of {', '.join(FORMS)}, got {form!r}")
     if isinstance(world, HierarchicalCommunicator):
@@ -201,8 +203,8 @@ def create(world: Communicator, form: str = "auto") -> Communicator:
         intra.close()
         raise ValueError(f"hierarchical.create: form 'sharded' needs the same number of ranks on every host; these "
                          f"hosts run {', '.join(str(sum(1 for e in every if e['host'] == h)) for h in hosts)} "
-                         f"ranks: use form 'leader' or 'auto'")
-    if form != "leader" and len(sizes) == 1:  # one cross-host communicator per local rank
+                         f"ranks: use form 'leader'")
+    if form == "sharded":  # one cross-host communicator per local rank
         peers = [world.split(world.local_rank == j) for j in range(world.local_size)]
         return HierarchicalCommunicator(world, intra, peers[world.local_rank], len(hosts), sharded=True)
     inter = world.split(world.local_rank == 0)  # the leaders

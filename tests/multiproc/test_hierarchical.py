@@ -27,7 +27,7 @@ def test_one_host_and_nccl_are_left_flat_and_bad_input_is_named():
             opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, hierarchical="yes")
         with pytest.raises(TypeError, match="expected a Communicator"):
             hierarchical.create(object())
-        with pytest.raises(ValueError, match="form must be one of auto, sharded, leader, got 'ring'"):
+        with pytest.raises(ValueError, match="form must be one of leader, sharded, got 'ring'"):
             hierarchical.create(comm, form="ring")
     finally:
         comm.close()

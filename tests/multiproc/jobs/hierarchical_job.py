@@ -2,10 +2,10 @@
 (tests/multiproc/test_hierarchical.py) ranks 0-1 and 2-3 play two hosts (the shm communicator of each pair;
 across the "hosts" ranks 0-2 and 1-3 in the sharded form, the leaders 0 and 2 in the leader form), so the three
 steps of both forms run as on two hosts, and create() must leave the job flat. With the argument ``hosts``
-(tests/multihost, 2 simulated hosts x 2 ranks) create() makes the sharded form from the real hosts. Either way
+(tests/multihost, 2 simulated hosts x 2 ranks) create() makes both forms from the real hosts. Either way
 every collective matches what the flat mpi backend gives and DistOpt trains as on one process. With ``uneven``
-(3 ranks on the 2 simulated hosts: 2 and 1) create() makes the leader form. A second argument names the world's
-backend (default mpi; ``auto`` under singa-run gives tcp). Prints ``OK rank r``."""
+(3 ranks on the 2 simulated hosts: 2 and 1) create() makes the leader form and refuses the sharded one. A
+second argument names the world's backend (default mpi; ``auto`` under singa-run gives tcp). Prints ``OK rank r``."""
 import os
 import sys
 
@@ -49,10 +49,13 @@ def main(mode: str, backend: str = "mpi"):
         check(world, comm)
         return
     assert world.world_size % PER_HOST == 0, world.world_size
-    if mode == "hosts":  # several hosts with as many ranks each: made from their names, sharded
-        comm = hierarchical.create(world)
+    if mode == "hosts":  # several hosts with as many ranks each: both forms made from their names
+        comm = hierarchical.create(world, "sharded")
         assert isinstance(comm, hierarchical.HierarchicalCommunicator) and comm.hosts == 2 and comm.sharded, comm
         assert comm.intra.world_size == world.local_size and comm.inter.world_size == 2, comm
+        check(world, comm, last=False)
+        comm = hierarchical.create(world)  # the default form
+        assert comm.hosts == 2 and not comm.sharded and (comm.inter is not None) == (world.local_rank == 0), comm
         check(world, comm)
         return
     # one host: nothing to gain, the world comes back as it is

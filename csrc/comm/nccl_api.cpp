@@ -21,11 +21,11 @@ namespace {
 // ---------------------------------------------------------------- loading
 const char* install_hint() {
 #if defined(CUDART_VERSION) && CUDART_VERSION >= 13000
-  return "install it with: pip install 'singa_lite[cuda13]' (the nvidia-nccl-cu13 wheel), or put libnccl.so.2 "
-         "on LD_LIBRARY_PATH";
+  return "install it with: pip install nvidia-nccl-cu13 (what the singa-lite-cuda13x wheel and a clone's "
+         "'.[cuda13]' extra pull in), or put libnccl.so.2 on LD_LIBRARY_PATH";
 #else
-  return "install it with: pip install 'singa_lite[cuda12]' (the nvidia-nccl-cu12 wheel), or put libnccl.so.2 "
-         "on LD_LIBRARY_PATH";
+  return "install it with: pip install nvidia-nccl-cu12 (what the singa-lite-cuda12x wheel and a clone's "
+         "'.[cuda12]' extra pull in), or put libnccl.so.2 on LD_LIBRARY_PATH";
 #endif
 }
 

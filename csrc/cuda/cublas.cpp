@@ -22,9 +22,9 @@ std::string lt_soname() { return str("libcublasLt.so.", kCudaMajor); }
 
 std::string install_hint() {
   if (kCudaMajor == 13 || kCudaMajor == 12)
-    return str("install it with: pip install 'singa_lite[cuda", kCudaMajor, "]' (the nvidia-cublas",
-               kCudaMajor == 12 ? "-cu12" : "", " wheel), or put the lib folder of a CUDA ", kCudaMajor,
-               ".x toolkit on LD_LIBRARY_PATH");
+    return str("install it with: pip install nvidia-cublas", kCudaMajor == 12 ? "-cu12" : "",
+               " (what the singa-lite-cuda", kCudaMajor, "x wheel and a clone's '.[cuda", kCudaMajor,
+               "]' extra pull in), or put the lib folder of a CUDA ", kCudaMajor, ".x toolkit on LD_LIBRARY_PATH");
   return str("install cuBLAS for CUDA ", kCudaMajor, ".x and put its lib folder on LD_LIBRARY_PATH");
 }
 

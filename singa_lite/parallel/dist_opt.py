@@ -51,19 +51,19 @@ import math
 import numbers
 import os
 import sys
-import time
 import warnings
 
 import numpy as np
 
-from .. import _core, autograd, tensor, timeline
+from .. import _core, autograd, tensor
 from ..opt import SGD, Optimizer
-from ..raw import to_host, zeros
+from ..raw import from_host, to_host, zeros
 from ..tensor import Tensor
 from . import buffers, replicas
 from .accumulate import Accumulator, check_passes
 from ..comm.communicator import raw_tensor
 from .join import Join
+from .pending import PendingStep
 from . import fusion
 from .fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD, Fuser, check_first_bucket, check_threshold
 
@@ -77,12 +77,6 @@ def _raw(t, what: str) -> CTensor:
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _CPU = _core.Device("cpu")
-
-
-def _on(device, a: np.ndarray) -> CTensor:
-    """A tensor on `device` holding numpy array a."""
-    t = CTensor.from_buffer(np.ascontiguousarray(a))
-    return t if device.is_cpu() else t.to(device)
 
 
 def _user_stacklevel() -> int:
@@ -602,10 +596,9 @@ class DistOpt:
         all-reduce of the ranks' verdicts), so ranks never diverge on skipping a step. regions: the averaged
         gradients (the same on every rank), or with `local` each rank's own gradients (partial and sparse
         updates, checked before anything changes; the verdicts then name the ranks)."""
-        where = regions[0].device if regions else _CPU  # the communicator's kind of memory (NCCL: the GPU)
         verdicts = np.zeros(self.world_size if local else 1, np.int32)
         verdicts[self.global_rank if local else 0] = 0 if all(_all_finite(r) for r in regions) else 1
-        bad = _on(where, verdicts)
+        bad = from_host(verdicts, self._vote_device(regions))
         self.communicator.all_reduce(bad, "max")
         bad = to_host(bad)
         if not bad.any():
@@ -623,6 +616,16 @@ class DistOpt:
             warnings.warn(f"DistOpt: inf or nan in {what}: step skipped on every rank ({self.skipped_steps} so "
                           f"far)", RuntimeWarning, stacklevel=_user_stacklevel())
         return False
+
+    def _abstain(self, regions) -> None:
+        """This rank's part in the finiteness vote of _finite_everywhere when it has nothing to vote on (a step
+        discarded inside join(), whose ranks out of data still vote): a verdict of "finite"."""
+        self.communicator.all_reduce(from_host(np.zeros(1, np.int32), self._vote_device(regions)), "max")
+
+    @staticmethod
+    def _vote_device(regions):
+        """Where a vote lives: the communicator's kind of memory, that of the gradients (NCCL: the GPU)."""
+        return regions[0].device if regions else _CPU
 
     def _first_step(self, triples, force: bool = False) -> None:
         """Once: compare the ranks' models, then give every rank rank 0's parameter values."""
@@ -703,7 +706,7 @@ class DistOpt:
         pairs are all-gathered (indices as int32 when they fit), then added in rank order, so every rank
         gets the same result."""
         comm = self.communicator
-        counts = to_host(comm.all_gather(_on(where, np.array([idx.numel], np.int64))))[:, 0]
+        counts = to_host(comm.all_gather(from_host(np.array([idx.numel], np.int64), where)))[:, 0]
         width = max(int(counts.max()), 1)
         wire = tensor.int32 if n < 2 ** 31 else tensor.int64
         my_idx, my_val = zeros([width], wire, where), zeros([width], dtype, where)
@@ -718,134 +721,6 @@ class DistOpt:
                 rank_idx = all_idx.select(0, r).slice(0, 0, c, 1).cast(tensor.int64)
                 _core.index_add_(dense, rank_idx, all_val.select(0, r).slice(0, 0, c, 1))
         return dense
-
-
-class PendingStep:
-    """A fused step between its two phases: what ``DistOpt.backward(loss)`` returns.
-
-    The backward pass is over and its gradients' all-reduce is under way. ``synchronize()`` waits for it and
-    returns the averaged gradients; ``finish()`` applies them (synchronizing first when that was not done);
-    ``discard()`` completes the exchange and drops them. Every rank must make the same calls in the same
-    order: synchronize() ends with a collective vote on whether the averaged gradients are finite.
-
-    A pass of gradient accumulation that exchanges nothing (``accumulating``; fuser None) gives no pairs:
-    finish() adds its gradients to this rank's sums, discard() drops them.
-    """
-
-    def __init__(self, dist_opt: DistOpt, fuser: Fuser, triples: list, scale: float | None = None,
-                 joined: bool = False):
-        self._dist, self._fuser, self._triples = dist_opt, fuser, triples
-        self._scale = scale  # join(): world size / ranks that contributed (None: the plain average)
-        self._joined = joined  # made inside join(): a rank out of data takes part in the finiteness vote
-        self._state = "exchanging"  # -> "synchronized" -> "finished"; or -> "discarded"
-        self._finite = None
-
-    def __repr__(self):
-        what = ", accumulating" if self.accumulating else ""
-        return f"PendingStep({len(self._triples)} gradients, {self._state}{what})"
-
-    @property
-    def accumulating(self) -> bool:
-        """Whether this pass only accumulates its gradients on this rank (no exchange, no update)."""
-        return self._fuser is None
-
-    @property
-    def state(self) -> str:
-        """"exchanging", "synchronized", "finished" or "discarded"."""
-        return self._state
-
-    @property
-    def skipped(self) -> bool | None:
-        """After synchronize(): whether the step is skipped because an averaged gradient is not finite
-        (on_nonfinite="skip"; the same answer on every rank). None before."""
-        return None if self._finite is None else not self._finite
-
-    def synchronize(self) -> list:
-        """Waits for the exchange; returns the averaged gradients as ``(param, grad)`` pairs in backward
-        order (the same values on every rank). The grads are the tensors finish() applies: change them in
-        place (``grad.data``, or tensor methods that write into it) to change the update. Whether the step
-        is skipped for a non-finite average is decided here, from the gradients as exchanged (with
-        on_nonfinite="raise": FloatingPointError here, and the step is over). Calling it again returns the
-        same pairs."""
-        if self._state == "synchronized":
-            return self.gradients
-        self._require("exchanging", "synchronize")
-        if self.accumulating:
-            self._finite, self._state = True, "synchronized"
-            return []
-        try:
-            regions = self._fuser.finish()
-            if self._scale is not None:  # joined ranks sent zeros: the mean over the ranks that trained
-                for _, _, g in self._triples:
-                    _core.mul_scalar(g.data, self._scale, out=g.data)
-            self._finite = self._dist._finite_everywhere(regions)
-        except BaseException as e:
-            self._close("finished")  # the step cannot be applied; the DistOpt takes a new backward
-            # the ranks' buckets (or the finiteness vote behind them) differ: name the parameters
-            explained = self._fuser.explain(e, "DistOpt", self._dist._reference, [n for n, _, _ in self._triples])
-            if explained is e:
-                raise
-            raise explained from e
-        self._state = "synchronized"
-        return self.gradients
-
-    def clip_grad_norm(self, max_norm, norm_type=2.0) -> float:
-        """Scales the averaged gradients so that their global norm is at most max_norm (synchronizing first
-        when needed); returns the norm before clipping (the same on every rank: the averaged gradients are).
-        A pass that only accumulates has no gradients to clip: 0."""
-        from ..clip import clip_grad_norm
-
-        return clip_grad_norm(self.synchronize(), max_norm, norm_type)
-
-    @property
-    def gradients(self) -> list:
-        """The averaged ``(param, grad)`` pairs (after synchronize())."""
-        if self._state != "synchronized":
-            raise RuntimeError(f"PendingStep.gradients: not available while the step is {self._state}; the "
-                               f"averaged gradients exist between synchronize() and finish()")
-        return [] if self.accumulating else [(p, g) for _, p, g in self._triples]
-
-    def finish(self) -> None:
-        """Applies the averaged gradients with one update of the wrapped optimizer (synchronizing first when
-        synchronize() was not called), unless the step is skipped. The step is then over."""
-        if self._state == "exchanging":
-            self.synchronize()
-        self._require("synchronized", "finish")
-        try:
-            if self.accumulating:
-                self._dist._accum.add(self._triples)
-            elif self._finite:
-                t0 = time.perf_counter()
-                self._dist._apply(self._triples)
-                timeline.record("update", "update", t0, {"params": len(self._triples)})
-        finally:
-            self._close("finished")
-            timeline.step_end()
-
-    def discard(self) -> None:
-        """Drops the gradients; their exchange is completed first (the other ranks made it too), so the
-        ranks stay in step. Nothing is updated; nothing happens when the step is already over."""
-        if self._state not in ("exchanging", "synchronized"):
-            return
-        try:
-            if self._state == "exchanging" and not self.accumulating:
-                regions = self._fuser.finish()
-                if self._joined:  # ranks out of data answer the finiteness vote too: give ours
-                    where = regions[0].device if regions else _CPU
-                    self._dist.communicator.all_reduce(_on(where, np.zeros(1, np.int32)), "max")
-        finally:
-            self._close("discarded")
-            timeline.step_end()
-
-    def _require(self, state: str, what: str) -> None:
-        if self._state != state:
-            raise RuntimeError(f"PendingStep.{what}: the step is already {self._state}; each backward(loss) is "
-                               f"finished (or discarded) once, then the next backward starts a new step")
-
-    def _close(self, state: str) -> None:
-        self._state = state
-        if self._dist._pending is self:
-            self._dist._pending = None
 
 
 def _wire_dtype(half):

@@ -96,7 +96,7 @@ class Join:
     def _answer_until_all_left(self) -> None:
         """Each pass the others make: zeros into the same buckets, then the same update with the average
         they get (so this replica and its optimizer state stay the same as theirs), until all have left."""
-        from .dist_opt import PendingStep
+        from .pending import PendingStep
 
         d = self._dist
         if not d._accum.empty:

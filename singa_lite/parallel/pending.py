@@ -1,0 +1,142 @@
+"""The fused step between its two phases (``DistOpt.backward(loss)`` -> :class:`PendingStep`): waiting for the
+exchange, the averaged gradients, then the update or the discard. Split from dist_opt.py, which makes it; it
+calls back into its DistOpt for the finiteness vote, the update and the accumulation."""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from .. import _core, timeline
+
+if TYPE_CHECKING:
+    from .dist_opt import DistOpt
+    from .fusion import Fuser
+
+__all__ = ["PendingStep"]
+
+
+class PendingStep:
+    """A fused step between its two phases: what ``DistOpt.backward(loss)`` returns.
+
+    The backward pass is over and its gradients' all-reduce is under way. ``synchronize()`` waits for it and
+    returns the averaged gradients; ``finish()`` applies them (synchronizing first when that was not done);
+    ``discard()`` completes the exchange and drops them. Every rank must make the same calls in the same
+    order: synchronize() ends with a collective vote on whether the averaged gradients are finite.
+
+    A pass of gradient accumulation that exchanges nothing (``accumulating``; fuser None) gives no pairs:
+    finish() adds its gradients to this rank's sums, discard() drops them.
+    """
+
+    def __init__(self, dist_opt: DistOpt, fuser: Fuser | None, triples: list, scale: float | None = None,
+                 joined: bool = False):
+        self._dist, self._fuser, self._triples = dist_opt, fuser, triples
+        self._scale = scale  # join(): world size / ranks that contributed (None: the plain average)
+        self._joined = joined  # made inside join(): a rank out of data takes part in the finiteness vote
+        self._state = "exchanging"  # -> "synchronized" -> "finished"; or -> "discarded"
+        self._finite = None
+
+    def __repr__(self):
+        what = ", accumulating" if self.accumulating else ""
+        return f"PendingStep({len(self._triples)} gradients, {self._state}{what})"
+
+    @property
+    def accumulating(self) -> bool:
+        """Whether this pass only accumulates its gradients on this rank (no exchange, no update)."""
+        return self._fuser is None
+
+    @property
+    def state(self) -> str:
+        """"exchanging", "synchronized", "finished" or "discarded"."""
+        return self._state
+
+    @property
+    def skipped(self) -> bool | None:
+        """After synchronize(): whether the step is skipped because an averaged gradient is not finite
+        (on_nonfinite="skip"; the same answer on every rank). None before."""
+        return None if self._finite is None else not self._finite
+
+    def synchronize(self) -> list:
+        """Waits for the exchange; returns the averaged gradients as ``(param, grad)`` pairs in backward
+        order (the same values on every rank). The grads are the tensors finish() applies: change them in
+        place (``grad.data``, or tensor methods that write into it) to change the update. Whether the step
+        is skipped for a non-finite average is decided here, from the gradients as exchanged (with
+        on_nonfinite="raise": FloatingPointError here, and the step is over). Calling it again returns the
+        same pairs."""
+        if self._state == "synchronized":
+            return self.gradients
+        self._require("exchanging", "synchronize")
+        if self.accumulating:
+            self._finite, self._state = True, "synchronized"
+            return []
+        try:
+            regions = self._fuser.finish()
+            if self._scale is not None:  # joined ranks sent zeros: the mean over the ranks that trained
+                for _, _, g in self._triples:
+                    _core.mul_scalar(g.data, self._scale, out=g.data)
+            self._finite = self._dist._finite_everywhere(regions)
+        except BaseException as e:
+            self._close("finished")  # the step cannot be applied; the DistOpt takes a new backward
+            # the ranks' buckets (or the finiteness vote behind them) differ: name the parameters
+            explained = self._fuser.explain(e, "DistOpt", self._dist._reference, [n for n, _, _ in self._triples])
+            if explained is e:
+                raise
+            raise explained from e
+        self._state = "synchronized"
+        return self.gradients
+
+    def clip_grad_norm(self, max_norm, norm_type=2.0) -> float:
+        """Scales the averaged gradients so that their global norm is at most max_norm (synchronizing first
+        when needed); returns the norm before clipping (the same on every rank: the averaged gradients are).
+        A pass that only accumulates has no gradients to clip: 0."""
+        from ..clip import clip_grad_norm
+
+        return clip_grad_norm(self.synchronize(), max_norm, norm_type)
+
+    @property
+    def gradients(self) -> list:
+        """The averaged ``(param, grad)`` pairs (after synchronize())."""
+        if self._state != "synchronized":
+            raise RuntimeError(f"PendingStep.gradients: not available while the step is {self._state}; the "
+                               f"averaged gradients exist between synchronize() and finish()")
+        return [] if self.accumulating else [(p, g) for _, p, g in self._triples]
+
+    def finish(self) -> None:
+        """Applies the averaged gradients with one update of the wrapped optimizer (synchronizing first when
+        synchronize() was not called), unless the step is skipped. The step is then over."""
+        if self._state == "exchanging":
+            self.synchronize()
+        self._require("synchronized", "finish")
+        try:
+            if self.accumulating:
+                self._dist._accum.add(self._triples)
+            elif self._finite:
+                t0 = time.perf_counter()
+                self._dist._apply(self._triples)
+                timeline.record("update", "update", t0, {"params": len(self._triples)})
+        finally:
+            self._close("finished")
+            timeline.step_end()
+
+    def discard(self) -> None:
+        """Drops the gradients; their exchange is completed first (the other ranks made it too), so the
+        ranks stay in step. Nothing is updated; nothing happens when the step is already over."""
+        if self._state not in ("exchanging", "synchronized"):
+            return
+        try:
+            if self._state == "exchanging" and not self.accumulating:
+                regions = self._fuser.finish()
+                if self._joined:  # ranks out of data answer the finiteness vote too: give ours
+                    self._dist._abstain(regions)
+        finally:
+            self._close("discarded")
+            timeline.step_end()
+
+    def _require(self, state: str, what: str) -> None:
+        if self._state != state:
+            raise RuntimeError(f"PendingStep.{what}: the step is already {self._state}; each backward(loss) is "
+                               f"finished (or discarded) once, then the next backward starts a new step")
+
+    def _close(self, state: str) -> None:
+        self._state = state
+        if self._dist._pending is self:
+            self._dist._pending = None

@@ -35,7 +35,7 @@ from . import watch
 from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator, _check_timeout
 # Start-up, setup and abort helpers (mpi_setup.py); the names that other modules import from here stay here too.
 from .mpi_setup import (ABORT_EXIT_S, ABORT_GRACE_S, MPI_LAUNCH_VARS, abort_at_exit, abort_job,  # noqa: F401
-                        await_setup, import_mpi, join, launched_by_mpiexec, mpiexec_ranks)
+                        await_setup, import_mpi, join, launched_by_mpiexec, mpiexec_ranks, poll)
 from ..tensor import Tensor
 
 # After a mismatch was found, how long to wait for the mismatched data collectives to end (they were started
@@ -493,15 +493,10 @@ class MpiCommunicator(Communicator):
 
     def _drain(self, request) -> bool:
         """Whether a (mismatched) request ended within MISMATCH_DRAIN_S; MPI's own errors count as ended."""
-        end = time.monotonic() + MISMATCH_DRAIN_S
-        while time.monotonic() < end:
-            try:
-                if request.Test():
-                    return True
-            except self._MPI.Exception:  # e.g. a truncated message: the collective is over
-                return True
-            time.sleep(1e-4)
-        return False
+        try:
+            return poll(request, MISMATCH_DRAIN_S)
+        except self._MPI.Exception:  # e.g. a truncated message: the collective is over
+            return True
 
     def _wait(self, name: str, settled, block) -> None:
         """Waits until settled() (which Tests MPI requests) is true, at most the timeout. Polls continuously

@@ -10,6 +10,7 @@
 #endif
 
 #include "core/errors.h"
+#include "cpu/isa.h"
 
 namespace sl::comm {
 
@@ -118,7 +119,7 @@ struct HalfConverters {
   void (*to_half)(const float*, half*, int64_t) = floats_to_halves_sw;
   HalfConverters() {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx")) {
+    if (cpu::has_f16c()) {  // CPUID itself: __builtin_cpu_supports reads nothing in the portable (zig) build
       to_float = halves_to_floats_f16c;
       to_half = floats_to_halves_f16c;
     }

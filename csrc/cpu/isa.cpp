@@ -16,6 +16,16 @@ namespace {
 void cpuid(uint32_t leaf, uint32_t sub, uint32_t r[4]) {
   __asm__ volatile("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(sub));
 }
+
+// XCR0 when the CPU has AVX and the OS saves its registers on a context switch (bits 1-2: SSE, AVX; 5-7:
+// AVX-512), else 0. ecx1: CPUID leaf 1's ECX.
+uint32_t avx_xcr0(uint32_t ecx1) {
+  const bool osxsave = (ecx1 >> 27) & 1, avx = (ecx1 >> 28) & 1;
+  if (!osxsave || !avx) return 0;
+  uint32_t xcr0_lo, xcr0_hi;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  return (xcr0_lo & 0x6) == 0x6 ? xcr0_lo : 0;
+}
 #endif
 
 Isa detect() {
@@ -25,12 +35,8 @@ Isa detect() {
   const uint32_t max_leaf = r[0];
   if (max_leaf < 7) return Isa::kBaseline;
   cpuid(1, 0, r);
-  const bool osxsave = (r[2] >> 27) & 1, avx = (r[2] >> 28) & 1;
-  if (!osxsave || !avx) return Isa::kBaseline;
-  // The OS must save the wider registers on a context switch: XCR0 bits 1-2 (SSE, AVX), 5-7 (AVX-512).
-  uint32_t xcr0_lo, xcr0_hi;
-  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  if ((xcr0_lo & 0x6) != 0x6) return Isa::kBaseline;
+  const uint32_t xcr0_lo = avx_xcr0(r[2]);
+  if (xcr0_lo == 0) return Isa::kBaseline;
   cpuid(7, 0, r);
   const uint32_t ebx = r[1];
   const bool avx2 = (ebx >> 5) & 1;
@@ -75,6 +81,19 @@ const char* isa_name(Isa level) {
 }
 
 Isa best_isa() { return kBest; }
+
+bool has_f16c() {
+#ifdef SL_MULTI_ISA
+  static const bool yes = [] {
+    uint32_t r[4];
+    cpuid(1, 0, r);
+    return ((r[2] >> 29) & 1) && avx_xcr0(r[2]) != 0;
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
 Isa active_isa() { return isa_detail::active; }
 
 void set_isa(const std::string& name) { isa_detail::active = parse(name, str("set_isa('", name, "')")); }

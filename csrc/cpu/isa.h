@@ -29,6 +29,8 @@ enum class Isa : int { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
 const char* isa_name(Isa level);
 // The highest level this CPU supports (baseline on non-x86 builds).
 Isa best_isa();
+// F16C (with AVX usable): the half <-> float conversions of the shm backend's float16 reductions.
+bool has_f16c();
 // The level the kernels use now: best_isa() unless lowered by set_isa.
 Isa active_isa();
 // Chooses the level by name ("baseline", "avx2", "avx512", or "best"). Throws ValueError, saying what is

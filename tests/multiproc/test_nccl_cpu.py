@@ -59,7 +59,7 @@ def test_loader_error_names_the_wheel_to_install():
     if nccl.available():
         pytest.skip("NCCL loads on this machine")
     reason = _core.nccl_unavailable_reason()
-    assert "pip install 'singa_lite[cuda1" in reason and "libnccl.so.2" in reason
+    assert "pip install nvidia-nccl-cu1" in reason and "libnccl.so.2" in reason
     with pytest.raises(dist.CommError, match="needs the NCCL library"):
         nccl.version()
 

@@ -41,7 +41,7 @@ def test_init_without_what_nccl_needs_says_what_is_missing():
     elif _core.cuda_device_count() == 0:
         assert "needs a GPU" in problem
     else:
-        assert "pip install 'singa_lite[cuda1" in problem and "libnccl.so.2" in problem
+        assert "pip install nvidia-nccl-cu1" in problem and "libnccl.so.2" in problem
     with pytest.raises(dist.CommError) as e:
         dist.init(backend="nccl")
     assert str(e.value) == problem

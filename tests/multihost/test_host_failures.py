@@ -28,6 +28,9 @@ TIMEOUT_S = 5  # the ranks' SINGA_LITE_COMM_TIMEOUT
 # busy 2-core machine:
 ENDED_BY_S = TIMEOUT_S + 3 + 5 + 7
 START_LIMIT_S = 60.0
+# singa-run tags each line with its rank: whole lines, so two ranks failing at once cannot interleave mid-line
+# (with --no-prefix their tracebacks did, and a message split in two was not found). mpiexec adds no tag.
+RANK_TAG = r"(?:\[rank \d+\] )?"
 
 
 def start(cluster, tmp_path, launcher="mpiexec"):
@@ -40,7 +43,7 @@ def start(cluster, tmp_path, launcher="mpiexec"):
     else:
         command = ["ip", "netns", "exec", cluster.ns("launcher"), sim_hosts.WRAPPER, "--here", "launcher",
                    sys.executable, "-m", "singa_lite.run", "--hostfile", hostfile, "--launcher-exec",
-                   sim_hosts.WRAPPER, "--master-addr", cluster.address["h0"], "--no-prefix", JOB]
+                   sim_hosts.WRAPPER, "--master-addr", cluster.address["h0"], JOB]
     proc = cluster.popen(command, env=env)
     out = []
     deadline = time.monotonic() + START_LIMIT_S
@@ -56,7 +59,7 @@ def start(cluster, tmp_path, launcher="mpiexec"):
         else:
             time.sleep(0.01)
     os.set_blocking(proc.stdout.fileno(), True)
-    pids = {int(p): host for p, host in re.findall(r"^pid (\d+) host (\w+)$", "".join(out), re.M)}
+    pids = {int(p): host for p, host in re.findall(rf"^{RANK_TAG}pid (\d+) host (\w+)$", "".join(out), re.M)}
     assert sorted(pids.values()) == ["h0", "h0", "h1", "h1"], out
     return proc, out, pids
 
@@ -85,7 +88,7 @@ def left_running(cluster, seconds: float = 5.0) -> dict:
 
 
 def left_in_dev_shm(out) -> list:
-    return [s for s in set(re.findall(r"^shm (/dev/shm/\S+)$", out, re.M)) if os.path.exists(s)]
+    return [s for s in set(re.findall(rf"^{RANK_TAG}shm (/dev/shm/\S+)$", out, re.M)) if os.path.exists(s)]
 
 
 @pytest.mark.slow

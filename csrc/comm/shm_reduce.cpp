@@ -90,7 +90,8 @@ void fold(const char* const* srcs, int n, char* dst, int64_t count) {
 // Converting one half at a time in software costs ~3 ns, five times the rest of the fold: float16 (the
 // wire dtype of DistOpt's fp16 path) reduced slower than float32 of twice the bytes. So halves are
 // converted a block at a time, with the F16C instructions where the CPU has them (any x86-64 since
-// 2012, chosen at run time; the build targets baseline x86-64). Both conversions round to nearest even
+// 2012, chosen at run time; the build targets baseline x86-64; other architectures, e.g. the aarch64 wheel,
+// take the software path). Both conversions round to nearest even
 // exactly like the software ones, so results do not depend on the path.
 void halves_to_floats_sw(const half* s, float* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = half_bits_to_float(s[i].bits);

@@ -51,6 +51,15 @@ const Isa kBest = detect();
 
 constexpr const char* kAllowed = "baseline, avx2, avx512 or best";
 
+#ifndef SL_MULTI_ISA
+// The architecture this library was compiled for, for messages: the avx levels exist on x86-64 builds only.
+#if defined(__aarch64__)
+constexpr const char* kArch = "aarch64";  // its baseline is NEON (always present on ARMv8-A)
+#else
+constexpr const char* kArch = "a CPU other than x86-64";
+#endif
+#endif
+
 // `what` names the setting in messages, e.g. "SINGA_LITE_ISA='avx3'".
 Isa parse(const std::string& name, const std::string& what) {
   Isa level;
@@ -59,6 +68,13 @@ Isa parse(const std::string& name, const std::string& what) {
   else if (name == "avx512") level = Isa::kAvx512;
   else if (name == "best") level = kBest;
   else throw ValueError(str(what, " is not an instruction-set level: expected one of ", kAllowed, " (unset SINGA_LITE_ISA for the best this CPU has)"));
+#ifndef SL_MULTI_ISA
+  // Not "this CPU supports at most baseline": the CPU may well have AVX2 (an x86-64 build run elsewhere is
+  // another wheel), what matters is that this build has no x86 code at all.
+  if (level != Isa::kBaseline)
+    throw ValueError(str(what, ": '", isa_name(level), "' is an x86-64 level and this build of singa_lite is for ", kArch,
+                         ", whose kernels have one level, 'baseline'; choose baseline or best (or unset SINGA_LITE_ISA)"));
+#endif
   if (int(level) > int(kBest))
     throw ValueError(str(what, ": this CPU supports at most '", isa_name(kBest), "'; choose that or a lower level "
                          "(the levels, lowest first: baseline, avx2, avx512)"));

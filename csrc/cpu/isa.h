@@ -17,6 +17,9 @@
 // combined in a fixed order in the source, so a wider vector holds more of those lanes at once but performs
 // exactly the same operations. tests/unit/test_isa_dispatch.py compares the levels bit for bit.
 //
+// On other architectures (the aarch64 wheel) there is one level, baseline: the plain loops compiled for the
+// architecture's base vectors (NEON on aarch64, 128-bit like SSE2), and avx2 / avx512 are refused by name.
+//
 // SINGA_LITE_ISA=baseline|avx2|avx512 (read when singa_lite is imported) or _core.set_isa(name) lowers the
 // level, e.g. to compare results or speed; a level the CPU lacks cannot be chosen.
 #pragma once

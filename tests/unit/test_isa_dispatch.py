@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 
@@ -12,6 +13,8 @@ import pytest
 
 from singa_lite import _core
 
+# The avx levels exist in x86-64 builds only; elsewhere (the aarch64 wheel) baseline is the one level.
+X86 = platform.machine() in ("x86_64", "AMD64")
 LEVELS = ["baseline", "avx2", "avx512"]
 BEST = _core.build_info()["cpu_isa"]["best"]
 SUPPORTED = LEVELS[: LEVELS.index(BEST) + 1]
@@ -143,13 +146,26 @@ def test_unknown_level_in_set_isa_raises_value_error():
     assert _core.get_isa() == before
 
 
-@pytest.mark.skipif(BEST == "avx512", reason="this CPU supports every level")
+@pytest.mark.skipif(BEST == "avx512" or not X86, reason="this CPU supports every level (or is not x86-64)")
 def test_level_the_cpu_lacks_is_refused():
     higher = LEVELS[LEVELS.index(BEST) + 1]
     with pytest.raises(ValueError, match=f"this CPU supports at most '{BEST}'"):
         _core.set_isa(higher)
     proc = run_probe(higher, "import singa_lite")
     assert proc.returncode != 0 and f"this CPU supports at most '{BEST}'" in proc.stderr
+
+
+@pytest.mark.skipif(X86, reason="x86-64 builds have the avx levels")
+@pytest.mark.parametrize("level", ["avx2", "avx512"])
+def test_x86_level_is_refused_by_name_on_other_architectures(level):
+    # Not "this CPU supports at most baseline": the build, not the CPU, lacks the level.
+    want = f"'{level}' is an x86-64 level and this build of singa_lite is for {platform.machine()}"
+    before = _core.get_isa()
+    with pytest.raises(ValueError, match=want):
+        _core.set_isa(level)
+    assert _core.get_isa() == before == "baseline"
+    proc = run_probe(level, "import singa_lite")
+    assert proc.returncode != 0 and f"SINGA_LITE_ISA='{level}': {want}" in proc.stderr
 
 
 def test_empty_env_value_means_best():
@@ -161,6 +177,10 @@ def test_empty_env_value_means_best():
 def test_detected_level_matches_the_cpu_flags():
     # The detection reads CPUID itself; __builtin_cpu_supports read every level as baseline in the portable
     # (zig clang) wheel, whose runtime library never fills the table it reads.
+    if not X86:
+        # /proc/cpuinfo may be the x86 host's under emulation (qemu-user); the build has no avx code either way.
+        assert BEST == "baseline"
+        return
     try:
         flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
     except (OSError, StopIteration):

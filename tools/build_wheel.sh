@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds one binary wheel of singa_lite and repairs it into a manylinux wheel that pip installs without a compiler.
 #
-#   tools/build_wheel.sh [--python PYTHON] [--variant cpu|cuda12x|cuda13x] [--glibc native|X.Y] [--out DIR]
+#   tools/build_wheel.sh [--python PYTHON] [--variant cpu|cuda12x|cuda13x] [--glibc native|X.Y] [--arch ARCH] [--out DIR]
 #
 #   --python   the interpreter to build for (default: python3); one wheel per CPython version, e.g.
 #              for v in 3.10 3.12 3.13; do tools/build_wheel.sh --python ~/.pyenv/versions/$v.*/bin/python$v; done
@@ -18,6 +18,12 @@
 #              wheel, tools/zig-c++) against glibc X.Y's symbols, e.g. 2.28 for a manylinux_2_28 wheel that
 #              installs on Ubuntu 20.04+, RHEL 8+, Debian 10+, whatever glibc this machine has. OpenMP is then
 #              LLVM's libomp (from the `cmeel-libomp` wheel, bundled into the wheel by the repair).
+#   --arch     native (default) or aarch64: cross-compiles the cpu wheel for 64-bit ARM Linux on this x86-64 machine
+#              (needs --glibc X.Y: zig's clang with `-target aarch64-linux-gnu.X.Y`), against the aarch64 wheels of
+#              scipy-openblas32 and cmeel-libomp (downloaded with `pip download --platform`, unpacked into
+#              build/wheel/deps-aarch64), the extension named _core.cpython-3XX-aarch64-linux-gnu.so, the wheel tagged
+#              manylinux_X_Y_aarch64 by auditwheel (which reads foreign-architecture ELF files). It cannot be imported
+#              here: tools/aarch64_check.sh installs and tests it under qemu. Same CPython version as --python.
 #   --out      where the repaired wheel goes (default: dist/)
 #
 # Steps: pip wheel -> auditwheel repair. The repair copies libgomp (libomp with --glibc) into the wheel
@@ -33,6 +39,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 
 python=python3
 variant=cpu
+arch=native
 # The CPU wheel's toolchain when --glibc is not given: "native" = the system's g++, the wheel tagged for this
 # machine's glibc. Set it to 2.28 (one line) to make the portable zig build the default; `--glibc native` then
 # still gives the g++ wheel (.ci/wheels.sh asks for both explicitly).
@@ -44,9 +51,10 @@ while [ $# -gt 0 ]; do
     --python) python="$2"; shift 2 ;;
     --variant) variant="$2"; shift 2 ;;
     --glibc) glibc="$2"; shift 2 ;;
+    --arch) arch="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
-    *) echo "build_wheel.sh: unknown argument '$1' (expected --python, --variant, --glibc, --out; see --help)" >&2; exit 2 ;;
+    *) echo "build_wheel.sh: unknown argument '$1' (expected --python, --variant, --glibc, --arch, --out; see --help)" >&2; exit 2 ;;
   esac
 done
 case "$variant" in
@@ -59,6 +67,17 @@ if [ -n "$glibc" ]; then
   [[ "$glibc" =~ ^2\.[0-9]+$ ]] || { echo "build_wheel.sh: --glibc takes a glibc version like 2.28 (or native), got '$glibc'" >&2; exit 2; }
   # nvcc compiles host code with g++ only; the CUDA wheels keep the build machine's glibc.
   [ "$variant" = cpu ] || { echo "build_wheel.sh: --glibc works for --variant cpu only, not $variant" >&2; exit 2; }
+fi
+# The target architecture; cross = it is not this machine's (the only cross build: x86-64 -> aarch64, with zig).
+[ "$arch" = native ] && arch="$(uname -m)"
+cross=0
+if [ "$arch" != "$(uname -m)" ]; then
+  [ "$arch" = aarch64 ] && [ "$(uname -m)" = x86_64 ] ||
+    { echo "build_wheel.sh: --arch takes native or aarch64 (cross-compiled on x86_64), got '$arch' on $(uname -m)" >&2; exit 2; }
+  [ "$variant" = cpu ] && [ -n "$glibc" ] || {
+    echo "build_wheel.sh: --arch $arch cross-compiles with zig only: give --variant cpu and --glibc X.Y (e.g. --glibc 2.28)," \
+         "not --variant $variant --glibc ${glibc:-native}" >&2; exit 2; }
+  cross=1
 fi
 command -v "$python" >/dev/null || { echo "build_wheel.sh: no interpreter '$python' on PATH (give --python)" >&2; exit 2; }
 mkdir -p "$out"
@@ -114,8 +133,24 @@ if [ "$variant" = cpu ]; then
     fi
     export SINGA_LITE_ZIG="$zig_home/ziglang/zig"
     "$tools_py" -m pip install -q --disable-pip-version-check --only-binary :all: --no-deps "cmeel-libomp==21.1.8"
-    export SINGA_LITE_GLIBC="$glibc"
+    export SINGA_LITE_GLIBC="$glibc" SINGA_LITE_ARCH="$arch"
     omp="$("$tools_py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/cmeel.prefix"
+    if [ "$cross" = 1 ]; then
+      # The target's libomp and OpenBLAS: the same versions as the build machine's, from their aarch64 wheels
+      # (pip download picks by --platform; nothing is installed), unpacked once into deps-<arch>/<wheel name>.
+      deps="$root/build/wheel/deps-$arch"
+      openblas_version="$("$tools_py" -c 'import importlib.metadata as m; print(m.version("scipy-openblas32"))')"
+      mkdir -p "$deps/download"
+      "$tools_py" -m pip download -q --disable-pip-version-check --only-binary=:all: --no-deps \
+        --platform "manylinux2014_$arch" --platform "manylinux_2_28_$arch" -d "$deps/download" \
+        "scipy-openblas32==$openblas_version" "cmeel-libomp==21.1.8"
+      for dep_wheel in "$deps"/download/*.whl; do
+        unpacked="$deps/$(basename "$dep_wheel" .whl)"
+        [ -d "$unpacked" ] || { "$tools_py" -m zipfile -e "$dep_wheel" "$unpacked.tmp$$" && mv -T "$unpacked.tmp$$" "$unpacked"; }
+      done
+      omp="$(ls -d "$deps"/cmeel_libomp-21.1.8-*/cmeel.prefix | head -1)"
+      openblas_pkg="$(dirname "$(ls -d "$deps"/scipy_openblas32-"$openblas_version"-*/scipy_openblas32 | head -1)")"
+    fi
     [ -f "$omp/lib/libomp.so" ] && [ -f "$omp/include/omp.h" ] ||
       { echo "build_wheel.sh: cmeel-libomp installed no $omp/lib/libomp.so or $omp/include/omp.h" >&2; exit 1; }
     # Told, CMake's FindOpenMP takes these as they are instead of looking for the compiler's own runtime.
@@ -128,11 +163,38 @@ if [ "$variant" = cpu ]; then
       -C cmake.define.OpenMP_omp_LIBRARY="$omp/lib/libomp.so"
       -C cmake.define.CMAKE_MODULE_LINKER_FLAGS=-lrt
     )
+    if [ "$cross" = 1 ]; then
+      # CMake is told it cross-compiles (CMAKE_SYSTEM_NAME given => CMAKE_CROSSCOMPILING), CMakeLists.txt takes
+      # OpenBLAS from the target's scipy_openblas32. The extension's name: scikit-build-core takes the SOABI from
+      # SETUPTOOLS_EXT_SUFFIX (its documented cross-compile hook), pybind11 takes PYTHON_MODULE_EXTENSION as given
+      # (else it asks the running, x86-64, interpreter); the wheel's platform tag comes from _PYTHON_HOST_PLATFORM
+      # (scikit-build-core's wheel_tag.py). The C headers are the build interpreter's: the same CPython version,
+      # and its pyconfig.h describes an LP64 little-endian Linux like aarch64's.
+      ext_suffix="$("$tools_py" -c '
+import platform, sys, sysconfig
+host = f"-{platform.machine()}-linux-gnu"
+soabi = sysconfig.get_config_var("SOABI")
+assert soabi.endswith(host), f"unexpected SOABI {soabi!r} (expected it to end in {host!r})"
+print("." + soabi[: -len(host)] + f"-{sys.argv[1]}-linux-gnu.so")
+' "$arch")"
+      export SETUPTOOLS_EXT_SUFFIX="$ext_suffix" _PYTHON_HOST_PLATFORM="linux-$arch"
+      cmake_defines+=(
+        -C cmake.define.CMAKE_SYSTEM_NAME=Linux
+        -C cmake.define.CMAKE_SYSTEM_PROCESSOR="$arch"
+        -C cmake.define.PYTHON_MODULE_EXTENSION="$ext_suffix"
+        -C cmake.define.SINGA_LITE_OPENBLAS_PACKAGE_DIR="$openblas_pkg"
+      )
+    fi
     # auditwheel finds libomp.so there and copies it into the wheel; --plat fails the repair if the wheel
     # still needs a newer glibc symbol than X.Y.
     export LD_LIBRARY_PATH="$omp/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    repair_args=(--plat "manylinux_${glibc/./_}_$(uname -m)")
+    repair_args=(--plat "manylinux_${glibc/./_}_$arch")
+    # auditwheel reads and repairs a foreign-architecture wheel, but its --plat accepts only this machine's
+    # architecture's names (and auto): the cross build asks for the oldest tag its symbols allow and checks below
+    # that it is X.Y or older.
+    [ "$cross" = 0 ] || repair_args=(--plat auto)
     build_dir="$root/build/wheel/$variant-glibc$glibc-$pytag"
+    [ "$cross" = 0 ] || build_dir="$root/build/wheel/$variant-glibc$glibc-$arch-$pytag"
   fi
 else
   # nvcc's major version must match the wheel's name: the CUDA runtime is linked statically into _core.
@@ -187,12 +249,12 @@ if [ "${SINGA_LITE_CCACHE:-0}" = 1 ]; then
     cmake_defines+=(-C cmake.define.CMAKE_CUDA_COMPILER_LAUNCHER=ccache)
     export CCACHE_COMPILERCHECK=content
   elif [ -n "$glibc" ]; then
-    export CCACHE_COMPILERCHECK="string:zig-$("$SINGA_LITE_ZIG" version)-glibc$glibc-$(sha256sum "$root/tools/zig-c++" | cut -c1-16)"
+    export CCACHE_COMPILERCHECK="string:zig-$("$SINGA_LITE_ZIG" version)-$arch-glibc$glibc-$(sha256sum "$root/tools/zig-c++" | cut -c1-16)"
   fi
   ccache --zero-stats >/dev/null
 fi
 
-echo "== building the $variant wheel for $pytag ($("$python" -V 2>&1)), SINGA_LITE_CUDA=$SINGA_LITE_CUDA${glibc:+, glibc $glibc with zig}"
+echo "== building the $variant wheel for $pytag ($("$python" -V 2>&1)), SINGA_LITE_CUDA=$SINGA_LITE_CUDA${glibc:+, glibc $glibc with zig}, for $arch"
 start=$(date +%s)
 "$tools_py" -m pip wheel --no-deps --no-build-isolation --disable-pip-version-check -w "$work/raw" "$src" \
   -C build-dir="$build_dir" "${cmake_defines[@]}"
@@ -203,6 +265,13 @@ raw_wheel="$(ls "$work"/raw/*.whl)"
 "$tools/bin/auditwheel" show "$raw_wheel"
 "$tools/bin/auditwheel" repair "${repair_args[@]}" --exclude libscipy_openblas.so -w "$work/repaired" "$raw_wheel"
 wheel="$(ls "$work"/repaired/*.whl)"
+if [ -n "$glibc" ]; then
+  # The oldest glibc among the repaired wheel's tags must be X.Y or older (said for the cross build, which could
+  # not pass --plat; a check that holds for the native one).
+  oldest="$(basename "$wheel" | grep -o "manylinux_2_[0-9]*_$arch" | sed 's/manylinux_2_\([0-9]*\)_.*/\1/' | sort -n | head -1)"
+  [ -n "$oldest" ] && [ "$oldest" -le "${glibc#2.}" ] || {
+    echo "build_wheel.sh: $(basename "$wheel") is not tagged manylinux_${glibc/./_}_$arch or older" >&2; exit 1; }
+fi
 
 # The repaired wheel must not carry OpenBLAS (it comes from scipy-openblas32) nor a CUDA library (cudart is
 # static; cuBLAS, cuDNN and NCCL are opened at run time from NVIDIA's wheels).

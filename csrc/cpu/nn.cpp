@@ -1,14 +1,17 @@
 // Neural-network kernels that are not plain element-wise / reduction / GEMM work:
 // im2col / col2im (convolution as GEMM) and 2-D pooling. Inputs are contiguous NCHW.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "core/errors.h"
+#include "cpu/isa.h"
 #include "cpu/kernels.h"
 #include "cpu/loop.h"
 
@@ -36,26 +39,66 @@ inline std::pair<int64_t, int64_t> inside_range(int64_t out_w, int64_t stride, i
 #define SL_INLINE_ROW_COPIES __attribute__((no_builtin("memcpy", "memmove", "memset")))
 #define SL_SHORT_ROW_LOOP _Pragma("clang loop interleave_count(1)")
 #else
-#define SL_INLINE_ROW_COPIES
+#define SL_INLINE_ROW_COPIES __attribute__((optimize("no-tree-loop-distribute-patterns")))
 #define SL_SHORT_ROW_LOOP
 #endif
 
 namespace {
 
-// Rows [b, e) of (n, c, i, j) of im2col; see im2col.
+// Copies n elements of a short row (n >= 32 bytes) in 32-byte moves, the last one overlapping the one before
+// when n is not a multiple: a few moves per row, where a loop with a run-time trip count (or the memmove call
+// GCC makes of it) cost about 12 cycles per row, and LeNet's second im2col has 256000 rows of 8 pixels.
+template <typename T>
+SL_INLINE_ROW_COPIES inline void copy_short_row(T* __restrict out, const T* __restrict in, int64_t n) {
+  typedef char Bytes32 __attribute__((vector_size(32), aligned(1), may_alias));
+  constexpr int64_t V = 32 / int64_t(sizeof(T));
+  for (int64_t k = 0; k + V <= n; k += V)
+    *reinterpret_cast<Bytes32*>(out + k) = *reinterpret_cast<const Bytes32*>(in + k);
+  if (n % V != 0) *reinterpret_cast<Bytes32*>(out + n - V) = *reinterpret_cast<const Bytes32*>(in + n - V);
+}
+
+// Blocks [b, e) of (c, i, j, n) of im2col, in the order of cols: each block is one image's OH x OW columns
+// for one kernel offset, and consecutive blocks are adjacent in cols, so the writes stream through memory.
+// (In image order, (n, c, i, j), consecutive blocks lay N * OH * OW elements apart: every block a new page
+// and new cache lines to fetch before writing; LeNet's second convolution took 1 ms for 8 MB of columns.)
+// The images' planes are read with a stride, but x is small next to cols and stays in cache.
 template <typename T>
 SL_INLINE_ROW_COPIES void im2col_rows(T* __restrict dst, const T* __restrict src, int64_t N, int64_t C, int64_t H, int64_t W,
                                       const Conv2dGeometry& g, int64_t b, int64_t e) {
-  const int64_t OHW = g.out_h * g.out_w, rows = C * g.kernel_h * g.kernel_w, out_w = g.out_w, sw = g.stride_w;
+  const int64_t OHW = g.out_h * g.out_w, out_w = g.out_w, sw = g.stride_w;
   const T zero = convert<T>(0.0);
-  for (int64_t nr = b; nr < e; ++nr) {
-    const int64_t n = nr / rows, r = nr % rows;
-    const int64_t c = r / (g.kernel_h * g.kernel_w), i = (r / g.kernel_w) % g.kernel_h, j = r % g.kernel_w;
+  // The block's kernel offset (c, i, j) and its columns' range change once every N blocks: counted, not
+  // divided out per block (seven 64-bit divisions per 64-pixel block had cost more than the copying).
+  int64_t r = b / N, n = b % N;
+  int64_t c = 0, i = 0, j = 0, off = 0, lo = 0, hi = 0;
+  // Whole rows inside the image, copied 32 bytes at a time: the common case (stride 1, no column of the
+  // block in the padding). Tested per block; the rows then run without a test.
+  bool whole_rows = false;
+  auto offset_changed = [&] {
+    c = r / (g.kernel_h * g.kernel_w), i = (r / g.kernel_w) % g.kernel_h, j = r % g.kernel_w;
+    off = j * g.dilation_w - g.pad_w;
+    std::tie(lo, hi) = inside_range(out_w, sw, off, W);
+    whole_rows = sw == 1 && lo == 0 && hi == out_w && out_w * int64_t(sizeof(T)) >= 32;
+  };
+  offset_changed();
+  for (int64_t rn = b; rn < e; ++rn) {
     const T* plane = src + (n * C + c) * H * W;
-    T* out = dst + (r * N + n) * OHW;
-    const int64_t off = j * g.dilation_w - g.pad_w;
-    const auto [lo, hi] = inside_range(out_w, sw, off, W);
-    for (int64_t oh = 0; oh < g.out_h; ++oh) {
+    T* out = dst + rn * OHW;
+    int64_t oh = 0;
+    if (whole_rows) {
+      // Output rows whose input row lies inside the image: [oh_lo, oh_hi).
+      const int64_t first = i * g.dilation_h - g.pad_h;  // ih of row 0
+      int64_t oh_lo = first >= 0 ? 0 : (-first + g.stride_h - 1) / g.stride_h;
+      int64_t oh_hi = first >= H ? 0 : (H - 1 - first) / g.stride_h + 1;
+      oh_lo = std::min(oh_lo, g.out_h), oh_hi = std::clamp(oh_hi, oh_lo, g.out_h);
+      for (; oh < oh_lo; ++oh)
+        for (int64_t ow = 0; ow < out_w; ++ow) out[oh * out_w + ow] = zero;
+      const T* irow = plane + (first + oh_lo * g.stride_h) * W + off;
+      for (; oh < oh_hi; ++oh, irow += g.stride_h * W) copy_short_row(out + oh * out_w, irow, out_w);
+      for (; oh < g.out_h; ++oh)
+        for (int64_t ow = 0; ow < out_w; ++ow) out[oh * out_w + ow] = zero;
+    }
+    for (; oh < g.out_h; ++oh) {
       const int64_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
       T* orow = out + oh * out_w;
       if (ih < 0 || ih >= H) {
@@ -72,6 +115,11 @@ SL_INLINE_ROW_COPIES void im2col_rows(T* __restrict dst, const T* __restrict src
         for (int64_t ow = lo; ow < hi; ++ow) orow[ow] = irow[ow * sw];
       }
       for (int64_t ow = hi; ow < out_w; ++ow) orow[ow] = zero;
+    }
+    if (++n == N && rn + 1 < e) {
+      n = 0;
+      ++r;
+      offset_changed();
     }
   }
 }
@@ -93,43 +141,63 @@ void im2col(const Tensor& cols, const Tensor& x, const Conv2dGeometry& g) {
 
 namespace {
 
-// Planes [b, e) of (n, c) of col2im, accumulated in acc (H * W entries); see col2im. Short rows, as in
-// im2col_rows: inline loops, and under clang a separate contiguous loop for stride 1 (clang, without run-time
-// stride versioning, left the strided form scalar: col2im ran 1.6-2.5x slower than GCC's). GCC versions the
-// strided loop itself and was 25% slower with the separate loop, so it keeps the one loop.
+// What col2im needs of one kernel offset r = (i, j), the same for every plane: the column range [lo, hi)
+// inside the image, the output rows [oh_lo, oh_hi) whose input row is inside, and where row oh_lo lands.
+struct Col2imOffset {
+  int64_t lo, hi, oh_lo, oh_hi, first_pixel;
+};
+
+inline std::vector<Col2imOffset> col2im_offsets(int64_t H, int64_t W, const Conv2dGeometry& g) {
+  std::vector<Col2imOffset> out(static_cast<size_t>(g.kernel_h * g.kernel_w));
+  for (int64_t r = 0; r < g.kernel_h * g.kernel_w; ++r) {
+    const int64_t i = r / g.kernel_w, j = r % g.kernel_w;
+    const int64_t off = j * g.dilation_w - g.pad_w, first = i * g.dilation_h - g.pad_h;  // row 0's ih
+    const auto [lo, hi] = inside_range(g.out_w, g.stride_w, off, W);
+    int64_t oh_lo = first >= 0 ? 0 : (-first + g.stride_h - 1) / g.stride_h;
+    int64_t oh_hi = first >= H ? 0 : (H - 1 - first) / g.stride_h + 1;
+    oh_lo = std::min(oh_lo, g.out_h), oh_hi = std::clamp(oh_hi, oh_lo, g.out_h);
+    out[size_t(r)] = {lo, hi, oh_lo, oh_hi, (first + oh_lo * g.stride_h) * W + off};
+  }
+  return out;
+}
+
+// Planes [b, e) of (n, c) of col2im, summed in acc (H * W entries, or the plane itself when T is its own
+// compute type); see col2im. The geometry of each kernel offset is computed once per call (offsets), so the
+// rows run without divisions or bounds tests. Short rows, as in im2col_rows: inline loops (no memmove /
+// memset calls), and a separate contiguous loop for stride 1 (clang, without run-time stride versioning,
+// left the strided form scalar: col2im ran 1.6-2.5x slower than GCC's).
 template <typename T>
 SL_INLINE_ROW_COPIES void col2im_planes(T* __restrict dst, const T* __restrict src, compute_t<T>* __restrict acc,
                                         int64_t N, int64_t C, int64_t H, int64_t W, const Conv2dGeometry& g,
-                                        int64_t b, int64_t e) {
+                                        const Col2imOffset* offsets, int64_t b, int64_t e) {
   using C_t = compute_t<T>;
-  const int64_t OHW = g.out_h * g.out_w, K = g.kernel_h * g.kernel_w, sw = g.stride_w;
+  constexpr bool direct = std::is_same_v<C_t, T>;
+  const int64_t OHW = g.out_h * g.out_w, K = g.kernel_h * g.kernel_w, sw = g.stride_w, out_w = g.out_w;
+  const int64_t row_step = g.stride_h * W;
+  int64_t n = b / C, c = b % C;
   for (int64_t nc = b; nc < e; ++nc) {
-    const int64_t n = nc / C, c = nc % C;
+    C_t* sum = direct ? reinterpret_cast<C_t*>(dst + nc * H * W) : acc;
     SL_SHORT_ROW_LOOP
-    for (int64_t p = 0; p < H * W; ++p) acc[p] = C_t(0);
+    for (int64_t p = 0; p < H * W; ++p) sum[p] = C_t(0);
     for (int64_t r = 0; r < K; ++r) {
-      const int64_t i = r / g.kernel_w, j = r % g.kernel_w;
-      const T* crow = src + ((c * K + r) * N + n) * OHW;
-      const int64_t off = j * g.dilation_w - g.pad_w;
-      const auto [lo, hi] = inside_range(g.out_w, sw, off, W);
-      for (int64_t oh = 0; oh < g.out_h; ++oh) {
-        const int64_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
-        if (ih < 0 || ih >= H) continue;
-        C_t* arow = acc + ih * W + off;
-        const T* cr = crow + oh * g.out_w;
-#if defined(__clang__)
+      const Col2imOffset& o = offsets[r];
+      const T* cr = src + ((c * K + r) * N + n) * OHW + o.oh_lo * out_w;
+      C_t* arow = sum + o.first_pixel;
+      for (int64_t oh = o.oh_lo; oh < o.oh_hi; ++oh, cr += out_w, arow += row_step) {
         if (sw == 1) {
           SL_SHORT_ROW_LOOP
-          for (int64_t ow = lo; ow < hi; ++ow) arow[ow] += C_t(cr[ow]);
-          continue;
+          for (int64_t ow = o.lo; ow < o.hi; ++ow) arow[ow] += C_t(cr[ow]);
+        } else {
+          for (int64_t ow = o.lo; ow < o.hi; ++ow) arow[ow * sw] += C_t(cr[ow]);
         }
-#endif
-        for (int64_t ow = lo; ow < hi; ++ow) arow[ow * sw] += C_t(cr[ow]);
       }
     }
-    T* plane = dst + nc * H * W;
-    SL_SHORT_ROW_LOOP
-    for (int64_t p = 0; p < H * W; ++p) plane[p] = convert<T>(acc[p]);
+    if constexpr (!direct) {
+      T* plane = dst + nc * H * W;
+      SL_SHORT_ROW_LOOP
+      for (int64_t p = 0; p < H * W; ++p) plane[p] = convert<T>(acc[p]);
+    }
+    if (++c == C) c = 0, ++n;
   }
 }
 
@@ -145,9 +213,10 @@ void col2im(const Tensor& x, const Tensor& cols, const Conv2dGeometry& g) {
     const int64_t OHW = g.out_h * g.out_w, K = g.kernel_h * g.kernel_w;
     // One (n, c) plane per task: the plane's pixels receive from all of its K column rows, so planes are
     // independent and the sum per pixel is always taken in the same order.
+    const std::vector<Col2imOffset> offsets = col2im_offsets(H, W, g);
     parallel_range(N * C, [&](int64_t b, int64_t e) {
-      std::vector<C_t> acc(static_cast<size_t>(H * W));
-      col2im_planes(dst, src, acc.data(), N, C, H, W, g, b, e);
+      std::vector<C_t> acc(std::is_same_v<C_t, scalar_t> ? 0 : static_cast<size_t>(H * W));
+      col2im_planes(dst, src, acc.data(), N, C, H, W, g, offsets.data(), b, e);
     }, K * OHW);
   });
 }
@@ -205,6 +274,77 @@ void max_pool_row_f32(float* out, int64_t* idx, const float* plane, int64_t W, i
   }
 }
 
+// The pooling of nearly every CNN: 2x2 windows, stride 2, no padding, float32. In two passes, each a long
+// loop without dependencies between iterations (so vectorised, with stride-2 loads), instead of one short
+// loop per output row (12 outputs wide after LeNet's first convolution, 4 after its second): first each used
+// input row's column pairs (hbest / hpos: 2*OH rows of OW), then each pair of those rows. The windows'
+// elements meet in the order of the general loop (row-major: the top pair, then the bottom pair), so the
+// first maximum and the first nan win as there. Planes whose rows and columns all pair up (H and W even) are
+// taken kPlaneBlock elements at a time as one tall image, so small planes (8x8) do not pay a call each.
+struct MaxPool2x2F32 {
+  static constexpr int64_t kPlaneBlock = 8192;  // input elements per pass: the scratch stays in L1 / L2
+
+  // v wins over best: greater, or the first nan.
+  static inline bool takes(float v, float best) { return (v > best) | ((v != v) & (best == best)); }
+
+  // Rows [0, 2*R) of an image of width W into hbest / hpos (positions counted from `image`).
+  static SL_ISA_INLINE void pairs(const float* __restrict image, int64_t W, int64_t R, int64_t OW,
+                                  float* __restrict hbest, int32_t* __restrict hpos) {
+    if (W == 2 * OW) {  // the used rows are contiguous: one loop over all their column pairs
+      for (int64_t t = 0; t < 2 * R * OW; ++t) {
+        const float a = image[2 * t], b = image[2 * t + 1];
+        const bool take = takes(b, a);
+        hbest[t] = take ? b : a;
+        hpos[t] = int32_t(2 * t) + int32_t(take);
+      }
+      return;
+    }
+    for (int64_t r = 0; r < 2 * R; ++r)
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const float a = image[r * W + 2 * ow], b = image[r * W + 2 * ow + 1];
+        const bool take = takes(b, a);
+        hbest[r * OW + ow] = take ? b : a;
+        hpos[r * OW + ow] = int32_t(r * W + 2 * ow) + int32_t(take);
+      }
+  }
+
+  // Output rows [0, R) from the row pairs; each row's positions less `shift(row)` (its plane's offset).
+  template <typename Shift>
+  static SL_ISA_INLINE void rows(float* __restrict out, int64_t* __restrict idx, int64_t R, int64_t OW,
+                                 const float* __restrict hbest, const int32_t* __restrict hpos, Shift shift) {
+    for (int64_t r = 0; r < R; ++r) {
+      const float* top = hbest + 2 * r * OW;
+      const int32_t* top_pos = hpos + 2 * r * OW;
+      const int64_t base = shift(r);
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const bool take = takes(top[OW + ow], top[ow]);
+        out[r * OW + ow] = take ? top[OW + ow] : top[ow];
+        idx[r * OW + ow] = int64_t(take ? top_pos[OW + ow] : top_pos[ow]) - base;
+      }
+    }
+  }
+
+  // Planes [0, planes) of H x W -> OH x OW. hbest / hpos hold max(kPlaneBlock, H * W) / 2 entries.
+  template <Isa Level>
+  static SL_ISA_INLINE void run(float* out, int64_t* idx, const float* src, int64_t planes, int64_t H, int64_t W,
+                                int64_t OH, int64_t OW, float* hbest, int32_t* hpos) {
+    if (H == 2 * OH && W == 2 * OW) {
+      const int64_t block = std::max<int64_t>(1, kPlaneBlock / (H * W));
+      for (int64_t p0 = 0; p0 < planes; p0 += block) {
+        const int64_t n = std::min(block, planes - p0);
+        pairs(src + p0 * H * W, W, n * OH, OW, hbest, hpos);
+        rows(out + p0 * OH * OW, idx + p0 * OH * OW, n * OH, OW, hbest, hpos,
+             [=](int64_t r) { return (r / OH) * H * W; });
+      }
+      return;
+    }
+    for (int64_t p = 0; p < planes; ++p) {  // a row or column left over: plane by plane
+      pairs(src + p * H * W, W, OH, OW, hbest, hpos);
+      rows(out + p * OH * OW, idx + p * OH * OW, OH, OW, hbest, hpos, [](int64_t) { return int64_t(0); });
+    }
+  }
+};
+
 }  // namespace
 
 void max_pool2d(const Tensor& out, const Tensor& argmax, const Tensor& x, const Pool2dGeometry& g) {
@@ -214,6 +354,20 @@ void max_pool2d(const Tensor& out, const Tensor& argmax, const Tensor& x, const 
     scalar_t* dst = out.data<scalar_t>();
     int64_t* idx = argmax.data<int64_t>();
     const int64_t NC = x.shape()[0] * x.shape()[1], H = x.shape()[2], W = x.shape()[3];
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      if (g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 &&
+          g.pad_w == 0 && H * W < (int64_t(1) << 31)) {
+        const int64_t OH = g.out_h, OW = g.out_w;
+        parallel_range(NC, [&](int64_t b, int64_t e) {
+          std::vector<float> hbest(static_cast<size_t>(std::max(MaxPool2x2F32::kPlaneBlock, H * W) / 2));
+          std::vector<int32_t> hpos(hbest.size());
+          run_isa<MaxPool2x2F32>(reinterpret_cast<float*>(dst + b * OH * OW), idx + b * OH * OW,
+                                 reinterpret_cast<const float*>(src + b * H * W), e - b, H, W, OH, OW,
+                                 hbest.data(), hpos.data());
+        }, 2 * H * W);
+        return;
+      }
+    }
     // Columns whose windows lie wholly inside the image take the SIMD row kernel (float32 planes with
     // 32-bit positions); the (at most padding-wide) borders and other dtypes the per-output loop.
     const bool fast_f32 = std::is_same_v<scalar_t, float> && H * W < (int64_t(1) << 31);
@@ -256,26 +410,47 @@ void max_pool2d(const Tensor& out, const Tensor& argmax, const Tensor& x, const 
   });
 }
 
+// dx = 0, then dy added at each window's argmax. The positions are checked here, in the same pass (the other
+// backends check them with two reductions before their kernel): one outside [-1, H*W) raises IndexError,
+// naming the range of the positions given. float32 adds into dx directly; the narrower types through a
+// float plane (compute_t), rounded once.
 void max_pool2d_backward(const Tensor& dx, const Tensor& dy, const Tensor& argmax) {
+  const int64_t NC = dx.shape()[0] * dx.shape()[1], HW = dx.shape()[2] * dx.shape()[3];
+  const int64_t OHW = dy.shape()[2] * dy.shape()[3];
+  const int64_t* idx = argmax.data<int64_t>();
+  std::atomic<bool> bad{false};
   SL_DISPATCH_FLOAT(dx.dtype(), "max_pool2d_backward", [&] {
     using C_t = compute_t<scalar_t>;
     scalar_t* d = dx.data<scalar_t>();
     const scalar_t* g = dy.data<scalar_t>();
-    const int64_t* idx = argmax.data<int64_t>();
-    const int64_t NC = dx.shape()[0] * dx.shape()[1], HW = dx.shape()[2] * dx.shape()[3];
-    const int64_t OHW = dy.shape()[2] * dy.shape()[3];
     parallel_range(NC, [&](int64_t b, int64_t e) {
-      std::vector<C_t> acc(static_cast<size_t>(HW));
+      constexpr bool direct = std::is_same_v<C_t, scalar_t>;
+      std::vector<C_t> plane(direct ? 0 : static_cast<size_t>(HW));
+      bool out_of_range = false;
       for (int64_t nc = b; nc < e; ++nc) {
-        std::fill(acc.begin(), acc.end(), C_t(0));
+        C_t* acc = direct ? reinterpret_cast<C_t*>(d + nc * HW) : plane.data();
+        std::fill(acc, acc + HW, C_t(0));
+        const int64_t* pos = idx + nc * OHW;
+        const scalar_t* grad = g + nc * OHW;
         for (int64_t o = 0; o < OHW; ++o) {
-          const int64_t i = idx[nc * OHW + o];
-          if (i >= 0) acc[i] += C_t(g[nc * OHW + o]);
+          const int64_t i = pos[o];
+          // One unsigned compare for i < -1 || i >= HW; -1 (a window wholly in the padding) adds nothing.
+          out_of_range |= uint64_t(i + 1) > uint64_t(HW);
+          if (i >= 0 && i < HW) acc[i] += C_t(grad[o]);
         }
-        for (int64_t p = 0; p < HW; ++p) d[nc * HW + p] = convert<scalar_t>(acc[p]);
+        if constexpr (!direct)
+          for (int64_t p = 0; p < HW; ++p) d[nc * HW + p] = convert<scalar_t>(acc[p]);
       }
+      if (out_of_range) bad.store(true, std::memory_order_relaxed);
     }, HW + OHW);
   });
+  if (bad.load()) {
+    const int64_t n = argmax.numel();
+    const auto [lo, hi] = std::minmax_element(idx, idx + n);
+    throw IndexError(str("max_pool2d_backward: argmax must hold positions in [-1, ", HW,
+                         ") of an input image of shape ", shape_str(dx.shape()), ", got values in [", *lo, ", ", *hi,
+                         "]; pass the argmax that max_pool2d returned for this input"));
+  }
 }
 
 // Average over the window; count_include_pad divides by the full window, otherwise by the pixels inside.

@@ -99,10 +99,11 @@ Tensor max_pool2d_backward(const Tensor& dy, const Tensor& argmax, const Shape& 
            "max_pool2d_backward: input shape ", shape_str(x_shape), " does not match dy ", shape_str(dy.shape()));
   Tensor dx = Tensor::empty(x_shape, dy.dtype(), dy.device());
   // The kernel adds dy at dx[argmax] within each image: an index beyond the image would write past it.
-  // max_pool2d gives -1 for a window that lies wholly in the padding.
+  // max_pool2d gives -1 for a window that lies wholly in the padding. The CPU kernel checks the positions in
+  // its own pass; the others are checked here first, with two reductions.
   if (dx.numel() == 0) return dx;  // (its H * W alone may not fit in int64)
   const int64_t hw = x_shape[2] * x_shape[3];  // dx holds N * C * H * W > 0 elements, so this fits
-  if (argmax.numel() > 0) {
+  if (argmax.numel() > 0 && !dx.device().is_cpu()) {
     Tensor lo = reduce(ReduceOp::kMin, argmax, std::nullopt, false).to(Device::cpu());
     Tensor hi = reduce(ReduceOp::kMax, argmax, std::nullopt, false).to(Device::cpu());
     SL_CHECK(*lo.data<int64_t>() >= -1 && *hi.data<int64_t>() < hw, IndexError,

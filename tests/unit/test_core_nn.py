@@ -12,7 +12,25 @@ CONV_CASES = [  # N, C, H, W, kernel, stride, padding, dilation
     (3, 4, 12, 12, (5, 5), (1, 1), (0, 0), (1, 1)),
     (1, 2, 5, 5, (3, 3), (3, 3), (1, 1), (1, 1)),
     (2, 1, 4, 6, (1, 1), (1, 2), (0, 2), (1, 1)),
+    # Rows of 32 bytes and more with no column in the padding take im2col's whole-row copies (the last move
+    # overlapping when the row is not a multiple of 32 bytes), with padded rows above and below.
+    (2, 3, 10, 12, (3, 3), (1, 1), (1, 0), (1, 1)),
+    (2, 2, 11, 12, (3, 3), (2, 1), (2, 0), (2, 1)),
+    (1, 2, 6, 21, (2, 5), (3, 1), (1, 0), (1, 1)),
 ]
+ISA_LEVELS = ["baseline", "avx2", "avx512"]
+ISA_SUPPORTED = ISA_LEVELS[: ISA_LEVELS.index(_core.build_info()["cpu_isa"]["best"]) + 1]
+
+
+@pytest.fixture(params=ISA_SUPPORTED)
+def isa_level(request):
+    """Runs the test on each instruction-set level this CPU supports (the SIMD kernels are compiled per level)."""
+    before = _core.build_info()["cpu_isa"]["active"]
+    _core.set_isa(request.param)
+    yield request.param
+    _core.set_isa(before)
+
+
 POOL_CASES = [  # N, C, H, W, kernel, stride, padding
     (2, 3, 8, 8, (2, 2), (2, 2), (0, 0)),
     (2, 3, 7, 9, (3, 3), (2, 1), (1, 1)),
@@ -45,7 +63,7 @@ def ref_col2im(cols, shape, k, s, p, d):
 
 
 @pytest.mark.parametrize("case", CONV_CASES)
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_im2col_and_col2im_match_numpy(case, dtype):
     N, C, H, W, k, s, p, d = case
     rng = np.random.default_rng(0)
@@ -55,8 +73,10 @@ def test_im2col_and_col2im_match_numpy(case, dtype):
     np.testing.assert_array_equal(np.asarray(cols), ref.transpose(1, 0, 2).reshape(ref.shape[1], -1))
     g = rng.standard_normal(ref.shape).astype(dtype)
     g_knl = np.ascontiguousarray(g.transpose(1, 0, 2).reshape(ref.shape[1], -1))
-    np.testing.assert_allclose(np.asarray(_core.col2im(T(g_knl), [N, C, H, W], k, s, p, d)),
-                               ref_col2im(g, (N, C, H, W), k, s, p, d), rtol=1e-5, atol=1e-5)
+    # float16 sums in float32 and rounds once: against the exact sum, within float16's rounding.
+    tol = 2e-3 if dtype == np.float16 else 1e-5
+    np.testing.assert_allclose(np.asarray(_core.col2im(T(g_knl), [N, C, H, W], k, s, p, d)).astype(np.float64),
+                               ref_col2im(g.astype(np.float64), (N, C, H, W), k, s, p, d), rtol=tol, atol=tol)
 
 
 def test_col2im_is_the_adjoint_of_im2col():
@@ -70,11 +90,18 @@ def test_col2im_is_the_adjoint_of_im2col():
     assert abs(lhs - rhs) < 1e-9 * max(1.0, abs(lhs))
 
 
-@pytest.mark.parametrize("case", POOL_CASES)
-def test_max_pool_forward_backward(case):
+# float32 2x2 / stride 2 / no padding has a kernel of its own (two passes over each plane): rows that pair up
+# exactly (W even) and rows with a column left over (W odd), a row left over (H odd).
+POOL_2X2_CASES = [(2, 3, 8, 8, (2, 2), (2, 2), (0, 0)), (1, 2, 7, 13, (2, 2), (2, 2), (0, 0)),
+                  (3, 5, 24, 24, (2, 2), (2, 2), (0, 0))]
+
+
+@pytest.mark.parametrize("case", POOL_CASES + POOL_2X2_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_max_pool_forward_backward(case, dtype):
     N, C, H, W, k, s, p = case
     rng = np.random.default_rng(2)
-    x = rng.standard_normal((N, C, H, W))
+    x = rng.standard_normal((N, C, H, W)).astype(dtype)
     y, argmax = _core.max_pool2d(T(x), k, s, p)
     np.testing.assert_array_equal(np.asarray(y), np_pool(x, k, s, p, "max"))
     flat = x.reshape(N, C, H * W)
@@ -108,13 +135,13 @@ def np_max_pool_argmax(x, k, s, p):
 
 # Wide rows and many window positions so every dtype's fast path (SIMD rows for float32) and the
 # padded borders are both exercised; small integers make ties common.
-TIE_POOL_CASES = POOL_CASES + [(2, 2, 9, 150, (2, 2), (2, 2), (0, 0)), (1, 2, 6, 131, (3, 3), (2, 3), (1, 1)),
+TIE_POOL_CASES = POOL_CASES + POOL_2X2_CASES[1:] + [(2, 2, 9, 150, (2, 2), (2, 2), (0, 0)), (1, 2, 6, 131, (3, 3), (2, 3), (1, 1)),
                                (1, 1, 4, 70, (2, 3), (1, 1), (1, 1))]
 
 
 @pytest.mark.parametrize("case", TIE_POOL_CASES)
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
-def test_max_pool_ties_and_nan_pick_the_first(case, dtype):
+def test_max_pool_ties_and_nan_pick_the_first(case, dtype, isa_level):
     N, C, H, W, k, s, p = case
     rng = np.random.default_rng(5)
     x = rng.integers(-2, 3, (N, C, H, W)).astype(dtype)

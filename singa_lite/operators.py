@@ -410,8 +410,7 @@ class ReLU(Operator):
         return self.y
 
     def backward(self, dy):
-        g = _core.sign(self.y)  # 1 where x > 0, else 0
-        return _core.mul(g, dy, out=g)
+        return _core.relu_grad(self.y, dy)  # sign(y) * dy: dy where x > 0, else 0; one pass
 
 
 relu = ReLU.apply

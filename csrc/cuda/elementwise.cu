@@ -120,6 +120,9 @@ struct BinaryF {
     // A nan in either operand wins, as numpy's maximum / minimum.
     else if constexpr (Op == BinaryOp::kMaximum) return (a > b || a != a) ? a : b;
     else if constexpr (Op == BinaryOp::kMinimum) return (a < b || a != a) ? a : b;
+    // sign(a) * b, sign as the unary op's (a nan gives nan).
+    else if constexpr (Op == BinaryOp::kReluGrad)
+      return BinaryF<BinaryOp::kMul, C>()(C(C((C(0) < a) - (a < C(0))) + (a != a ? a : C(0))), b);
     else if constexpr (Op == BinaryOp::kEq) return a == b;
     else if constexpr (Op == BinaryOp::kNe) return a != b;
     else if constexpr (Op == BinaryOp::kLt) return a < b;

@@ -5,13 +5,14 @@
 // cpu/elementwise.cpp's and cuda/elementwise.cu's apply_* (the kernels), and a test.
 //
 // X(enum, name) for binary ops: arithmetic first, then the comparisons (they return bool; is_comparison()
-// relies on kEq being the first of them).
+// relies on kEq being the first of them). relu_grad(y, dy) = sign(y) * dy, ReLU's backward from its output
+// in one pass (the same bits as sign, then mul).
 #pragma once
 #include <type_traits>
 
 #define SL_BINARY_OPS(X)                                                                              \
   X(kAdd, "add") X(kSub, "sub") X(kMul, "mul") X(kDiv, "div") X(kPow, "pow") X(kMaximum, "maximum")   \
-  X(kMinimum, "minimum")                                                                              \
+  X(kMinimum, "minimum") X(kReluGrad, "relu_grad")                                                    \
   X(kEq, "eq") X(kNe, "ne") X(kLt, "lt") X(kLe, "le") X(kGt, "gt") X(kGe, "ge")
 
 // X(enum, name, domain) for unary ops; domain: Numeric (every dtype but bool) or Floating (float dtypes).

@@ -16,7 +16,7 @@ from core_testutil import (ALL, CPU, DT, FLOATS, INTS, LAYOUTS, NP_TO_DT, NUMERI
 
 # ---------------------------------------------------------------- references
 
-ARITH = ["add", "sub", "mul", "div", "pow", "maximum", "minimum"]
+ARITH = ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "relu_grad"]
 COMPARE = ["eq", "ne", "lt", "le", "gt", "ge"]
 BINARY = ARITH + COMPARE
 
@@ -28,6 +28,9 @@ _NP_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "pow": np.p
 def np_binary(name, a, b):
     """numpy's result; integer division is floor division (numpy's //), as the core documents."""
     with np.errstate(all="ignore"):
+        if name == "relu_grad":  # ReLU's backward: sign(a) * b (for bools, a and b)
+            a, b = np.asarray(a), np.asarray(b)
+            return a & b if a.dtype == np.bool_ else (np.sign(a) * b).astype(np.result_type(a, b))
         if name == "div":
             return np.floor_divide(a, b) if np.asarray(a).dtype.kind == "i" else np.divide(a, b)
         return _NP_BINARY[name](a, b)

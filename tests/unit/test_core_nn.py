@@ -135,8 +135,9 @@ def np_max_pool_argmax(x, k, s, p):
 
 # Wide rows and many window positions so every dtype's fast path (SIMD rows for float32) and the
 # padded borders are both exercised; small integers make ties common.
-TIE_POOL_CASES = POOL_CASES + POOL_2X2_CASES[1:] + [(2, 2, 9, 150, (2, 2), (2, 2), (0, 0)), (1, 2, 6, 131, (3, 3), (2, 3), (1, 1)),
-                               (1, 1, 4, 70, (2, 3), (1, 1), (1, 1))]
+TIE_POOL_CASES = POOL_CASES + POOL_2X2_CASES[1:] + [(2, 2, 9, 150, (2, 2), (2, 2), (0, 0)),
+                                                   (1, 2, 6, 131, (3, 3), (2, 3), (1, 1)),
+                                                   (1, 1, 4, 70, (2, 3), (1, 1), (1, 1))]
 
 
 @pytest.mark.parametrize("case", TIE_POOL_CASES)

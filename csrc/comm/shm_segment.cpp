@@ -306,14 +306,25 @@ bool read_abort(const Header& h, int* rank, std::string* reason) {
 
 namespace {
 
-// Parses /proc/<pid>/stat: the state letter and the start time (field 22, clock ticks after boot).
-// Returns false when the file cannot be read.
+// Parses /proc/<pid>/stat (pid 0: this process): the state letter and the start time (field 22, clock ticks
+// after boot). Returns false when the file cannot be read.
+// Opened as "<pid>/stat" relative to /proc, for ourselves too: qemu-user (which runs the aarch64 wheel's tests on
+// x86-64, tools/aarch64_check.sh) answers an open of "/proc/self/stat" or "/proc/<own pid>/stat" with a text of
+// its own whose start time is ~0.1 s off the kernel's, so every peer, reading the kernel's, took us for a
+// reused pid, i.e. dead. A relative path reaches the kernel's file, the same one the peers read.
 bool read_proc_stat(int pid, char* state, uint64_t* start_time) {
-  char path[64];
-  if (pid > 0) std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  else std::snprintf(path, sizeof path, "/proc/self/stat");
-  FILE* f = std::fopen(path, "r");
-  if (!f) return false;
+  char path[32];
+  std::snprintf(path, sizeof path, "%d/stat", pid > 0 ? pid : int(getpid()));
+  const int proc_dir = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (proc_dir < 0) return false;
+  const int fd = openat(proc_dir, path, O_RDONLY | O_CLOEXEC);
+  close(proc_dir);
+  if (fd < 0) return false;
+  FILE* f = fdopen(fd, "r");
+  if (!f) {
+    close(fd);
+    return false;
+  }
   char buf[1024];
   const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
   std::fclose(f);

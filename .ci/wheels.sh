@@ -16,23 +16,32 @@
 # rebuild compiles only what changed. Not for a checkout that people edit during the build (tools/build_wheel.sh
 # says why).
 #
-#   .ci/wheels.sh [--cpu-only] [--cuda12] [--pythons "3.10 3.12 3.13"]
+#  3. with --aarch64, cross-compiles the aarch64 CPU wheel (`tools/build_wheel.sh --glibc 2.28 --arch aarch64`) and
+#     checks it without running it: tagged manylinux_2_28_aarch64 or older, auditwheel's report, every ELF file in it
+#     built for aarch64, no glibc symbol newer than 2.28. Running it needs emulation: tools/aarch64_check.sh.
+#
+#   .ci/wheels.sh [--cpu-only] [--cuda12] [--aarch64] [--pythons "3.10 3.12 3.13"]
 #   --cpu-only  leaves out the CUDA wheels
 #   --cuda12    also builds and checks singa-lite-cuda12x (nvcc 12.4 assembled by tools/cuda12_toolkit.sh when the
 #               machine's nvcc is 13); .ci/run passes it: 207 s more with a cold cache here, far less warm
+#   --aarch64   also cross-compiles and checks the aarch64 CPU wheel (3. above): an opt-in, as --cuda12: 195 s more with
+#               a cold cache here (zig compiling libc++ for aarch64 once, then the sources; 2026-11-24, load ~1.4), 5-25 s
+#               warm; over the 3 minutes a default step may add cold
 #   --pythons   also builds the portable CPU wheel for each of these CPython versions (found as pythonX.Y on PATH
 #               or under pyenv's versions), installs it like the others and runs the smoke subset against it
 # Exits non-zero on any failure.
 set -euo pipefail
 cuda=1
 cuda12=0
+aarch64=0
 pythons=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu-only) cuda=0; shift ;;
     --cuda12) cuda12=1; shift ;;
+    --aarch64) aarch64=1; shift ;;
     --pythons) pythons="$2"; shift 2 ;;
-    *) echo "wheels.sh: unknown argument '$1' (expected --cpu-only, --cuda12, --pythons \"3.10 ...\")" >&2; exit 2 ;;
+    *) echo "wheels.sh: unknown argument '$1' (expected --cpu-only, --cuda12, --aarch64, --pythons \"3.10 ...\")" >&2; exit 2 ;;
   esac
 done
 cd "$(dirname "$0")/.."
@@ -77,6 +86,52 @@ tools/build_wheel.sh --python "$python" --variant cpu --glibc 2.28 --out "$tmp/w
 echo "CPU wheel (zig, glibc 2.28) built and repaired in $(( $(date +%s) - start )) s"
 portable_wheel="$(ls "$tmp"/wheelhouse-portable/singa_lite-*.whl)"
 check_portable_tag "$portable_wheel"
+
+# ---------------------------------------------------------------- the aarch64 wheel (built and inspected, not run)
+if [ "$aarch64" = 1 ]; then
+  start=$(date +%s)
+  tools/build_wheel.sh --python "$python" --variant cpu --glibc 2.28 --arch aarch64 --out "$tmp/wheelhouse-aarch64"
+  echo "aarch64 CPU wheel (zig cross build, glibc 2.28) built and repaired in $(( $(date +%s) - start )) s"
+  aarch64_wheel="$(ls "$tmp"/wheelhouse-aarch64/singa_lite-*.whl)"
+  case "$(basename "$aarch64_wheel")" in
+    *manylinux_2_*_aarch64.whl) ;;
+    *) echo "not a manylinux aarch64 wheel: $aarch64_wheel" >&2; exit 1 ;;
+  esac
+  pytag="$("$python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
+  tools_py="$root/build/wheel/venv-$pytag/bin/python"  # build_wheel.sh's: auditwheel and its ELF reader (pyelftools)
+  "$(dirname "$tools_py")/auditwheel" show "$aarch64_wheel"
+  "$python" -m zipfile -e "$aarch64_wheel" "$tmp/unpacked-aarch64"
+  "$tools_py" - "$tmp/unpacked-aarch64" <<'EOF'
+import os, re, sys
+from elftools.elf.elffile import ELFFile
+from elftools.elf.gnuversions import GNUVerNeedSection
+
+root = sys.argv[1]
+checked, newest = [], (0, 0)
+for folder, _, files in os.walk(root):
+    for name in files:
+        path = os.path.join(folder, name)
+        with open(path, "rb") as f:
+            if f.read(4) != b"\x7fELF":
+                continue
+            f.seek(0)
+            elf = ELFFile(f)
+            rel = os.path.relpath(path, root)
+            assert elf["e_machine"] == "EM_AARCH64", f"{rel} is built for {elf['e_machine']}, not aarch64"
+            for section in elf.iter_sections():
+                if isinstance(section, GNUVerNeedSection):
+                    for _, versions in section.iter_versions():
+                        for v in versions:
+                            m = re.fullmatch(r"GLIBC_(\d+)\.(\d+)(?:\.\d+)?", v.name)
+                            if m:
+                                got = (int(m[1]), int(m[2]))
+                                assert got <= (2, 28), f"{rel} needs {v.name}, newer than glibc 2.28"
+                                newest = max(newest, got)
+            checked.append(rel)
+assert any(re.search(r"_core\.cpython-\d+-aarch64-linux-gnu\.so$", c) for c in checked), f"no aarch64 _core in {checked}"
+print(f"aarch64 wheel: {len(checked)} ELF files, all aarch64, newest glibc symbol GLIBC_{newest[0]}.{newest[1]}:", ", ".join(sorted(checked)))
+EOF
+fi
 
 # ---------------------------------------------------------------- the test environment
 # A PATH with every program of today's PATH except the compilers: links to each executable, compilers left out.

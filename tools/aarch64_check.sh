@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Tests the aarch64 (64-bit ARM) wheel for real on this x86-64 machine, under emulation (qemu-user):
 #
-#   tools/aarch64_check.sh [--wheel WHEEL] [--tests "tests/unit/a.py tests/unit/b.py"] [--no-tests] [--no-job] [-- PYTEST ARGS]
+#   tools/aarch64_check.sh [--suite bookworm|trixie] [--wheel WHEEL] [--tests "tests/unit/a.py tests/unit/b.py"] [--no-tests] [--no-job] [-- PYTEST ARGS]
 #
+#   --suite     the Debian release of the arm64 root: bookworm (default; Debian 12, Python 3.11, in build/arm64-root)
+#               or trixie (Debian 13, Python 3.13, in build/arm64-root-trixie)
 #   --wheel     the wheel to test (default: built now with `tools/build_wheel.sh --glibc 2.28 --arch aarch64` for the
-#               root's Python, 3.11 on Debian 12)
+#               root's Python version, by this machine's pythonX.Y: on PATH or under pyenv's versions)
 #   --tests     which test files run under emulation (default: DEFAULT_TESTS below); --no-tests runs none
 #   --no-job    leaves out the README's main job (7-8 min under emulation)
 #   after --    extra pytest arguments, e.g. -k "float16 or isa or shm"
@@ -15,7 +17,7 @@
 #     qemu-aarch64 (Debian's /usr/lib/binfmt.d/qemu-aarch64.conf, flag F: the interpreter is opened once, so it
 #     works inside the chroot). Without binfmt_misc a chroot cannot start arm64 programs, nor can the tests'
 #     subprocesses: the script then stops and says so;
-#  3. makes a Debian 12 arm64 root in build/arm64-root (debootstrap --arch=arm64 --variant=minbase, python3 and
+#  3. makes a Debian arm64 root in build/arm64-root[-trixie] (debootstrap --arch=arm64 --variant=minbase, python3 and
 #     python3-venv included; its second stage runs under qemu), ~300 MB;
 #  4. in it, a venv /opt/venv with numpy, pytest, hypothesis and scikit-learn from PyPI (aarch64 wheels) and the
 #     wheel itself (reinstalled every run), and a copy of the checkout without singa_lite/ in /opt/src, so that
@@ -33,7 +35,7 @@
 # native (see /work/handoff/aarch64.md for the measured counts and times).
 set -euo pipefail
 root_dir="$(cd "$(dirname "$0")/.." && pwd)"
-rootfs="$root_dir/build/arm64-root"
+suite=bookworm
 # The compiled kernels against numpy, the instruction-set levels (aarch64 has one), the shm collectives (their spin
 # uses `yield`, float16 takes the software conversion), threads, autograd, the packaging metadata.
 DEFAULT_TESTS="tests/unit/test_isa_dispatch.py tests/unit/test_packaging.py tests/unit/test_core_matmul.py
@@ -45,15 +47,21 @@ pytest_args=()
 job=1
 while [ $# -gt 0 ]; do
   case "$1" in
+    --suite) suite="$2"; shift 2 ;;
     --wheel) wheel="$(realpath "$2")"; shift 2 ;;
     --tests) tests="$2"; shift 2 ;;
     --no-tests) tests=""; shift ;;
     --no-job) job=0; shift ;;
     --) shift; pytest_args=("$@"); break ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
-    *) echo "aarch64_check.sh: unknown argument '$1' (expected --wheel, --tests, --no-tests, --no-job, -- PYTEST ARGS)" >&2; exit 2 ;;
+    *) echo "aarch64_check.sh: unknown argument '$1' (expected --suite, --wheel, --tests, --no-tests, --no-job, -- PYTEST ARGS)" >&2; exit 2 ;;
   esac
 done
+case "$suite" in
+  bookworm) rootfs="$root_dir/build/arm64-root" ;;
+  trixie) rootfs="$root_dir/build/arm64-root-trixie" ;;
+  *) echo "aarch64_check.sh: --suite takes bookworm or trixie, got '$suite'" >&2; exit 2 ;;
+esac
 tests="$(echo $tests)"  # one line: it goes into a bash -c command line
 [ "$(id -u)" = 0 ] || { echo "aarch64_check.sh: needs root (chroot, mount, apt-get)" >&2; exit 2; }
 [ "$(uname -m)" = x86_64 ] || { echo "aarch64_check.sh: for x86_64 build machines (this is $(uname -m))" >&2; exit 2; }
@@ -83,12 +91,12 @@ grep -q '^enabled' "$binfmt/qemu-aarch64" || echo 1 > "$binfmt/qemu-aarch64"
 
 # ---------------------------------------------------------------- 3. the arm64 root
 if [ ! -x "$rootfs/usr/bin/python3" ] || [ ! -e "$rootfs/.debootstrap-done" ]; then
-  echo "== making the Debian 12 arm64 root in $rootfs (a few minutes)"
+  echo "== making the Debian $suite arm64 root in $rootfs (a few minutes)"
   rm -rf "$rootfs"
   mkdir -p "$rootfs"
   t0=$(date +%s)
   debootstrap --arch=arm64 --variant=minbase --include=python3,python3-venv,ca-certificates \
-    bookworm "$rootfs" http://deb.debian.org/debian
+    "$suite" "$rootfs" http://deb.debian.org/debian
   touch "$rootfs/.debootstrap-done"
   echo "== root made in $(( $(date +%s) - t0 )) s"
 fi
@@ -130,7 +138,13 @@ if [ ! -x "$rootfs/opt/venv/bin/python" ] || [ ! -e "$rootfs/opt/venv/.deps-done
 fi
 if [ -z "$wheel" ]; then
   # The build machine's CPython of the root's version builds it (the wheel must match the root's Python).
-  build_python="$(command -v "python$root_python" || true)"
+  build_python=""
+  if found="$(command -v "python$root_python")" && "$found" -V >/dev/null 2>&1; then build_python="$found"; fi
+  if [ -z "$build_python" ]; then  # pyenv's shim answers for versions it does not enable: take its newest X.Y.*
+    for found in $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}/versions/$root_python".* 2>/dev/null | sort -V -r); do
+      if [ -x "$found/bin/python$root_python" ]; then build_python="$found/bin/python$root_python"; break; fi
+    done
+  fi
   [ -n "$build_python" ] || { echo "aarch64_check.sh: no python$root_python on PATH to build the cp${root_python/./} wheel (give --wheel)" >&2; exit 1; }
   t0=$(date +%s)
   CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" "$root_dir/tools/build_wheel.sh" --python "$build_python" \

@@ -166,10 +166,13 @@ if [ "$variant" = cpu ]; then
     if [ "$cross" = 1 ]; then
       # CMake is told it cross-compiles (CMAKE_SYSTEM_NAME given => CMAKE_CROSSCOMPILING), CMakeLists.txt takes
       # OpenBLAS from the target's scipy_openblas32. The extension's name: scikit-build-core takes the SOABI from
-      # SETUPTOOLS_EXT_SUFFIX (its documented cross-compile hook), pybind11 takes PYTHON_MODULE_EXTENSION as given
-      # (else it asks the running, x86-64, interpreter); the wheel's platform tag comes from _PYTHON_HOST_PLATFORM
-      # (scikit-build-core's wheel_tag.py). The C headers are the build interpreter's: the same CPython version,
-      # and its pyconfig.h describes an LP64 little-endian Linux like aarch64's.
+      # SETUPTOOLS_EXT_SUFFIX (its docs give it for Windows cross builds; its get_soabi reads it everywhere),
+      # pybind11 takes PYTHON_MODULE_EXTENSION as given (else it asks the running, x86-64, interpreter); the wheel's
+      # platform tag comes from _PYTHON_HOST_PLATFORM (scikit-build-core's wheel_tag.py; its docs call Linux cross
+      # builds a TODO, these are what its code reads). The C headers are the build interpreter's: the same CPython
+      # version, and its pyconfig.h describes an LP64 little-endian Linux like aarch64's. That takes a Python with
+      # one pyconfig.h (pyenv's, python.org's, CI's): Debian's /usr/include/python3.X/pyconfig.h includes a
+      # per-architecture one, and the aarch64 one is not installed on an x86-64 machine.
       ext_suffix="$("$tools_py" -c '
 import platform, sys, sysconfig
 host = f"-{platform.machine()}-linux-gnu"

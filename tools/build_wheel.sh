@@ -180,6 +180,12 @@ soabi = sysconfig.get_config_var("SOABI")
 assert soabi.endswith(host), f"unexpected SOABI {soabi!r} (expected it to end in {host!r})"
 print("." + soabi[: -len(host)] + f"-{sys.argv[1]}-linux-gnu.so")
 ' "$arch")"
+      py_include="$("$tools_py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+      if grep -q "include <$(uname -m)-linux-gnu/" "$py_include/pyconfig.h" 2>/dev/null; then
+        echo "build_wheel.sh: --arch $arch needs a Python whose pyconfig.h is not split per architecture; $python's" \
+             "($py_include/pyconfig.h) is Debian's multiarch one. Fix: --python with a pyenv or python.org build" >&2
+        exit 2
+      fi
       export SETUPTOOLS_EXT_SUFFIX="$ext_suffix" _PYTHON_HOST_PLATFORM="linux-$arch"
       cmake_defines+=(
         -C cmake.define.CMAKE_SYSTEM_NAME=Linux

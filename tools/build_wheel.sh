@@ -13,11 +13,11 @@
 #              (default here "80-real;90": sm_80 and sm_90 code plus sm_90 PTX for newer GPUs). The nvcc:
 #              CUDACXX, else nvcc on PATH; for cuda12x when neither is CUDA 12, one assembled from Debian's
 #              nvidia-cuda-toolkit (12.4) and NVIDIA's cu12 wheels by tools/cuda12_toolkit.sh (build/wheel/).
-#   --glibc    cpu only. native (default_glibc below): the system's g++ and libgomp, the wheel tagged for this
-#              machine's glibc (manylinux_2_34+ on Debian 12). X.Y: compile with zig's clang (the `ziglang`
+#   --glibc    cpu only. X.Y (2.28 by default, default_glibc below): compile with zig's clang (the `ziglang`
 #              wheel, tools/zig-c++) against glibc X.Y's symbols, e.g. 2.28 for a manylinux_2_28 wheel that
 #              installs on Ubuntu 20.04+, RHEL 8+, Debian 10+, whatever glibc this machine has. OpenMP is then
-#              LLVM's libomp (from the `cmeel-libomp` wheel, bundled into the wheel by the repair).
+#              LLVM's libomp (from the `cmeel-libomp` wheel, bundled into the wheel by the repair). native: the
+#              system's g++ and libgomp, the wheel tagged for this machine's glibc (manylinux_2_35 on Debian 12).
 #   --arch     native (default) or aarch64: cross-compiles the cpu wheel for 64-bit ARM Linux on this x86-64 machine
 #              (needs --glibc X.Y: zig's clang with `-target aarch64-linux-gnu.X.Y`), against the aarch64 wheels of
 #              scipy-openblas32 and cmeel-libomp (downloaded with `pip download --platform`, unpacked into
@@ -40,10 +40,10 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 python=python3
 variant=cpu
 arch=native
-# The CPU wheel's toolchain when --glibc is not given: "native" = the system's g++, the wheel tagged for this
-# machine's glibc. Set it to 2.28 (one line) to make the portable zig build the default; `--glibc native` then
-# still gives the g++ wheel (.ci/wheels.sh asks for both explicitly).
-default_glibc=native
+# The CPU wheel's toolchain when --glibc is not given: the portable zig build against glibc 2.28. It runs as fast as
+# the g++ build (LeNet's training step 1.005x, docs/benchmarks/training.md, 2026-11-24) and installs on far more
+# systems. `--glibc native` gives the g++ wheel (.ci/wheels.sh asks for both explicitly).
+default_glibc=2.28
 glibc=""
 out="$root/dist"
 while [ $# -gt 0 ]; do

@@ -154,6 +154,27 @@ def test_matmul_large(restore_threads):
     check_matmul(_core.matmul(make(ai, "reversed"), make(bi, "transposed")), ai, bi)
 
 
+# Thin products, the GEMMs of a small convolution (LeNet's first layer: 20 x 25 weights against 64 * 576 columns),
+# are cut into pieces OpenBLAS computes without packing (csrc/cpu/matmul.cpp); when the output is too small to
+# share, K is cut and the partial products are summed. The pieces depend on the shape only, so one and two
+# threads give the same bits, for plain and transposed operands alike.
+THIN = [((20, 25), (25, 36864)), ((36864, 25), (25, 20)), ((25, 36864), (36864, 20)), ((20, 36864), (36864, 25))]
+
+
+@pytest.mark.parametrize("shapes", THIN, ids=lambda s: "x".join(map(str, s[0])) + "@" + "x".join(map(str, s[1])))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_matmul_thin_products_cut_into_pieces(shapes, dtype, layout, restore_threads):
+    a, b = operands(np.random.default_rng(8), *shapes, dtype)
+    results = []
+    for n in (1, 2):
+        _core.set_num_threads(n)
+        got = _core.matmul(make(a, layout), make(b, layout))
+        check_matmul(got, a, b)
+        results.append(to_np(got))
+    assert np.array_equal(results[0], results[1])
+
+
 def test_matmul_out():
     rng = np.random.default_rng(7)
     a, b = operands(rng, (2, 3, 4), (4, 5), np.float64)

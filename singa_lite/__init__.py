@@ -29,7 +29,10 @@ def _preload_openblas() -> str:
     return path
 
 
+from ._malloc import settle_malloc  # noqa: E402
 from ._threads import preset_numpy_blas  # noqa: E402
+
+_MALLOC = settle_malloc()  # freed memory is reused, not faulted in again every step (singa_lite/_malloc.py)
 
 preset_numpy_blas()  # first: nothing below may import numpy before it
 _OPENBLAS = _preload_openblas()
@@ -63,6 +66,7 @@ def build_info() -> dict:
     """What this build compiled in (BLAS, CUDA, cuDNN, NCCL, with versions) and what the runtime sees."""
     info = _core.build_info()
     info["version"] = __version__
+    info["malloc"] = dict(_MALLOC)
     from .comm import nccl
 
     ok = nccl.available()

@@ -29,6 +29,10 @@ def main() -> None:
     nccl = info["nccl"]
     print(f"  NCCL : {'version ' + str(nccl['version']) if nccl['version'] else nccl['status'].splitlines()[0]}")
     print(f"  threads: {singa_lite.device.get_num_threads()}")
+    malloc = info["malloc"]
+    print("  malloc: " + (f"left alone ({malloc['left_alone']})" if "left_alone" in malloc else
+                          f"mmap threshold {malloc['mmap_threshold'] >> 20} MiB, trim threshold "
+                          f"{malloc['trim_threshold'] >> 20} MiB (SINGA_LITE_MALLOC=keep leaves it alone)"))
     print(json.dumps(info, indent=None, default=str))
 
 

@@ -132,8 +132,12 @@ def time_loops(batch):
     med = {k: statistics.median(v) for k, v in times.items()}
     for name in workers:
         loop, parts = med[name, "loop"], med[name, "step"] + med[name, "numpy"]
+        # Also per round: a slow phase of the machine that hits one block of a round (docs/benchmarks/training.md)
+        # then moves one ratio, not the medians of two columns.
+        per_round = statistics.median(lp / (st + nu) for lp, st, nu in
+                                      zip(times[name, "loop"], times[name, "step"], times[name, "numpy"]))
         print(f"loop_b{batch} {name:8s} loop {1e3 * loop:7.2f} ms  step {1e3 * med[name, 'step']:6.2f} + numpy "
-              f"{1e3 * med[name, 'numpy']:5.2f} ms  loop/sum {loop / parts:4.2f}"
+              f"{1e3 * med[name, 'numpy']:5.2f} ms  loop/sum {loop / parts:4.2f}, per round {per_round:4.2f}"
               + (" (goal <= 1.15)" if name == "singa" else ""))
     for torch_name in ("torch", "torch+t4"):
         if "singa" in workers and torch_name in workers:

@@ -25,16 +25,25 @@ def run(args, launcher=None, python=True, script=SCRIPT):
 
 
 # Issue 5 asks >= 97% for plain and half, and partial / sparse within 1 point of plain. On 360 test digits
-# one run's accuracy moves by about a point with the seed, so the goal is judged on means over seeds 0-9
-# (docs/benchmarks/distopt.md, "Convergence"): plain 98.17, half 98.11, partial (three partitions) 98.03, top-K 5%
-# 98.11, threshold 98.03. Here seed 0 of each runs against a floor it clears with a margin.
+# one run's accuracy moves by about a point with the seed (sd 0.7-1.0 over seeds 0-9), so the goal is judged on
+# means over seeds (docs/benchmarks/distopt.md, "Convergence"): plain 98.17, half 98.11, partial (three
+# partitions) 98.03, top-K 5% 98.11, threshold 98.03. Here each option runs seeds 0-2: their mean must clear the
+# floor, and no run may fall more than 3 points under it. (One seed alone was too fragile: any change in the
+# last bits of a GEMM re-rolls the trajectory, and seed 0 of the threshold option then ended its 10th epoch at
+# 95.6 % after 98.6 % in the 9th, while the mean over seeds 0-9 stayed at 97.8.)
 @pytest.mark.parametrize("option,extra,floor", [
     ("plain", [], 0.97), ("half", [], 0.97), ("partialUpdate", ["--threshold", "20000"], 0.965),
     ("sparseTopK", [], 0.965), ("sparseThreshold", ["--spars", "0.002"], 0.97)])
 def test_two_ranks_converge_with_every_dist_option(option, extra, floor):
-    acc, out = run(["--world-size", "2", "--dist-option", option, "--epochs", "10", *extra])
-    assert acc >= floor, out
-    assert "2 ranks (shm backend" in out
+    accs, outs = [], []
+    for seed in (0, 1, 2):
+        acc, out = run(["--world-size", "2", "--dist-option", option, "--epochs", "10", "--seed", str(seed), *extra])
+        assert "2 ranks (shm backend" in out
+        accs.append(acc)
+        outs.append(out)
+    report = f"{option}: test accuracy {accs} over seeds 0-2\n" + "\n".join(outs)
+    assert np.mean(accs) >= floor, report
+    assert min(accs) >= floor - 0.03, report
 
 
 def test_mpi_launcher():

@@ -74,12 +74,12 @@ esac
 
 # The oldest glibc among a wheel's platform tags (manylinux_2_27_x86_64.manylinux_2_28_x86_64 -> 27): 28 or less
 # lets Ubuntu 20.04+, RHEL 8+ and Debian 10+ install it.
-check_portable_tag() {
-  local wheel="$1" glibc_minor
-  glibc_minor="$(basename "$wheel" | grep -o 'manylinux_2_[0-9]*_x86_64' | sed 's/manylinux_2_\([0-9]*\)_.*/\1/' | sort -n | head -1)"
+check_portable_tag() {  # WHEEL [ARCH, default x86_64]
+  local wheel="$1" arch="${2:-x86_64}" glibc_minor
+  glibc_minor="$(basename "$wheel" | grep -o "manylinux_2_[0-9]*_$arch" | sed 's/manylinux_2_\([0-9]*\)_.*/\1/' | sort -n | head -1)"
   [ -n "$glibc_minor" ] && [ "$glibc_minor" -le 28 ] ||
-    { echo "the --glibc 2.28 wheel is not tagged manylinux_2_28 or older: $(basename "$wheel")" >&2; exit 1; }
-  echo "portable CPU wheel: $(basename "$wheel") (installs on glibc >= 2.$glibc_minor)"
+    { echo "the --glibc 2.28 wheel is not tagged manylinux_2_28_$arch or older: $(basename "$wheel")" >&2; exit 1; }
+  echo "portable CPU wheel ($arch): $(basename "$wheel") (installs on glibc >= 2.$glibc_minor)"
 }
 start=$(date +%s)
 tools/build_wheel.sh --python "$python" --variant cpu --glibc 2.28 --out "$tmp/wheelhouse-portable"
@@ -93,10 +93,7 @@ if [ "$aarch64" = 1 ]; then
   tools/build_wheel.sh --python "$python" --variant cpu --glibc 2.28 --arch aarch64 --out "$tmp/wheelhouse-aarch64"
   echo "aarch64 CPU wheel (zig cross build, glibc 2.28) built and repaired in $(( $(date +%s) - start )) s"
   aarch64_wheel="$(ls "$tmp"/wheelhouse-aarch64/singa_lite-*.whl)"
-  case "$(basename "$aarch64_wheel")" in
-    *manylinux_2_*_aarch64.whl) ;;
-    *) echo "not a manylinux aarch64 wheel: $aarch64_wheel" >&2; exit 1 ;;
-  esac
+  check_portable_tag "$aarch64_wheel" aarch64
   pytag="$("$python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
   tools_py="$root/build/wheel/venv-$pytag/bin/python"  # build_wheel.sh's: auditwheel and its ELF reader (pyelftools)
   "$(dirname "$tools_py")/auditwheel" show "$aarch64_wheel"
@@ -307,15 +304,7 @@ else
   fi
 fi
 # ---------------------------------------------------------------- other CPython versions (--pythons)
-# The interpreter of version X.Y: pythonX.Y on PATH, else pyenv's newest X.Y.* install.
-find_python() {
-  local version="$1" found
-  if found="$(command -v "python$version")" && "$found" -V >/dev/null 2>&1; then echo "$found"; return; fi
-  for found in $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}/versions/$version".* 2>/dev/null | sort -V -r); do
-    [ -x "$found/bin/python$version" ] && { echo "$found/bin/python$version"; return; }
-  done
-  return 1
-}
+source tools/find_python.sh  # find_python X.Y: pythonX.Y on PATH, else pyenv's newest X.Y.* install
 for version in $pythons; do
   interpreter="$(find_python "$version")" ||
     { echo "--pythons: no Python $version (neither python$version on PATH nor under pyenv's versions)" >&2; exit 1; }

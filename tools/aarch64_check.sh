@@ -140,13 +140,8 @@ if [ ! -x "$rootfs/opt/venv/bin/python" ] || [ ! -e "$rootfs/opt/venv/.deps-done
 fi
 if [ -z "$wheel" ]; then
   # The build machine's CPython of the root's version builds it (the wheel must match the root's Python).
-  build_python=""
-  if found="$(command -v "python$root_python")" && "$found" -V >/dev/null 2>&1; then build_python="$found"; fi
-  if [ -z "$build_python" ]; then  # pyenv's shim answers for versions it does not enable: take its newest X.Y.*
-    for found in $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}/versions/$root_python".* 2>/dev/null | sort -V -r); do
-      if [ -x "$found/bin/python$root_python" ]; then build_python="$found/bin/python$root_python"; break; fi
-    done
-  fi
+  source "$root_dir/tools/find_python.sh"
+  build_python="$(find_python "$root_python")" || build_python=""
   [ -n "$build_python" ] || { echo "aarch64_check.sh: no python$root_python on PATH to build the cp${root_python/./} wheel (give --wheel)" >&2; exit 1; }
   t0=$(date +%s)
   CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" "$root_dir/tools/build_wheel.sh" --python "$build_python" \

@@ -104,7 +104,9 @@ def time_loops(batch):
 
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_loop.py")
     extra = ["--threads", str(ARGS.threads)] if ARGS.threads else []
-    fixed = {**USER_ENV, "OPENBLAS_THREAD_TIMEOUT": USER_ENV.get("OPENBLAS_THREAD_TIMEOUT", "4")}
+    from singa_lite._threads import SPIN_DEFAULT, SPIN_VAR  # the setting singa_lite gives numpy's OpenBLAS
+
+    fixed = {**USER_ENV, SPIN_VAR: USER_ENV.get(SPIN_VAR, SPIN_DEFAULT)}
     kinds = {"singa": ("singa", USER_ENV), "torch": ("torch", USER_ENV), "torch+t4": ("torch", fixed)}
     workers = {}
     for name, (lib, env) in kinds.items():

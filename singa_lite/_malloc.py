@@ -14,7 +14,7 @@ so the cost depends on what the process freed before: the numpy work of bench/tr
 imported) took 0.27 ms in a fresh process and 0.61 ms in one that had run other numpy work first, and the loop
 with singa_lite's step paid 0 or 40-130 page faults an iteration depending on the thresholds. So at import,
 singa_lite sets the thresholds where glibc's own heuristic ends up: mmap threshold 32 MiB, trim threshold
-64 MiB (``mallopt``; docs/benchmarks/training.md, "The allocator between steps"). The cost is memory: up to
+64 MiB (``mallopt``; docs/benchmarks/training.md, "The loop, again", its malloc paragraph). The cost is memory: up to
 64 MiB of free heap per malloc arena stays with the process instead of going back to the system.
 
 Left alone: ``SINGA_LITE_MALLOC=keep``; a user who tuned malloc (any ``MALLOC_*_`` threshold variable, or

@@ -70,7 +70,7 @@ constexpr int64_t kSplitK = 8192;
 // cores (Haswell, Zen's AVX2 kernels) have no such path and pieces only add calls (323 -> 370 us), so the
 // pieces are cut only when the core OpenBLAS chose is one of these.
 constexpr int64_t kDirectWork = 1000000;
-constexpr int64_t kDirectMinCols = 256;  // narrower pieces cost more in calls than the direct path saves
+constexpr int64_t kDirectMinPiece = 256;  // columns or K: thinner pieces cost more in calls than the direct path saves
 
 bool blas_computes_small_directly() {
   static const bool yes = [] {
@@ -105,7 +105,7 @@ void gemm_parallel(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A
     int64_t block = ((extent + parts - 1) / parts + 15) / 16 * 16;  // multiples of 16: whole SIMD tiles
     if (cut_for_direct) {
       const int64_t direct = kDirectWork / ((by_cols ? M : N) * K) / 16 * 16;
-      if (direct >= kDirectMinCols && direct < block) {
+      if (direct >= kDirectMinPiece && direct < block) {
         block = direct;
         parts = (extent + block - 1) / block;
       }
@@ -123,7 +123,8 @@ void gemm_parallel(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A
     return;
   }
   int64_t split = kSplitK;  // depends on the shape only, never on the thread count
-  const int64_t direct_split = kDirectWork / (M * N) / 256 * 256;  // 0 when even 256 would not be direct
+  const int64_t direct_split =  // 0 when even kDirectMinPiece would not be direct
+      kDirectWork / (M * N) / kDirectMinPiece * kDirectMinPiece;
   if (cut_for_direct && direct_split > 0) split = std::min(direct_split, kSplitK);
   const int64_t chunks = (K + split - 1) / split;
   std::vector<T> partial(static_cast<size_t>((chunks - 1) * M * N));

@@ -192,5 +192,7 @@ def _alive(pid: int) -> bool:
     try:  # a rank that ended stays a zombie until its parent (the launcher) reaps it
         with open(f"/proc/{pid}/stat", "rb") as f:
             return f.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X")
+    except (FileNotFoundError, ProcessLookupError):  # ended (and reaped) since the kill(0) above
+        return False
     except (OSError, IndexError):
         return True

@@ -5,11 +5,12 @@ import time
 
 
 def alive(pid: int) -> bool:
-    """True while the process runs; a zombie (ended, not yet reaped) counts as gone."""
+    """True while the process runs; a zombie (ended, not yet reaped) counts as gone. A process that ends between
+    the open and the read makes the read fail with ESRCH (ProcessLookupError): gone too."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return False
 
 

@@ -83,6 +83,10 @@ class Refused(CommError):
     """The other side of a connection is not a rank of this job (or this process is not one of that job's)."""
 
 
+class Dropped(CommError):
+    """The other side closed the connection before answering at all (flooded, starting, or not ours)."""
+
+
 # ---------------------------------------------------------------- identity
 def job_id(environ=None) -> str:
     """This job's identity: SINGA_LITE_JOB_ID, else the launcher's (torchrun's run id, Slurm's job and step),
@@ -142,7 +146,7 @@ def credentials(environ=None, single_host: bool = False) -> Credentials:
     strict = _truthy(environ.get(REQUIRE_VAR, ""), REQUIRE_VAR)
     required = single_host or strict
     because = f"{REQUIRE_VAR} is set" if strict else "every rank runs on one host" if single_host else ""
-    secret = _given_secret(environ)
+    secret = given_secret(environ)
     if secret is not None:
         key = hmac.new(b"singa_lite job secret", secret, hashlib.sha256).digest()
         source = SECRET_VAR if environ.get(SECRET_VAR) else f"{SECRET_FILE_VAR} ({environ[SECRET_FILE_VAR]})"
@@ -170,7 +174,8 @@ def _truthy(raw: str, name: str) -> bool:
     raise ValueError(f"{name} must be 1 (require a job secret) or 0, got {raw!r}")
 
 
-def _given_secret(environ) -> bytes | None:
+def given_secret(environ) -> bytes | None:
+    """The job's secret from SINGA_LITE_JOB_SECRET or SINGA_LITE_JOB_SECRET_FILE (checked), or None."""
     raw, path = environ.get(SECRET_VAR), environ.get(SECRET_FILE_VAR)
     if raw and path:
         raise ValueError(f"both {SECRET_VAR} and {SECRET_FILE_VAR} are set: give the job's secret one way")
@@ -387,7 +392,10 @@ def client(sock: socket.socket, creds: Credentials, purpose: str, extra: dict | 
     deadline = time.monotonic() + timeout
     try:
         mine = _send(sock, _hello(creds, purpose, extra or {}))
-        theirs, raw = _recv(sock, deadline)
+        try:
+            theirs, raw = _recv(sock, deadline)
+        except (ConnectionError, struct.error) as e:
+            raise Dropped(f"{where} closed the connection without answering the handshake ({e})") from None
         if theirs.get("error"):
             raise Refused(f"{where} refused this process: {_text(theirs, 'error', 1024)}")
         job, kind, key_id = _text(theirs, "job", MAX_JOB_ID), _text(theirs, "kind"), _text(theirs, "key_id")
@@ -415,9 +423,9 @@ def client(sock: socket.socket, creds: Credentials, purpose: str, extra: dict | 
                         f"{timeout:g} s: is it a singa_lite rank or store of this job?") from None
     except _BadFrame as e:
         raise CommError(f"{where} is not a singa_lite endpoint of this version: {e}") from None
-    except (ConnectionError, OSError) as e:
-        if isinstance(e, CommError):
-            raise
+    except CommError:
+        raise
+    except (ConnectionError, OSError, struct.error) as e:
         raise CommError(f"{where} closed the connection during the handshake ({e}): it may have refused this "
                         f"process, or it is not a singa_lite rank or store") from None
 

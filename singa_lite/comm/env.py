@@ -60,19 +60,50 @@ TORCHRUN_OPTIONAL = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK"
 SLURM_NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
 SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 10000  # MASTER_PORT under Slurm: base + job id % span
 ENV_BACKENDS = ("shm", "tcp", "nccl")  # what the rendezvous can give; mpi needs mpiexec
+MAX_WORLD_SIZE = 65536  # ranks of one job: the store waits for one key per rank (store.MAX_WAIT_KEYS)
+MAX_LIST_CHARS = 1 << 20  # a Slurm list longer than this is refused before it is read
 
 
 # ---------------------------------------------------------------- Slurm's compressed lists
-def expand_nodelist(text: str) -> list[str]:
+def expand_nodelist(text: str, limit: int = MAX_WORLD_SIZE) -> list[str]:
     """Slurm's compressed host list as names: ``node[01-03,07],gpu5`` -> node01 node02 node03 node07 gpu5.
     Zero padding of a range is kept (``[08-10]`` -> 08 09 10); several bracket groups in one name give every
-    combination (``r[1-2]n[1-2]`` -> r1n1 r1n2 r2n1 r2n2), as Slurm's hostlist does."""
+    combination (``r[1-2]n[1-2]`` -> r1n1 r1n2 r2n1 r2n2), as Slurm's hostlist does. A list of more than `limit`
+    names is refused before any is made."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"Slurm node list: expected names like 'node[01-03,07],gpu5', got {text!r}")
+    if len(text) > MAX_LIST_CHARS:
+        raise ValueError(f"Slurm node list of {len(text)} characters is over the limit of {MAX_LIST_CHARS}")
+    items = _split_top_level(text.strip(), text)
+    total = sum(_count_names(item, text) for item in items)
+    if total > limit:
+        raise ValueError(f"Slurm node list {_short(text)} names {total} hosts, more than the {limit} a job may have")
     names = []
-    for item in _split_top_level(text.strip(), text):
+    for item in items:
         names.extend(_expand_name(item, text))
     return names
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 80 else repr(text[:77] + "...")
+
+
+def _count_names(item: str, whole: str) -> int:
+    """How many names _expand_name(item) gives, without making them."""
+    open_at = item.find("[")
+    if open_at < 0:
+        return 1
+    close_at = item.find("]", open_at)
+    if close_at < 0:
+        raise ValueError(f"Slurm node list {_short(whole)}: '[' is never closed")
+    count = 0
+    for part in item[open_at + 1:close_at].split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
+        if not m:
+            raise ValueError(f"Slurm node list {_short(whole)}: expected numbers or ranges like 01-03 inside [...], "
+                             f"got {part.strip()!r}")
+        count += max(int(m.group(2) or m.group(1)) - int(m.group(1)) + 1, 0)
+    return count * _count_names(item[close_at + 1:], whole)
 
 
 def _split_top_level(text: str, whole: str) -> list[str]:
@@ -121,13 +152,21 @@ def _expand_name(item: str, whole: str) -> list[str]:
 
 def expand_tasks_per_node(text: str) -> list[int]:
     """Slurm's tasks per node (``SLURM_STEP_TASKS_PER_NODE``): ``2(x3),1`` -> [2, 2, 2, 1]."""
-    counts = []
-    for part in str(text).split(","):
+    text = str(text)
+    if len(text) > MAX_LIST_CHARS:
+        raise ValueError(f"Slurm tasks per node: a list of {len(text)} characters is over the limit of "
+                         f"{MAX_LIST_CHARS}")
+    parts = []
+    for part in text.split(","):
         m = re.fullmatch(r"\s*(\d+)\s*(?:\(x(\d+)\))?\s*", part)
         if not m:
-            raise ValueError(f"Slurm tasks per node: expected a list like '2(x3),1', got {text!r}")
-        counts.extend([int(m.group(1))] * int(m.group(2) or 1))
-    return counts
+            raise ValueError(f"Slurm tasks per node: expected a list like '2(x3),1', got {_short(text)}")
+        parts.append((int(m.group(1)), int(m.group(2) or 1)))
+    nodes = sum(n for _, n in parts)
+    if nodes > MAX_WORLD_SIZE:
+        raise ValueError(f"Slurm tasks per node: {_short(text)} lists {nodes} nodes, more than the {MAX_WORLD_SIZE} "
+                         f"a job may have")
+    return [count for count, n in parts for _ in range(n)]
 
 
 # ---------------------------------------------------------------- the launch environment
@@ -174,14 +213,18 @@ def _describe_seen(environ) -> str:
     return "variables seen: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in seen.items())
 
 
-def _int(environ, name: str, launcher: str, minimum: int = 0) -> int:
+def _int(environ, name: str, launcher: str, minimum: int = 0, maximum: int = MAX_WORLD_SIZE) -> int:
     raw = environ.get(name)
+    text = str(raw).strip()
     try:
-        value = int(str(raw).strip())
+        value = int(text) if len(text) <= 20 else None
     except (TypeError, ValueError):
         value = None
-    if value is None or value < minimum:
-        raise ValueError(f"{launcher} environment: {name} must be an integer >= {minimum}, got {raw!r}")
+    if value is None or not minimum <= value <= maximum:
+        shown = raw if raw is None or len(str(raw)) <= 40 else str(raw)[:37] + "..."
+        raise ValueError(f"{launcher} environment: {name} must be an integer from {minimum} to {maximum}, got "
+                         f"{shown!r}" + (f" (a job has at most {MAX_WORLD_SIZE} ranks)" if value is not None
+                                         and value > maximum == MAX_WORLD_SIZE else ""))
     return value
 
 
@@ -233,7 +276,7 @@ def read_torchrun(environ=None) -> LaunchEnv:
                              f"LOCAL_RANK={env.local_rank}, LOCAL_WORLD_SIZE={env.local_size}, WORLD_SIZE={world}")
     for name in ("GROUP_RANK", "NODE_RANK"):
         if name in environ:
-            env.node_rank = _int(environ, name, who)
+            env.node_rank = _int(environ, name, who, 0, world - 1)
             break
     return env
 
@@ -253,7 +296,10 @@ def read_slurm(environ=None) -> LaunchEnv:
     if rank >= world:
         raise ValueError(f"{who} environment: need SLURM_PROCID < {world_var}, got {rank} and {world}")
     list_var = next((v for v in SLURM_NODELIST_VARS if environ.get(v)), None)
-    nodes = expand_nodelist(environ[list_var]) if list_var else []
+    try:
+        nodes = expand_nodelist(environ[list_var]) if list_var else []
+    except ValueError as e:
+        raise ValueError(f"{who} environment: {list_var}: {e}") from None
     master = environ.get("MASTER_ADDR", "").strip()
     if not master:
         if not nodes:
@@ -279,7 +325,10 @@ def read_slurm(environ=None) -> LaunchEnv:
         per_node = None
         for var in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
             if environ.get(var) and env.node_rank is not None:
-                counts = expand_tasks_per_node(environ[var])
+                try:
+                    counts = expand_tasks_per_node(environ[var])
+                except ValueError as e:
+                    raise ValueError(f"{who} environment: {var}: {e}") from None
                 if env.node_rank >= len(counts):
                     raise ValueError(f"{who} environment: SLURM_NODEID={env.node_rank}, but {var}={environ[var]!r} "
                                      f"lists {len(counts)} node(s)")
@@ -411,13 +460,35 @@ def _ranks(ranks) -> str:
     return ", ".join(map(str, ranks))
 
 
-def open_store(launch: LaunchEnv, timeout: float):
-    """The job's TcpStore: rank 0 serves it at MASTER_PORT, every rank connects to MASTER_ADDR:MASTER_PORT."""
-    from .store import TcpStore
+def single_host(launch: LaunchEnv) -> bool:
+    """Whether the launcher says every rank runs on this host: MASTER_ADDR is loopback, torchrun's local world
+    is the whole world, or Slurm's step has one node. (The rendezvous learns the truth later; this is what is
+    known before any connection, for whom to let in and where to listen.)"""
+    from .store import is_loopback
 
+    if is_loopback(launch.master_addr, by_name=False):  # 127.0.0.1, ::1, localhost: nobody else reaches it
+        return True
+    if launch.local_size is not None:
+        return launch.local_size == launch.world_size
+    if launch.launcher == "slurm" and launch.nodes:
+        return len(set(launch.nodes)) == 1
+    return is_loopback(launch.master_addr)
+
+
+def open_store(launch: LaunchEnv, timeout: float, environ=None):
+    """The job's TcpStore: rank 0 serves it at MASTER_PORT, every rank connects to MASTER_ADDR:MASTER_PORT,
+    each proving the job's key (comm/auth.py) and claiming its rank."""
+    from . import auth
+    from .store import TcpStore, is_loopback
+
+    one_host = single_host(launch)
+    credentials = auth.credentials(environ, single_host=one_host)
+    # MASTER_ADDR may name this host by a name that resolves to loopback here but not on the other hosts
+    # (Debian maps the host name to 127.0.1.1): then the others need rank 0 on every interface.
+    listen = "" if not one_host and is_loopback(launch.master_addr) else None
     try:
         return TcpStore(launch.master_addr, launch.master_port, launch.world_size, launch.rank == 0,
-                        timeout=timeout)
+                        timeout=timeout, listen_host=listen, credentials=credentials, rank=launch.rank)
     except CommError as e:
         raise CommError(f"dist.init, {launch.describe()}: {e}") from None
 
@@ -478,6 +549,7 @@ def _join(store, launch: LaunchEnv, wanted, gpu: bool, timeout: float, options) 
     if backend == "tcp":
         from .tcp import TcpCommunicator
 
+        options.setdefault("single_host", len(set(table["nodes"])) == 1)
         return TcpCommunicator(store, rank, world, local_rank, local_size, timeout, **options)
     if backend == "nccl":
         unique_id = _nccl_id(store, rank, world, local_rank, local_size, options.get("device"), where, timeout)

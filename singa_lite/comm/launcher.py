@@ -46,7 +46,7 @@ import threading
 import time
 
 from .. import timeline
-from . import HOLDER_VAR
+from . import HOLDER_VAR, auth
 from .holder import NcclIdHolder
 from .mpi import MPI_LAUNCH_VARS
 
@@ -57,10 +57,14 @@ POLL_S = 0.1  # how often the supervisor looks at signals and deadlines
 REAP_S = 5.0  # after SIGKILL, how long to wait for the kernel to end a process before giving up on it
 DRAIN_S = 2.0  # after the ranks ended, how long to wait for the rest of their output
 REMOTE_MARK = "--singa-run-rank"  # `python -m singa_lite.comm.launcher --singa-run-rank ...`: remote_main
+SECRET_LINE = "SECRET"  # the first line singa-run writes to a remote rank's helper: "SECRET <the job's secret>"
+SECRET_WAIT_S = 60.0  # how long the helper waits for that line
 
 EPILOG = f"""\
 environment of each rank:
   {HOLDER_VAR}       the shared NcclIdHolder (NcclIdHolder.to_string()); marks a singa-run rank
+  {auth.JOB_ID_VAR}, {auth.SECRET_VAR}   this job's id and a fresh random key (unless already set):
+                          every connection of the job proves it (comm/auth.py); never on a command line
   RANK, WORLD_SIZE        this rank and the number of ranks
   LOCAL_RANK, LOCAL_WORLD_SIZE   the same on this host (singa-run starts ranks on one host)
   {BACKEND_VAR} --backend, when not auto
@@ -70,6 +74,7 @@ environment of each rank:
   PYTHONUNBUFFERED=1      with --prefix, unless already set (so lines arrive as they are printed)
 with --hostfile: no {HOLDER_VAR} and no OMP_NUM_THREADS (dist.init() shares each host's cores), but
   MASTER_ADDR, MASTER_PORT       where rank 0 serves the rendezvous store (see --master-addr, --master-port)
+  {auth.SECRET_VAR}   reaches each host through the remote shell's stdin, not its command line
   LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK   from the hostfile (dist.init() checks the hosts itself)
 
 exit status: 0 when every rank succeeded; the failed rank's exit code, or 128 + signal number when a signal
@@ -264,12 +269,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def job_identity(base=None) -> tuple[str, str]:
+    """(job id, secret) of a new job: the user's SINGA_LITE_JOB_ID and SINGA_LITE_JOB_SECRET when set (checked
+    here, before anything starts), else fresh ones, so that two singa-run jobs never mix and no stranger joins
+    one. The secret is "" when the ranks read it from SINGA_LITE_JOB_SECRET_FILE themselves."""
+    base = os.environ if base is None else base
+    try:
+        job = auth.job_id({auth.JOB_ID_VAR: base.get(auth.JOB_ID_VAR, "")}) or auth.new_job_id()
+        given = auth.given_secret(base)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if base.get(auth.SECRET_FILE_VAR):
+        return job, ""
+    return job, given.decode() if given is not None else auth.new_secret()
+
+
 def remote_variables(args, rank: int) -> dict:
-    """What a rank of a hostfile job needs (dist.init's torchrun variables) and singa-run's own settings."""
+    """What a rank of a hostfile job needs (dist.init's torchrun variables) and singa-run's own settings. Not
+    the job's secret: that reaches the host through the remote shell's stdin (remote_main)."""
     where = args.placement[rank]
     env = {"RANK": rank, "WORLD_SIZE": args.np, "LOCAL_RANK": where["local_rank"],
            "LOCAL_WORLD_SIZE": where["local_size"], "GROUP_RANK": where["node"], "MASTER_ADDR": args.master_addr,
-           "MASTER_PORT": args.master_port}
+           "MASTER_PORT": args.master_port, auth.JOB_ID_VAR: args.job_id}
+    if os.environ.get(auth.SECRET_FILE_VAR):
+        env[auth.SECRET_FILE_VAR] = os.environ[auth.SECRET_FILE_VAR]
     if args.backend not in (None, "auto"):
         env[BACKEND_VAR] = args.backend
     if args.timeout is not None:
@@ -299,7 +322,9 @@ def rank_environment(args, rank: int, holder_text: str, base=None) -> dict:
     """The environment of one rank: the parent's, plus what dist.init() needs to find the job."""
     env = dict(os.environ if base is None else base)
     env.update({HOLDER_VAR: holder_text, "RANK": str(rank), "WORLD_SIZE": str(args.np),
-                "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(args.np)})
+                "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(args.np), auth.JOB_ID_VAR: args.job_id})
+    if args.secret:
+        env[auth.SECRET_VAR] = args.secret
     if args.backend == "auto":
         env.pop(BACKEND_VAR, None)
     elif args.backend is not None:
@@ -485,6 +510,12 @@ class Job:
                     preexec_fn=setup))
             except OSError as e:
                 raise UsageError(f"could not start rank {rank} ({shlex.join(cmd)}): {e}") from None
+            if self.args.placement is not None:  # the helper's first line: the job's secret, off the command line
+                try:
+                    self.procs[-1].stdin.write(f"{SECRET_LINE} {self.args.secret}\n".encode())
+                    self.procs[-1].stdin.flush()
+                except (OSError, ValueError):  # the remote shell is gone already: its exit is reported
+                    pass
         # Threads only once every rank is started: preexec_fn must not run while other threads work.
         for rank, p in enumerate(self.procs):
             if self.args.prefix:
@@ -615,6 +646,8 @@ def dry_run(args) -> None:
         return
     for rank in range(args.np):
         env = rank_environment(args, rank, "<a new NcclIdHolder>")
+        if auth.SECRET_VAR in env and env[auth.SECRET_VAR] != os.environ.get(auth.SECRET_VAR):
+            env[auth.SECRET_VAR] = "<a fresh secret>"
         new = {k: v for k, v in env.items() if os.environ.get(k) != v}
         print(f"  rank {rank}: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(new.items())))
 
@@ -627,6 +660,10 @@ def main(argv=None) -> int:
         check_args(args)
     except UsageError as e:
         parser.error(str(e))  # usage, the message, exit code 2
+    try:
+        args.job_id, args.secret = job_identity()
+    except UsageError as e:
+        parser.error(str(e))
     if args.dry_run:
         dry_run(args)
         return 0
@@ -660,6 +697,13 @@ def remote_main(argv) -> int:
         env[name] = value
     where = f"rank {env.get('RANK', '?')} on {socket.gethostname()}"
     try:
+        secret, pending = _read_secret_line()
+    except ValueError as e:
+        print(f"singa-run: {where}: {e}", file=sys.stderr)
+        return 2
+    if secret:
+        env[auth.SECRET_VAR] = secret
+    try:
         rank = subprocess.Popen(cmd, cwd=directory, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
                                 preexec_fn=_die_with_parent())
     except OSError as e:
@@ -673,19 +717,20 @@ def remote_main(argv) -> int:
             pass
 
     def control():
-        pending = b""
+        nonlocal pending
+        chunk = b""  # lines that came with the secret are handled first
         while True:
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                name = line.decode(errors="replace").strip()
+                if name in ("SIGTERM", "SIGINT", "SIGHUP"):
+                    signal_rank(getattr(signal, name))
             try:
                 chunk = os.read(0, 1024)  # the raw descriptor: no buffered reader left locked at exit
             except OSError:
                 chunk = b""
             if not chunk:
                 break
-            *lines, pending = (pending + chunk).split(b"\n")
-            for line in lines:
-                name = line.decode(errors="replace").strip()
-                if name in ("SIGTERM", "SIGINT", "SIGHUP"):
-                    signal_rank(getattr(signal, name))
         signal_rank(signal.SIGKILL)  # singa-run, or the connection to it, is gone
 
     for sig in FORWARDED:  # a remote shell may still signal us (sshd's SIGHUP when the connection drops)
@@ -698,6 +743,29 @@ def remote_main(argv) -> int:
         except InterruptedError:  # pragma: no cover -- PEP 475 retries, kept for clarity
             continue
     return exit_status(code)
+
+
+def _read_secret_line() -> tuple[str, bytes]:
+    """The first line singa-run writes to this helper's stdin ("SECRET <secret>", the secret empty when the
+    ranks read SINGA_LITE_JOB_SECRET_FILE), and whatever came after it. ValueError when it does not come."""
+    import select
+
+    data, deadline = b"", time.monotonic() + SECRET_WAIT_S
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([0], [], [], left)[0]:
+            raise ValueError(f"singa-run sent no job secret within {SECRET_WAIT_S:g} s on stdin")
+        chunk = os.read(0, 4096)
+        if not chunk:
+            raise ValueError("stdin ended before singa-run sent the job secret")
+        data += chunk
+        if len(data) > auth.MAX_SECRET + 64:
+            raise ValueError("the first line on stdin is not singa-run's job secret")
+    line, _, rest = data.partition(b"\n")
+    word, _, secret = line.decode(errors="replace").partition(" ")
+    if word != SECRET_LINE:
+        raise ValueError("the first line on stdin is not singa-run's job secret (is singa-run the same version?)")
+    return secret.strip(), rest
 
 
 if __name__ == "__main__":

@@ -8,25 +8,40 @@ saying what to check: nothing listening (wrong MASTER_PORT, rank 0 not started, 
 not a store (another service on that port), a rank that never arrived (``get`` of ``<prefix>/<rank>``, and
 ``barrier``, name it).
 
-Wire format: every message is a 12-byte header (magic ``SLKV``, protocol version, operation or status,
-payload length) and a payload of length-prefixed fields. A connection starts with a HELLO exchange: a client
-that is not a store's (or a store of another protocol version) is dropped by the server, and a client that
-reaches something other than a store says so instead of hanging. Keys and values are bounded
+Who may connect: every connection begins with the job's handshake (comm/auth.py): both sides prove they hold
+the job's key and carry the same job id, and a client claims its rank. Another job's rank hears "another job
+(id X) uses this port"; a stranger is refused before it can read or write a key; a second process claiming a
+rank that is taken is refused, naming both. Rank 0 listens only where MASTER_ADDR points on its host
+(loopback when that is a loopback address).
+
+Bounded against hostile or broken peers: a connection costs at most a few KiB and auth.HANDSHAKE_S seconds
+before it has proved the key, and at most MAX_HANDSHAKES wait at once; a message is read as its bytes arrive
+(a header announcing 64 MiB reserves nothing); stored keys and bytes have a quota (QUOTA_BYTES, MAX_KEYS);
+every number read from the wire is checked (finite timeouts, no integer overflow); ``accept`` survives running
+out of file descriptors (it backs off, says so once, and goes on).
+
+Wire format after the handshake: every message is a 12-byte header (magic ``SLKV``, protocol version,
+operation or status, payload length) and a payload of length-prefixed fields. Keys and values are bounded
 (MAX_KEY_BYTES, MAX_VALUE_BYTES); one connection's failure never stops the server.
 """
 from __future__ import annotations
 
+import errno
+import ipaddress
+import math
 import os
 import re
 import socket
 import struct
+import sys
 import threading
 import time
 
+from . import auth
 from .communicator import CommError
 
 MAGIC = b"SLKV"
-VERSION = 1
+VERSION = 2  # 2: after the job handshake of comm/auth.py
 _HEADER = struct.Struct("!4sBBHI")  # magic, version, op/status, reserved, payload length
 _FIELD = struct.Struct("!I")
 _DOUBLE = struct.Struct("!d")
@@ -35,12 +50,18 @@ MAX_KEY_BYTES = 4096
 MAX_VALUE_BYTES = 64 << 20
 MAX_PAYLOAD_BYTES = MAX_VALUE_BYTES + 64 * MAX_KEY_BYTES  # a set's value and key, or a wait's keys
 MAX_WAIT_KEYS = 65536
-HANDSHAKE_S = 10.0  # at most this long for a peer to answer HELLO (a silent non-store peer)
+MAX_TIMEOUT_S = 1e7  # about 115 days: the longest wait a call may ask for
+QUOTA_BYTES = 1 << 30  # keys and values held at once
+MAX_KEYS = 1 << 20
+MAX_HANDSHAKES = 128  # connections that have not proved the key yet, at once; more are closed at once
 REPLY_GRACE_S = 10.0  # a blocking get/wait's reply may come this long after its own timeout
 _RETRY_MAX_S = 1.0  # longest pause between two connection attempts
+_RECV_CHUNK = 1 << 20
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 # operations (requests)
-_HELLO, _SET, _GET, _ADD, _WAIT, _DELETE = 1, 2, 3, 4, 5, 6
+_SET, _GET, _ADD, _WAIT, _DELETE = 2, 3, 4, 5, 6
 # statuses (replies)
 _OK, _TIMEOUT, _ERROR = 100, 101, 102
 _RANK_KEY = re.compile(r"^(.*)/(\d+)$")
@@ -56,15 +77,16 @@ def _pack(code: int, fields=()) -> bytes:
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
+    """n bytes, gathered as they arrive: memory grows with what the peer really sent, not with what its
+    header announced."""
+    parts, got = [], 0
     while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
+        chunk = sock.recv(min(n - got, _RECV_CHUNK))
+        if not chunk:
             raise _Closed()
-        got += k
-    return bytes(buf)
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
 
 
 def _read_header(sock: socket.socket) -> tuple[int, int, int]:
@@ -109,26 +131,73 @@ def _missing_rank_hint(keys) -> str:
             f"started, with the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT, and look at their output")
 
 
+def check_timeout(value, what: str) -> float:
+    """A wait's length in seconds: finite, from 0 to MAX_TIMEOUT_S; ValueError otherwise."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_TIMEOUT_S):
+        raise ValueError(f"{what}: timeout must be a finite number of seconds from 0 to {MAX_TIMEOUT_S:g}, "
+                         f"got {value!r}")
+    return seconds
+
+
+def is_loopback(host: str, by_name: bool = True) -> bool:
+    """Whether `host` means this host's loopback interface: a loopback address, ``localhost``, or (by_name) a
+    name that resolves only to loopback addresses here."""
+    if host.strip("[]").lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]").split("%")[0]).is_loopback
+    except ValueError:
+        if not by_name:
+            return False
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
+
+
 class _Server:
     """The store's data and the threads serving it (one per connection: a job has few ranks)."""
 
-    def __init__(self, listener: socket.socket):
+    def __init__(self, listener: socket.socket, world_size: int, credentials: auth.Credentials):
         self._listener = listener
+        self._world_size = world_size
+        self._credentials = credentials
         self._data: dict[bytes, bytes] = {}
+        self._bytes = 0  # of keys and values held
         self._changed = threading.Condition()
         self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()  # guards _conns
+        self._claims: dict[int, tuple] = {}  # rank -> (host, pid) of the process that claimed it
+        self._lock = threading.Lock()  # guards _conns and _claims
+        self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
         self._stopped = False
         self._thread = threading.Thread(target=self._accept_loop, name="singa_lite-store", daemon=True)
         self._thread.start()
 
     def _accept_loop(self):
+        pause, said = 0.05, False
         while not self._stopped:
             try:
                 conn, _ = self._listener.accept()
-            except OSError:  # closed by stop()
-                return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError as e:
+                if self._stopped or e.errno in (errno.EBADF, errno.EINVAL):  # closed by stop()
+                    return
+                if e.errno in _OUT_OF_DESCRIPTORS:  # the connection waits in the backlog meanwhile
+                    if not said:
+                        said = True
+                        print(f"singa_lite: rendezvous store: cannot accept a connection ({e.strerror}); waiting for "
+                              f"file descriptors to be freed (raise `ulimit -n`?)", file=sys.stderr, flush=True)
+                    time.sleep(pause)
+                    pause = min(pause * 2, 1.0)
+                continue  # ECONNABORTED and the like: that client gave up
+            pause = 0.05
+            if not self._handshakes.acquire(blocking=False):  # a flood of connections that prove nothing
+                conn.close()
+                continue
             with self._lock:
                 if self._stopped:
                     conn.close()
@@ -138,37 +207,58 @@ class _Server:
 
     def _serve(self, conn: socket.socket):
         try:
-            conn.settimeout(HANDSHAKE_S)  # a stray client must say HELLO in time
-            version, code, length = _read_header(conn)
-            _recv_exact(conn, length)
-            if code != _HELLO:
+            try:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                peer = auth.serve(conn, self._credentials, "store", admit=self._admit,
+                                  extra={"store": VERSION, "world": self._world_size})
+            finally:
+                self._handshakes.release()
+            if peer is None:
                 return
-            if version != VERSION:
-                conn.sendall(_pack(_ERROR, [f"store protocol version {VERSION}, client speaks {version}: "
-                                            f"every rank must run the same singa_lite version".encode()]))
-                return
-            conn.sendall(_pack(_OK, [str(VERSION).encode()]))
             conn.settimeout(None)  # a client may stay quiet for long between calls
             while not self._stopped:
                 version, code, length = _read_header(conn)
+                if version != VERSION:
+                    return
                 reply = self._handle(code, _fields(_recv_exact(conn, length)))
                 conn.sendall(reply)
-        except (_Closed, OSError, ValueError, struct.error):
-            pass  # that client is gone or not a store client: drop it, serve the others
+        except Exception:  # noqa: BLE001 -- that client is gone or broken: drop it, serve the others
+            pass
         finally:
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
 
+    def _admit(self, hello: dict) -> str | None:
+        """Whether an authenticated client's claim stands: the same store protocol and world size, and a rank
+        no other process holds."""
+        store, world, rank = hello.get("store"), hello.get("world"), hello.get("rank")
+        if store != VERSION:
+            return (f"this store speaks protocol {VERSION}, the client {store!r}: every rank must run the same "
+                    f"singa_lite version")
+        if world is not None and world != self._world_size:
+            return (f"this job has WORLD_SIZE={self._world_size} (rank 0's), the client was started with "
+                    f"WORLD_SIZE={world!r}: give every rank the same WORLD_SIZE")
+        if rank is None:
+            return None
+        host, pid = hello.get("host"), hello.get("pid")
+        if not (type(rank) is int and 0 <= rank < self._world_size and isinstance(host, str) and len(host) <= 256
+                and type(pid) is int):
+            return f"a claim must name a rank from 0 to {self._world_size - 1}, a host and a pid"
+        with self._lock:
+            held = self._claims.setdefault(rank, (host, pid))
+        if held != (host, pid):
+            return (f"rank {rank} is taken: pid {held[1]} on host {held[0]} joined as rank {rank} first, and this "
+                    f"process (pid {pid} on host {host}) says it is rank {rank} too: two processes were given "
+                    f"the same RANK (or two jobs share MASTER_PORT)")
+        return None
+
     def _handle(self, code: int, f: list[bytes]) -> bytes:
         try:
             if code == _SET and len(f) == 2:
-                with self._changed:
-                    self._data[f[0]] = f[1]
-                    self._changed.notify_all()
-                return _pack(_OK)
+                return self._set(f[0], f[1])
             if code == _GET and len(f) == 2:
-                (timeout,) = _DOUBLE.unpack(f[1])
+                timeout = _wire_timeout(f[1])
                 with self._changed:
                     if not self._changed.wait_for(lambda: f[0] in self._data or self._stopped, timeout):
                         return _pack(_TIMEOUT)
@@ -178,16 +268,16 @@ class _Server:
             if code == _ADD and len(f) == 2:
                 (amount,) = _INT.unpack(f[1])
                 with self._changed:
-                    old = self._data.get(f[0], b"0")
                     try:
-                        value = int(old) + amount
+                        value = int(self._data.get(f[0], b"0")) + amount
                     except ValueError:
                         return _pack(_ERROR, [b"add on a key whose value is not an integer"])
-                    self._data[f[0]] = str(value).encode()
-                    self._changed.notify_all()
-                return _pack(_OK, [_INT.pack(value)])
-            if code == _WAIT and f:
-                (timeout,) = _DOUBLE.unpack(f[0])
+                    if not _INT64[0] <= value <= _INT64[1]:
+                        return _pack(_ERROR, [b"add would overflow a 64-bit integer"])
+                reply = self._set(f[0], str(value).encode())
+                return _pack(_OK, [_INT.pack(value)]) if reply[4:6] == _pack(_OK)[4:6] else reply
+            if code == _WAIT and f and len(f) <= MAX_WAIT_KEYS + 1:
+                timeout = _wire_timeout(f[0])
                 keys = f[1:]
                 with self._changed:
                     done = self._changed.wait_for(lambda: all(k in self._data for k in keys) or self._stopped,
@@ -196,11 +286,27 @@ class _Server:
                 return _pack(_OK if done and not missing else _TIMEOUT, missing)
             if code == _DELETE and len(f) == 1:
                 with self._changed:
-                    existed = self._data.pop(f[0], None) is not None
-                return _pack(_OK, [b"1" if existed else b"0"])
-        except struct.error:
-            pass
+                    old = self._data.pop(f[0], None)
+                    if old is not None:
+                        self._bytes -= len(f[0]) + len(old)
+                return _pack(_OK, [b"1" if old is not None else b"0"])
+        except (struct.error, ValueError) as e:
+            return _pack(_ERROR, [f"malformed request (operation {code}): {e}".encode()])
         return _pack(_ERROR, [f"malformed request (operation {code}, {len(f)} fields)".encode()])
+
+    def _set(self, key: bytes, value: bytes) -> bytes:
+        if not 0 < len(key) <= MAX_KEY_BYTES or len(value) > MAX_VALUE_BYTES:
+            return _pack(_ERROR, [b"key or value over the store's limits"])
+        with self._changed:
+            old = self._data.get(key)
+            grown = len(value) - (len(old) if old is not None else -len(key))
+            if self._bytes + grown > QUOTA_BYTES or (old is None and len(self._data) >= MAX_KEYS):
+                return _pack(_ERROR, [f"the store is full (quota {QUOTA_BYTES} bytes in at most {MAX_KEYS} keys): "
+                                      f"it is for small rendezvous data".encode()])
+            self._data[key] = value
+            self._bytes += grown
+            self._changed.notify_all()
+        return _pack(_OK)
 
     def stop(self, shutdown: bool = True):
         """Stops serving. shutdown=False (a forked child's copy): only close this process's descriptors, as
@@ -224,15 +330,27 @@ class _Server:
             c.close()
 
 
+def _wire_timeout(field: bytes) -> float:
+    (value,) = _DOUBLE.unpack(field)
+    if not (math.isfinite(value) and 0 <= value <= MAX_TIMEOUT_S):
+        raise ValueError(f"timeout {value!r} is not a finite number of seconds from 0 to {MAX_TIMEOUT_S:g}")
+    return value
+
+
 class TcpStore:
     """A key-value store shared by ``world_size`` processes over TCP.
 
     host, port: the server's address (MASTER_ADDR, MASTER_PORT). is_server: True on exactly one process
-    (rank 0), which listens on every interface at ``port`` (0: a free port, then read ``.port`` and pass it to
-    the others), as torch's TCPStore does: MASTER_ADDR is how the others reach rank 0, which need not be an
-    address of its own (a Kubernetes service); ``listen_host`` restricts it. Every process, the server's
-    included, then connects as a client, retrying until ``timeout`` seconds (rank 0 may start last); after
-    that, CommError says which address was tried and what to check.
+    (rank 0), which serves it at ``port`` (0: a free port, then read ``.port`` and pass it to the others) on the
+    address `host` names on this host: loopback when `host` is a loopback address or name; every interface when
+    `host` is not an address of this host (a Kubernetes service name: how the others reach rank 0, which need
+    not be one of its own). ``listen_host`` chooses the address ("" for every interface). Every process, the
+    server's included, then connects as a client, retrying until ``timeout`` seconds (rank 0 may start last);
+    after that, CommError says which address was tried and what to check.
+
+    credentials: the job's identity and key (auth.Credentials; default: from this process's environment, the
+    key required when `host` is a loopback address). rank: the rank this client claims (None: no claim); host
+    and pid go with it, so a second process claiming the same rank is refused, naming both.
 
     Values are bytes. ``get`` and ``wait`` block until their keys exist (at most their timeout, default the
     store's); ``add`` is an atomic integer counter (its value reads back with ``get`` as ASCII digits).
@@ -240,7 +358,8 @@ class TcpStore:
     """
 
     def __init__(self, host: str, port: int, world_size: int, is_server: bool, timeout: float = 300.0,
-                 listen_host: str | None = None):
+                 listen_host: str | None = None, credentials: auth.Credentials | None = None,
+                 rank: int | None = None):
         if not isinstance(host, str) or not host:
             raise ValueError(f"TcpStore: host must be a host name or address (MASTER_ADDR), got {host!r}")
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port < 65536:
@@ -249,16 +368,21 @@ class TcpStore:
             raise ValueError("TcpStore: a client needs the server's port; port 0 (a free port) is for the server")
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise ValueError(f"TcpStore: world_size must be a positive int, got {world_size!r}")
-        if not timeout > 0:
-            raise ValueError(f"TcpStore: timeout must be a positive number of seconds, got {timeout!r}")
-        self.host, self.world_size, self.timeout = host, world_size, float(timeout)
+        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size):
+            raise ValueError(f"TcpStore: rank must be None or an int in [0, {world_size}), got {rank!r}")
+        timeout = check_timeout(timeout, "TcpStore")
+        if timeout == 0:
+            raise ValueError("TcpStore: timeout must be a positive number of seconds, got 0")
+        self.host, self.world_size, self.timeout = host, world_size, timeout
         self.is_server = bool(is_server)
+        self.credentials = credentials if credentials is not None else auth.credentials(single_host=is_loopback(host))
+        self.rank = rank
         self._server = None
         self._sock = None
         self._lock = threading.Lock()
         self._pid = os.getpid()
         if is_server:
-            self._server = _Server(self._listen(listen_host, port))
+            self._server = _Server(self._listen(listen_host, port), world_size, self.credentials)
             self.port = self._server._listener.getsockname()[1]
         else:
             self.port = port
@@ -272,18 +396,42 @@ class TcpStore:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def listen_address(self) -> str | None:
+        """Where the server listens (on rank 0), as host:port."""
+        if self._server is None:
+            return None
+        name = self._server._listener.getsockname()
+        return f"{name[0]}:{name[1]}"
+
     def _listen(self, listen_host, port) -> socket.socket:
-        family = socket.AF_INET6 if ":" in (listen_host or self.host) else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((listen_host or ("::" if family == socket.AF_INET6 else "0.0.0.0"), port))
-            sock.listen(256)
-        except OSError as e:
-            sock.close()
-            raise CommError(f"TcpStore: rank 0 cannot listen on port {port} ({e}): is another job or a "
-                            f"previous run still using it? Choose another MASTER_PORT") from None
-        return sock
+        for family, address in self._bind_candidates(listen_host, port):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(address)
+                sock.listen(256)
+                return sock
+            except OSError as e:
+                sock.close()
+                if e.errno == errno.EADDRNOTAVAIL:  # not an address of this host: try the next
+                    continue
+                raise CommError(f"TcpStore: rank 0 cannot listen on port {port} ({e}): is another job or a "
+                                f"previous run still using it? Choose another MASTER_PORT") from None
+        raise CommError(f"TcpStore: rank 0 cannot listen for {self.host}:{port}: no address to bind")
+
+    def _bind_candidates(self, listen_host, port) -> list:
+        """Where to listen, in order: listen_host when given; else the addresses `host` names that are this
+        host's (the first that binds wins); else every interface, for a name that is not ours (a service's)."""
+        if listen_host is not None:
+            wildcard = listen_host in ("", "0.0.0.0", "::")
+            name = listen_host or ("::" if ":" in self.host else "0.0.0.0")
+            family = socket.AF_INET6 if ":" in name else socket.AF_INET
+            return [(family, (name, port))] if wildcard or ":" in name or name[0].isdigit() else \
+                [(i[0], i[4]) for i in _resolve(name, port)] or [(family, (name, port))]
+        found = [(i[0], i[4]) for i in _resolve(self.host, port)]
+        family = found[0][0] if found else (socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        return found + [(family, ("::" if family == socket.AF_INET6 else "0.0.0.0", port))]
 
     # ----- connection
     def _connect(self) -> socket.socket:
@@ -306,7 +454,16 @@ class TcpStore:
                 pause = min(pause * 2, _RETRY_MAX_S)
                 continue
             try:
-                self._handshake(sock, min(max(deadline - time.monotonic(), 0.5), HANDSHAKE_S))
+                self._handshake(sock, min(max(deadline - time.monotonic(), 1.0), 30.0))
+            except _Busy:  # the server closed it before a word: it is flooded, or still starting; try again
+                sock.close()
+                if time.monotonic() + pause >= deadline:
+                    raise CommError(f"TcpStore: the rendezvous store at {self.address} kept closing the "
+                                    f"connection before the handshake for {time.monotonic() - start:.1f} s (is "
+                                    f"it flooded with connections?)") from None
+                time.sleep(pause)
+                pause = min(pause * 2, _RETRY_MAX_S)
+                continue
             except BaseException:
                 sock.close()
                 raise
@@ -314,28 +471,20 @@ class TcpStore:
 
     def _handshake(self, sock: socket.socket, limit: float) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(limit)
-        not_store = (f"TcpStore: the peer at {self.address} is not a singa_lite rendezvous store")
-        hint = "is MASTER_PORT the port of another service, or of another job?"
+        claim = {"store": VERSION, "world": self.world_size, "rank": self.rank}
+        if self.rank is not None:
+            claim.update(host=socket.gethostname(), pid=os.getpid())
+        where = f"the rendezvous store at {self.address}"
         try:
-            sock.sendall(_pack(_HELLO))
-            version, code, length = _read_header(sock)
-            fields = _fields(_recv_exact(sock, length))
-        except socket.timeout:
-            raise CommError(f"{not_store}: it accepted the connection but did not answer the handshake in "
-                            f"{limit:g} s; {hint}") from None
-        except _Closed:
-            raise CommError(f"{not_store}: it closed the connection without answering the handshake; "
-                            f"{hint}") from None
-        except ValueError as e:
-            raise CommError(f"{not_store}: it answered {e}; {hint}") from None
-        except OSError as e:
-            raise CommError(f"{not_store}: the handshake failed ({e}); {hint}") from None
-        if code != _OK:
-            raise CommError(f"TcpStore at {self.address}: {b''.join(fields).decode(errors='replace')}")
-        if version != VERSION:
-            raise CommError(f"TcpStore at {self.address} speaks protocol version {version}, this process "
-                            f"{VERSION}: every rank must run the same singa_lite version")
+            auth.client(sock, self.credentials, "store", claim, timeout=limit, where=where)
+        except auth.Refused as e:
+            raise CommError(f"TcpStore: {e}") from None
+        except auth.Dropped:
+            raise _Busy() from None
+        except CommError as e:
+            raise CommError(f"TcpStore: the peer at {self.address} is not a singa_lite rendezvous store ({e}); is "
+                            f"MASTER_PORT the port of another service, or of another job?") from None
+        sock.settimeout(None)
 
     def _call(self, code: int, fields, what: str, wait_s: float = 0.0) -> tuple[int, list[bytes]]:
         """One request and its reply. wait_s: how long the server may block on it (get, wait)."""
@@ -369,10 +518,7 @@ class TcpStore:
             raise CommError(f"TcpStore.{what}: the server says: {b''.join(fields).decode(errors='replace')}")
 
     def _limit(self, timeout) -> float:
-        value = self.timeout if timeout is None else float(timeout)
-        if not value >= 0:
-            raise ValueError(f"TcpStore: timeout must be a number of seconds >= 0, got {timeout!r}")
-        return value
+        return self.timeout if timeout is None else check_timeout(timeout, "TcpStore")
 
     # ----- the API
     def set(self, key: str, value: bytes) -> None:
@@ -458,6 +604,17 @@ class TcpStore:
     def __repr__(self):
         return (f"TcpStore({self.address}, world_size={self.world_size}, is_server={self.is_server}, "
                 f"timeout={self.timeout:g})")
+
+
+class _Busy(Exception):
+    """The server closed a connection before answering the handshake."""
+
+
+def _resolve(host: str, port: int) -> list:
+    try:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return []
 
 
 def barrier(store: TcpStore, name: str, rank: int, world_size: int, timeout: float | None = None) -> None:

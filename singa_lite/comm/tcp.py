@@ -22,25 +22,28 @@ so its peers fail promptly too and report that first cause rather than only "ran
 """
 from __future__ import annotations
 
+import atexit
 import collections
+import errno
 import ipaddress
+import json
 import os
 import select
 import socket
 import struct
+import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 
 from .. import tensor
+from . import auth
 from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator
 from .mpi import _array, _bf16_to_f32, _f32_to_bf16
 
 FUSE_BYTES = 64 << 10  # all-reduces up to this size travel inside the header exchange
-_HELLO = struct.Struct("!4sBIIQ")  # magic, version, world size, rank, communicator id
-_HELLO_MAGIC = b"SLTC"
-_VERSION = 1
 # header of every message on a connection: magic, kind, dtype, root, op or tag, call number, count, payload bytes
 _HEADER = struct.Struct("!2sBbiiqqq")
 _MAGIC = b"ST"
@@ -141,12 +144,15 @@ class TcpCommunicator(Communicator):
     launcher's, e.g. torchrun's RANK / LOCAL_RANK). timeout: seconds for the connections and for each
     operation. host: the address the peers reach this rank at (default: the local address of this rank's
     store connection). prefix: the store keys' prefix (default: one per communicator made on that store).
+    single_host: every rank runs on this host (the rendezvous knows; then the mesh listens on loopback only).
+    credentials: the job's identity and key (default: the store's): every mesh connection proves it.
     """
 
     backend = "tcp"
 
     def __init__(self, store, rank: int, world_size: int, local_rank: int = 0, local_size: int = 1,
-                 timeout: float = DEFAULT_TIMEOUT, host: str | None = None, prefix: str | None = None):
+                 timeout: float = DEFAULT_TIMEOUT, host: str | None = None, prefix: str | None = None,
+                 single_host: bool | None = None, credentials: auth.Credentials | None = None):
         for what, v in (("rank", rank), ("world_size", world_size), ("local_rank", local_rank),
                         ("local_size", local_size)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
@@ -160,6 +166,9 @@ class TcpCommunicator(Communicator):
         super().__init__(rank, world_size, local_rank, local_size, timeout)
         self._store = store
         self._host = host  # as given (None: found from the store connection); split() passes it on
+        self._single_host = single_host
+        self._credentials = credentials or getattr(store, "credentials", None) or auth.credentials(
+            single_host=bool(single_host))
         self._splits = 0
         self._pid = os.getpid()
         if prefix is None:
@@ -181,6 +190,7 @@ class TcpCommunicator(Communicator):
             raise
         for p in self._peers.values():
             p.sock.setblocking(False)
+        _exits.watch(self)
 
     def split(self, member: bool) -> "TcpCommunicator | None":
         """Collective: a new communicator of the ranks that pass member=True, in this one's rank order, meeting
@@ -193,31 +203,37 @@ class TcpCommunicator(Communicator):
         ranks = [r for r, (m, _) in enumerate(every) if m]
         here = [r for r in ranks if every[r][1] == every[self.rank][1]]
         return TcpCommunicator(self._store, ranks.index(self.rank), len(ranks), here.index(self.rank), len(here),
-                               timeout=self.timeout, host=self._host, prefix=f"{self._prefix}/split{self._splits}")
+                               timeout=self.timeout, host=self._host, prefix=f"{self._prefix}/split{self._splits}",
+                               single_host=self._single_host, credentials=self._credentials)
 
     # ----- bootstrap
     def _listen_address(self, host) -> tuple[str, str]:
         """(address to bind, host to publish). Default: the local address of this rank's store connection, the
-        interface that reaches MASTER_ADDR. When that is a loopback address, MASTER_ADDR is a name of this very
-        host (rank 0's, or a rank beside it): then listen on every interface and publish MASTER_ADDR, which is
-        how the other hosts reach this one (a hostname that /etc/hosts maps to 127.0.1.1 would otherwise
-        publish an address no other host can reach)."""
+        interface that reaches MASTER_ADDR. When that is a loopback address, MASTER_ADDR names this very host
+        (rank 0's, or a rank beside it): on a job of one host the mesh stays on loopback; across hosts this
+        rank needs an address the other hosts reach: the host name's first address of this host that is not
+        loopback, else (a name only /etc/hosts maps, to 127.0.1.1) every interface, published as MASTER_ADDR."""
         if host is not None:
             return host, host
         sock = getattr(self._store, "_sock", None)
         if sock is None:
             return "127.0.0.1", "127.0.0.1"
         local = sock.getsockname()[0]
-        master = getattr(self._store, "host", None)
         try:
             loopback = ipaddress.ip_address(local.split("%")[0]).is_loopback
         except ValueError:
             loopback = False
-        if loopback and master and master != local:
-            return ("::" if sock.family == socket.AF_INET6 else "0.0.0.0"), master
-        return local, local
+        if not loopback or self._single_host or self.world_size == 1:
+            return local, local
+        master = getattr(self._store, "host", None) or local
+        for address in _own_addresses(master, sock.family):
+            return address, address
+        return ("::" if sock.family == socket.AF_INET6 else "0.0.0.0"), master
 
     def _connect(self, host) -> None:
+        """The full mesh: a listener (its greetings answered concurrently, so silent connections never delay
+        the real peers), then a connection to every lower rank; each connection proves the job's key both
+        ways and names its communicator and ranks (auth.py)."""
         deadline = time.monotonic() + self.timeout
         bind, host = self._listen_address(host)
         family = socket.AF_INET6 if ":" in bind else socket.AF_INET
@@ -228,34 +244,31 @@ class TcpCommunicator(Communicator):
             raise CommError(f"tcp communicator (rank {self.rank} of {self.world_size}): cannot listen on {bind} "
                             f"({e}); host= must be an address (or name) of this host that the other ranks can "
                             f"reach") from None
-        self._listener.listen(max(self.world_size, 8))
+        self._listener.listen(max(self.world_size, 64))
         me = f"{host}:{self._listener.getsockname()[1]}"
         self._address = me
-        # the host's name first: whoever reads the address can read the name (for the errors)
-        self._store.set(f"{self._prefix}/hostname/{self.rank}", socket.gethostname().encode())
-        self._store.set(f"{self._prefix}/addr/{self.rank}", me.encode())
-        self._ident = _ident(self._prefix)
-        for r in range(self.rank):  # connect to the lower ranks; they accept us
-            address = self._store.get(f"{self._prefix}/addr/{r}", max(deadline - time.monotonic(), 0.0)).decode()
-            sock = self._dial(r, address, deadline)
-            sock.sendall(_HELLO.pack(_HELLO_MAGIC, _VERSION, self.world_size, self.rank, self._ident))
-            self._peers[r] = _Peer(r, address, sock, self._hostname(r))
-        while len(self._peers) < self.world_size - 1:  # accept the higher ranks
-            left = deadline - time.monotonic()
-            self._listener.settimeout(max(left, 0.001))
-            try:
-                sock, _ = self._listener.accept()
-            except socket.timeout:
-                missing = [r for r in range(self.rank + 1, self.world_size) if r not in self._peers]
-                raise CommError(f"tcp communicator (rank {self.rank} of {self.world_size}, listening at {me}): "
-                                f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not "
-                                f"connect within {self.timeout:g} s; check that they started and that no "
-                                f"firewall blocks {me} (host= sets the address peers reach this rank at)") from None
-            peer = self._greet(sock, deadline)
-            if peer is not None:
-                self._peers[peer.rank] = peer
-        self._listener.close()
-        self._listener = None
+        greeter = _Greeter(self, self._listener) if self.rank < self.world_size - 1 else None
+        try:
+            # the host's name first: whoever reads the address can read the name (for the errors)
+            self._store.set(f"{self._prefix}/hostname/{self.rank}", socket.gethostname().encode())
+            self._store.set(f"{self._prefix}/addr/{self.rank}", me.encode())
+            for r in range(self.rank):  # connect to the lower ranks; they accept us
+                address = self._store.get(f"{self._prefix}/addr/{r}",
+                                          max(deadline - time.monotonic(), 0.0)).decode()
+                sock = self._dial(r, address, deadline)
+                self._peers[r] = _Peer(r, address, sock, self._hostname(r))
+            if greeter is not None:
+                for r, sock in greeter.wait(deadline, me).items():
+                    self._peers[r] = _Peer(r, self._store.get(f"{self._prefix}/addr/{r}", 1.0).decode(), sock,
+                                           self._hostname(r))
+        finally:
+            if greeter is not None:
+                greeter.stop()
+            self._listener.close()
+            self._listener = None
+
+    def _mesh_hello(self, to: int) -> dict:
+        return {"prefix": self._prefix, "world": self.world_size, "rank": self.rank, "to": to}
 
     def _dial(self, r: int, address: str, deadline: float) -> socket.socket:
         host, _, port = address.rpartition(":")
@@ -265,7 +278,6 @@ class TcpCommunicator(Communicator):
                 sock = socket.create_connection((host.strip("[]"), int(port)),
                                                 timeout=max(min(deadline - time.monotonic(), 5.0), 0.01))
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                return sock
             except OSError as e:
                 if time.monotonic() + pause > deadline:
                     raise CommError(f"tcp communicator (rank {self.rank} of {self.world_size}): cannot connect "
@@ -273,27 +285,43 @@ class TcpCommunicator(Communicator):
                                     f"(a firewall, or a host= address that is not routable)") from None
                 time.sleep(pause)
                 pause = min(pause * 2, 0.5)
+                continue
+            where = f"rank {r} at {address}"
+            try:
+                # Rank r answers once it is listening, which it is before it publishes its address; a slow start
+                # of r is bounded by the communicator's timeout, not by the handshake's few seconds.
+                peer = auth.client(sock, self._credentials, "mesh", self._mesh_hello(r),
+                                   timeout=max(deadline - time.monotonic(), 0.5), where=where)
+            except auth.Dropped:  # its greeters were all busy (a flood): try again
+                sock.close()
+                if time.monotonic() + pause > deadline:
+                    raise CommError(f"tcp communicator (rank {self.rank} of {self.world_size}): {where} kept "
+                                    f"closing the connection before the handshake") from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
+                continue
+            except CommError as e:
+                sock.close()
+                raise CommError(f"tcp communicator (rank {self.rank} of {self.world_size}): {e}") from None
+            if (peer.hello.get("rank"), peer.hello.get("prefix")) != (r, self._prefix):
+                sock.close()
+                raise CommError(f"tcp communicator (rank {self.rank} of {self.world_size}): {where} answered as "
+                                f"rank {peer.hello.get('rank')!r} of communicator {peer.hello.get('prefix')!r}")
+            return sock
 
-    def _greet(self, sock: socket.socket, deadline: float):
-        """The _Peer of an accepted connection, or None for a stray one (closed and ignored)."""
-        try:
-            sock.settimeout(max(min(deadline - time.monotonic(), 5.0), 0.01))
-            data = b""
-            while len(data) < _HELLO.size:
-                chunk = sock.recv(_HELLO.size - len(data))
-                if not chunk:
-                    break
-                data += chunk
-            magic, version, world, r, ident = _HELLO.unpack(data)
-            if (magic, version, world, ident) != (_HELLO_MAGIC, _VERSION, self.world_size, self._ident) or \
-                    not self.rank < r < self.world_size or r in self._peers:
-                raise ValueError("not one of our peers")
-        except (OSError, ValueError, struct.error):
-            sock.close()
-            return None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        address = self._store.get(f"{self._prefix}/addr/{r}", 1.0).decode()
-        return _Peer(r, address, sock, self._hostname(r))
+    def _admit(self, hello: dict, taken: set) -> str | None:
+        """Whether a greeted connection is a higher rank of this communicator not yet connected."""
+        r = hello.get("rank")
+        if hello.get("prefix") != self._prefix or hello.get("world") != self.world_size or \
+                hello.get("to") != self.rank:
+            return (f"this is rank {self.rank} of communicator {self._prefix!r} of {self.world_size} ranks, not "
+                    f"rank {hello.get('to')!r} of {hello.get('prefix')!r} of {hello.get('world')!r}")
+        if type(r) is not int or not self.rank < r < self.world_size:
+            return f"rank {r!r} does not connect to rank {self.rank} (only ranks above it do)"
+        if r in taken:
+            return f"rank {r} is already connected to rank {self.rank}: two processes claim to be rank {r}"
+        taken.add(r)
+        return None
 
     def _hostname(self, r: int) -> str:
         return self._store.get(f"{self._prefix}/hostname/{r}", 1.0).decode(errors="replace")
@@ -360,8 +388,17 @@ class TcpCommunicator(Communicator):
     def _lost(self, name: str, peer: _Peer, what: str) -> CommError:
         if self._aborted is not None:
             return CommError(f"tcp communicator of rank {self.rank}: aborted: {self._aborted}")
-        cause = self._read_report(peer.rank)
         here = f"tcp {name} #{self._seq} (rank {self.rank} of {self.world_size})"
+        ended = self._read_exit(peer.rank)
+        if ended is not None:
+            how, calls = ended
+            cause = (f"rank {peer.rank} ({peer.address}, host {peer.hostname}) {_ENDS.get(how, _ENDS['exit'])} after "
+                     f"{calls} collective call{'s' * (calls != 1)}, while this rank is in {name} #{self._seq}")
+            hint = ("look at its output" if how == "exception" else
+                    "did the ranks run different numbers of steps? Give every rank the same number of batches, or "
+                    "train inside `with dist_opt.join():` (see DistOpt.join)")
+            return self._fail(f"{here}: {cause}: {hint}", report=f"{cause}: {hint}")
+        cause = self._read_report(peer.rank)
         if cause:
             return self._fail(f"{here}: {cause} (reported by rank {peer.rank}, which then left)", report=cause)
         cause = (f"rank {peer.rank} ({peer.address}, host {peer.hostname}) {what} without reporting a cause: it died "
@@ -379,6 +416,22 @@ class TcpCommunicator(Communicator):
 
     def _write_report(self, cause: str) -> None:
         _bounded(lambda: self._store.set(f"{self._prefix}/fail/{self.rank}", cause.encode()), REPORT_S)
+
+    def _read_exit(self, r: int):
+        """(how, calls) when rank r recorded its end (it exits or closes this communicator, see _ExitRecords),
+        else None. The record is written before its connections close, so it is there by the time they do."""
+        got = _bounded(lambda: self._store.get(f"{self._prefix}/exit/{r}", 0.0), REPORT_S)
+        try:
+            record = json.loads(got)
+            return str(record["how"]), int(record["calls"])
+        except (TypeError, ValueError, KeyError):
+            return None
+
+    def _record_exit(self, how: str) -> None:
+        """Tells the store how this rank's part in the communicator ended (see _ExitRecords)."""
+        if self._broken is None and not self.closed and self._peers:
+            record = json.dumps({"how": how, "calls": self._seq}).encode()
+            _bounded(lambda: self._store.set(f"{self._prefix}/exit/{self.rank}", record), REPORT_S)
 
     def _read_report(self, r: int) -> str:
         got = _bounded(lambda: self._store.get(f"{self._prefix}/fail/{r}", REPORT_S / 2), REPORT_S)
@@ -679,6 +732,7 @@ class TcpCommunicator(Communicator):
     def close(self) -> None:
         """Releases the sockets, also after a failure (the base class keeps a failed communicator as it is: MPI
         could block in its teardown; closing sockets cannot)."""
+        self._record_exit("close")
         super().close()
         if not self.closed:
             self.closed = True
@@ -709,10 +763,151 @@ class TcpCommunicator(Communicator):
                          + (f"; still waiting to exchange data with {busy}" if busy else ""))
 
 
-def _ident(prefix: str) -> int:
-    """A number naming the communicator (its store prefix) in the connection greeting."""
-    import zlib
-    return zlib.crc32(prefix.encode())
+_ENDS = {"exit": "exited normally (its script ended without an uncaught exception)",
+         "close": "closed its communicator",
+         "exception": "ended with an uncaught exception"}
+
+
+class _ExitRecords:
+    """How each rank's tcp communicators ended, for the peers' errors: a peer that sees a connection close
+    reads the record and can say "rank 1 exited normally after 11 calls" (different numbers of steps) instead
+    of "died". At exit (atexit) every live communicator records "exit", or "exception" after an uncaught
+    exception (seen by a sys.excepthook wrapper); close() records "close". Communicators are held weakly."""
+
+    def __init__(self):
+        self._comms = weakref.WeakSet()
+        self._installed = False
+        self._uncaught = False
+
+    def watch(self, comm) -> None:
+        if not self._installed:
+            self._installed = True
+            atexit.register(self._at_exit)
+            previous = sys.excepthook
+
+            def hook(kind, value, tb):
+                self._uncaught = True
+                previous(kind, value, tb)
+            sys.excepthook = hook
+        self._comms.add(comm)
+
+    def _at_exit(self) -> None:
+        for comm in list(self._comms):
+            if os.getpid() == comm._pid:
+                comm._record_exit("exception" if self._uncaught else "exit")
+
+
+_exits = _ExitRecords()
+
+
+class _Greeter:
+    """Accepts the higher ranks' connections on a rank's listener, from a thread, and greets each in a thread of
+    its own (auth.serve: each costs at most a few KiB and auth.HANDSHAKE_S seconds until it proves the key), so
+    silent or hostile connections never delay the real peers. At most MAX_AT_ONCE greetings run at once; more
+    connections are closed at once (a real peer that meets that retries)."""
+
+    MAX_AT_ONCE = 64
+
+    def __init__(self, comm: "TcpCommunicator", listener: socket.socket):
+        self._comm, self._listener = comm, listener
+        self._expect = comm.world_size - 1 - comm.rank
+        self._admitted: dict = {}  # rank -> socket
+        self._taken: set = set()
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._slots = threading.BoundedSemaphore(self.MAX_AT_ONCE)
+        self._stopped = False
+        listener.settimeout(0.2)  # the accept loop looks at _stopped this often
+        self._thread = threading.Thread(target=self._accept, name="singa_lite-tcp-accept", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        pause = 0.05
+        while not self._stopped:
+            try:
+                sock, _ = self._listener.accept()
+            except socket.timeout:
+                continue
+            except OSError as e:
+                if self._stopped or e.errno in (errno.EBADF, errno.EINVAL):
+                    return
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    time.sleep(pause)  # the connection waits in the backlog
+                    pause = min(pause * 2, 1.0)
+                continue
+            pause = 0.05
+            if not self._slots.acquire(blocking=False):
+                sock.close()
+                continue
+            threading.Thread(target=self._greet, args=(sock,), name="singa_lite-tcp-greet", daemon=True).start()
+
+    def _greet(self, sock: socket.socket) -> None:
+        comm = self._comm
+
+        def admit(hello):
+            with self._lock:
+                return comm._admit(hello, self._taken)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            peer = auth.serve(sock, comm._credentials, "mesh", admit=admit,
+                              extra={"prefix": comm._prefix, "rank": comm.rank})
+        except OSError:
+            peer = None
+        finally:
+            self._slots.release()
+        with self._lock:
+            if peer is None or self._stopped:
+                sock.close()
+                return
+            sock.settimeout(None)
+            self._admitted[peer.hello["rank"]] = sock
+            if len(self._admitted) == self._expect:
+                self._done.set()
+
+    def wait(self, deadline: float, me: str) -> dict:
+        """{rank: socket} of every higher rank, or CommError naming those that did not connect in time."""
+        self._done.wait(max(deadline - time.monotonic(), 0.0))
+        with self._lock:
+            if len(self._admitted) == self._expect:
+                got, self._admitted = self._admitted, {}
+                return got
+            comm = self._comm
+            missing = [r for r in range(comm.rank + 1, comm.world_size) if r not in self._admitted]
+        raise CommError(f"tcp communicator (rank {comm.rank} of {comm.world_size}, listening at {me}): "
+                        f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not connect "
+                        f"within {comm.timeout:g} s; check that they started and that no firewall blocks {me} "
+                        f"(host= sets the address peers reach this rank at)")
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            left, self._admitted = self._admitted, {}
+        for sock in left.values():
+            sock.close()
+
+
+def _own_addresses(name: str, family: int) -> list:
+    """This host's addresses that are not loopback, among those `name` and the host name resolve to."""
+    found = []
+    for n in (name, socket.gethostname()):
+        try:
+            infos = socket.getaddrinfo(n, None, family, socket.SOCK_STREAM)
+        except OSError:
+            continue
+        for info in infos:
+            address = info[4][0]
+            try:
+                if ipaddress.ip_address(address.split("%")[0]).is_loopback or address in found:
+                    continue
+            except ValueError:
+                continue
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.bind((address, 0))
+                except OSError:  # not an address of this host
+                    continue
+            found.append(address)
+    return found
 
 
 def _bounded(fn, seconds: float):

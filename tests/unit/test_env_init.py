@@ -62,11 +62,15 @@ def test_torchrun_variables():
 
 @pytest.mark.parametrize("change,message", [
     ({"RANK": "4"}, "need 0 <= RANK < WORLD_SIZE, got RANK=4, WORLD_SIZE=4"),
-    ({"RANK": "-1"}, "RANK must be an integer >= 0, got '-1'"),
-    ({"WORLD_SIZE": "four"}, "WORLD_SIZE must be an integer >= 1, got 'four'"),
+    ({"RANK": "-1"}, "RANK must be an integer from 0 to 65536, got '-1'"),
+    ({"WORLD_SIZE": "four"}, "WORLD_SIZE must be an integer from 1 to 65536, got 'four'"),
+    ({"WORLD_SIZE": "70000"}, "WORLD_SIZE must be an integer from 1 to 65536, got '70000' \\(a job has at most "),
+    ({"WORLD_SIZE": str(10 ** 12)}, "WORLD_SIZE must be an integer from 1 to 65536, got '1000000000000'"),
+    ({"WORLD_SIZE": "9" * 5000}, "WORLD_SIZE must be an integer from 1 to 65536, got '999.*\\.\\.\\.'"),
     ({"MASTER_PORT": "70000"}, "MASTER_PORT must be a TCP port \\(1 to 65535\\), got '70000'"),
     ({"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, "need 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE <= WORLD_SIZE"),
-    ({"LOCAL_RANK": "0"}, "LOCAL_WORLD_SIZE must be an integer >= 1, got None"),
+    ({"LOCAL_RANK": "0"}, "LOCAL_WORLD_SIZE must be an integer from 1 to 65536, got None"),
+    ({"GROUP_RANK": "4"}, "GROUP_RANK must be an integer from 0 to 3, got '4'"),
 ])
 def test_inconsistent_torchrun_values_are_named(change, message):
     with pytest.raises(ValueError, match=message):

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from singa_lite.comm import auth
 from singa_lite.comm import store as store_mod
 from singa_lite.comm.communicator import CommError
 from singa_lite.comm.store import TcpStore, barrier
@@ -169,11 +170,11 @@ def test_server_drops_a_stray_client_and_survives_disconnects(server):
     stray.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     assert hung_up(stray)  # closed without an answer
     stray.close()
-    # a client speaking the protocol, but an oversized message: dropped too
+    # a client of the job (it passed the handshake), but an oversized message: dropped too
     rogue = socket.create_connection((HOST, server.port), timeout=5)
-    rogue.sendall(store_mod._pack(store_mod._HELLO))
-    rogue.recv(100)
-    rogue.sendall(struct.pack("!4sBBHI", b"SLKV", 1, store_mod._SET, 0, store_mod.MAX_PAYLOAD_BYTES + 1))
+    auth.client(rogue, server.credentials, "store", {"store": store_mod.VERSION})
+    rogue.settimeout(5)
+    rogue.sendall(struct.pack("!4sBBHI", b"SLKV", store_mod.VERSION, store_mod._SET, 0, store_mod.MAX_PAYLOAD_BYTES + 1))
     assert hung_up(rogue)
     rogue.close()
     # a real client that goes away in the middle of a blocking get

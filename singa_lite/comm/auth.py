@@ -391,8 +391,8 @@ def client(sock: socket.socket, creds: Credentials, purpose: str, extra: dict | 
     is not a rank of this job), or CommError (it is not a singa_lite endpoint, or it did not answer in time)."""
     deadline = time.monotonic() + timeout
     try:
-        mine = _send(sock, _hello(creds, purpose, extra or {}))
         try:
+            mine = _send(sock, _hello(creds, purpose, extra or {}))
             theirs, raw = _recv(sock, deadline)
         except (ConnectionError, struct.error) as e:
             raise Dropped(f"{where} closed the connection without answering the handshake ({e})") from None

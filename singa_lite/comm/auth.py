@@ -439,36 +439,43 @@ def _other_job(theirs: str, mine: str, where: str) -> str:
 
 
 def serve(sock: socket.socket, creds: Credentials, purpose: str, admit=None, extra: dict | None = None,
-          timeout: float = HANDSHAKE_S) -> Peer | None:
+          timeout: float = HANDSHAKE_S, on_refuse=None) -> Peer | None:
     """The accepting side of the handshake. admit(hello) -> error text or None decides, once the peer proved
     the key, whether its claim (a rank, ...) is accepted. Returns the Peer, or None when the peer was refused
-    or is not one of ours (it was told why when it spoke the protocol); never raises for what a peer sends."""
+    or is not one of ours (it was told why when it spoke the protocol); never raises for what a peer sends.
+    on_refuse(text), when given, hears why a peer that spoke the protocol was refused (for the job's errors:
+    "rank 1 never arrived; meanwhile ... was refused because ...")."""
     deadline = time.monotonic() + timeout
+
+    def refuse(why: str) -> None:
+        _send(sock, {"error": why})
+        if on_refuse is not None:
+            on_refuse(f"{_peer_name(sock)} (claiming {_claim_text(theirs)}): {why}")
     try:
         theirs, raw = _recv(sock, deadline)
         for name in ("job", "kind", "key_id", "nonce", "purpose"):
             _text(theirs, name, MAX_JOB_ID if name == "job" else 256)
         hello = _hello(creds, purpose, extra or {})
         if theirs["job"] != creds.job_id:
-            _send(sock, {"error": _other_job(creds.job_id, theirs["job"], "this port")})
+            refuse(_other_job(creds.job_id, theirs["job"], "this port"))
             return None
         if theirs["purpose"] != purpose:
-            _send(sock, {"error": f"this is a singa_lite {purpose}, not a {theirs['purpose'][:40]}"})
+            refuse(f"this is a singa_lite {purpose}, not a {theirs['purpose'][:40]}")
             return None
         mode = _decide(creds, theirs["kind"], theirs["key_id"])
         if mode is None:
-            _send(sock, {"error": _why_refused(creds, theirs["kind"], "this process")})
+            refuse(_why_refused(creds, theirs["kind"], "this process"))
             return None
         mine = _send(sock, hello)
         transcript = hashlib.sha256(raw + b"\0" + mine).digest()
         answer, _ = _recv(sock, deadline)
         if mode == "key" and not hmac.compare_digest(_text(answer, "proof"),
                                                      _proof(creds.key, b"client", transcript)):
-            _send(sock, {"error": "it did not prove it holds this job's key"})
+            refuse("it did not prove it holds this job's key")
             return None
         problem = admit(theirs) if admit is not None else None
         if problem:
-            _send(sock, {"error": problem})
+            refuse(problem)
             return None
         _send(sock, {"proof": _proof(creds.key, b"server", transcript) if mode == "key" else ""})
         if mode == "open":
@@ -476,6 +483,11 @@ def serve(sock: socket.socket, creds: Credentials, purpose: str, admit=None, ext
         return Peer(theirs, mode == "key")
     except (OSError, ValueError, struct.error):  # a stray, slow or hostile client: dropped, no traceback
         return None
+
+
+def _claim_text(hello: dict) -> str:
+    rank = hello.get("rank")
+    return f"rank {rank}" if type(rank) is int else "no rank"
 
 
 def _peer_name(sock: socket.socket) -> str:

@@ -528,9 +528,11 @@ def _join(store, launch: LaunchEnv, wanted, gpu: bool, timeout: float, options) 
             if "not set within" not in str(e):
                 raise
             missing = [r for r in range(world) if not _has(store, f"host/{r}")]
+            refused = store.refusals()
             table = {"error": f"rank{'s' if len(missing) > 1 else ''} {_ranks(missing)} never arrived within "
                               f"{timeout:g} s: check that they started and have the same MASTER_ADDR, MASTER_PORT "
-                              f"and WORLD_SIZE, and look at their output"}
+                              f"and WORLD_SIZE, and look at their output" + (
+                                  f"; meanwhile the store refused {'; '.join(refused)}" if refused else "")}
         store.set("table", json.dumps(table).encode())
         if table["error"]:
             _wait_for_readers(store, "seen", [r for r in range(1, world) if _has(store, f"host/{r}")], timeout)

@@ -89,10 +89,20 @@ class HierarchicalCommunicator(Communicator):
         if op == "avg" and half:  # divided first, so that the sum cannot overflow where the mean does not
             _core.div_scalar(t, float(self.world_size), out=t)
         summing = "sum" if op == "avg" else op
-        if self.sharded:
-            self._sharded(t, summing)
-        else:
-            self._leader(t, summing)
+        try:
+            if self.sharded:
+                self._sharded(t, summing)
+            else:
+                self._leader(t, summing)
+        except CommError as e:
+            # The host's other ranks wait in another part (a leader's cross-host exchange failed while they wait
+            # for its broadcast): they learn the cause itself, not only that this rank went away.
+            for c in self._parts():
+                try:
+                    c.abort(str(e))
+                except CommError:
+                    pass
+            raise
         if op == "avg" and not half:
             _core.div_scalar(t, float(self.world_size), out=t)
 

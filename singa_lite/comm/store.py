@@ -26,6 +26,7 @@ operation or status, payload length) and a payload of length-prefixed fields. Ke
 """
 from __future__ import annotations
 
+import collections
 import errno
 import ipaddress
 import math
@@ -174,6 +175,7 @@ class _Server:
         self._claims: dict[int, tuple] = {}  # rank -> (host, pid) of the process that claimed it
         self._lock = threading.Lock()  # guards _conns and _claims
         self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        self.refused = collections.deque(maxlen=5)  # why the last peers that spoke the protocol were refused
         self._stopped = False
         self._thread = threading.Thread(target=self._accept_loop, name="singa_lite-store", daemon=True)
         self._thread.start()
@@ -210,7 +212,7 @@ class _Server:
             try:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 peer = auth.serve(conn, self._credentials, "store", admit=self._admit,
-                                  extra={"store": VERSION, "world": self._world_size})
+                                  extra={"store": VERSION, "world": self._world_size}, on_refuse=self.refused.append)
             finally:
                 self._handshakes.release()
             if peer is None:
@@ -395,6 +397,11 @@ class TcpStore:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def refusals(self) -> list[str]:
+        """On the server (rank 0): why the last few peers that spoke the protocol were refused, for the errors
+        of a rank that waits for a missing one ("rank 1 never arrived; meanwhile the store refused ...")."""
+        return list(self._server.refused) if self._server is not None else []
 
     @property
     def listen_address(self) -> str | None:

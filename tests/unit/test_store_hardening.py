@@ -9,7 +9,6 @@ import struct
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest

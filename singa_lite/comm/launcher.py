@@ -154,6 +154,7 @@ def _with_script_args(args: argparse.Namespace, rest: list) -> argparse.Namespac
 
 def check_args(args) -> None:
     args.placement = None
+    args.job_id, args.secret = job_identity()  # checks a secret the user gave, before anything starts
     if args.hostfile is None:
         if args.np is None:
             raise UsageError("the following arguments are required: -np (or --hostfile)")
@@ -660,10 +661,6 @@ def main(argv=None) -> int:
         check_args(args)
     except UsageError as e:
         parser.error(str(e))  # usage, the message, exit code 2
-    try:
-        args.job_id, args.secret = job_identity()
-    except UsageError as e:
-        parser.error(str(e))
     if args.dry_run:
         dry_run(args)
         return 0

@@ -110,6 +110,13 @@ def test_slurm_variables():
     ({"SLURM_PROCID": "7"}, "need SLURM_PROCID < SLURM_STEP_NUM_TASKS, got 7 and 7"),
     ({"SLURM_STEP_NODELIST": "gpu[07-"}, "is never closed"),
     ({"SLURM_JOB_ID": "", "MASTER_PORT": ""}, "neither MASTER_PORT nor SLURM_JOB_ID"),
+    ({"SLURM_STEP_NUM_TASKS": "70000"}, "SLURM_STEP_NUM_TASKS must be an integer from 1 to 65536, got '70000'"),
+    # refused before a single name is made (this list names 10^12 hosts)
+    ({"SLURM_STEP_NODELIST": "n[000000-999999]x[000000-999999]"},
+     "SLURM_STEP_NODELIST: Slurm node list .* names 1000000000000 hosts, more than the 65536 a job may have"),
+    ({"SLURM_STEP_NODELIST": "n" * (2 << 20)}, "SLURM_STEP_NODELIST: Slurm node list of 2097152 characters"),
+    ({"SLURM_STEP_TASKS_PER_NODE": "1(x100000000)"},
+     "SLURM_STEP_TASKS_PER_NODE: Slurm tasks per node: '1\\(x100000000\\)' lists 100000000 nodes"),
 ])
 def test_inconsistent_slurm_values_are_named(change, message):
     with pytest.raises(ValueError, match=message):
@@ -231,8 +238,10 @@ def test_hostfile_placement_and_rank_commands(tmp_path, monkeypatch):
     assert cmd[4:8] == [sys.executable, "-m", "singa_lite.comm.launcher", "--singa-run-rank"]
     assert cmd[8] == str(tmp_path)
     assert cmd[9:cmd.index("--")] == ["RANK=2", "WORLD_SIZE=3", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1", "GROUP_RANK=1",
-                                      "MASTER_ADDR=10.0.0.1", "MASTER_PORT=4000", "SINGA_LITE_COMM_BACKEND=tcp",
-                                      "PYTHONUNBUFFERED=1"]
+                                      "MASTER_ADDR=10.0.0.1", "MASTER_PORT=4000", f"SINGA_LITE_JOB_ID={args.job_id}",
+                                      "SINGA_LITE_COMM_BACKEND=tcp", "PYTHONUNBUFFERED=1"]
+    assert args.job_id.startswith("singa-run-") and len(args.secret) == 64
+    assert not any(args.secret in word for word in cmd)  # the secret goes through the helper's stdin
     assert cmd[cmd.index("--") + 1:] == [sys.executable, "train.py"]
     # words with spaces are quoted for the remote shell, as ssh expects
     args = singa_run_args(["--hostfile", path, "train.py", "a b"])
@@ -266,3 +275,17 @@ def test_a_store_of_the_callers_is_an_explicit_bootstrap(monkeypatch):
         dist.init(backend="tcp", store=object())
     with pytest.raises(ValueError, match="leave out holder=, rank=, world_size= and store="):
         dist.init(init_method="env", store=object())
+
+
+def test_singa_run_checks_a_given_secret_before_starting_anything(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    monkeypatch.setenv("SINGA_LITE_JOB_SECRET", "short")
+    with pytest.raises(launcher.UsageError, match="a job secret must be 16 to 4096 characters, got 5"):
+        singa_run_args(["-np", "2", "train.py"])
+    monkeypatch.setenv("SINGA_LITE_JOB_SECRET", "a-long-enough-secret")
+    monkeypatch.setenv("SINGA_LITE_JOB_ID", "my-run")
+    args = singa_run_args(["-np", "2", "train.py"])
+    assert (args.job_id, args.secret) == ("my-run", "a-long-enough-secret")  # the user's choice stands
+    env = launcher.rank_environment(args, 1, "{}")
+    assert env["SINGA_LITE_JOB_ID"] == "my-run" and env["SINGA_LITE_JOB_SECRET"] == "a-long-enough-secret"

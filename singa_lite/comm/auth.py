@@ -36,10 +36,12 @@ The handshake (every message a small frame: magic ``SLAU``, version, length <= M
     client -> server   HMAC(key, "client" | transcript)      (empty when unauthenticated)
     server -> client   HMAC(key, "server" | transcript), and the verdict on the claim
 
-The transcript is a digest of both hellos, nonces included, so no proof can be replayed or reflected. Before
+The transcript is a digest of both hellos, nonces included, so no proof can be replayed or reflected (and, with
+TLS, of the channel's binding, so no proof can be relayed: tls.py). Before
 the client's proof is checked a connection costs the server at most a few KiB and ``HANDSHAKE_S`` seconds.
-What the key does not protect: the bytes after the handshake travel in clear (an attacker who can read or
-rewrite the link can read or rewrite gradients); root on a rank's host can read the key. See
+What the key does not protect: without TLS (``SINGA_LITE_TLS=1``, tls.py) the bytes after the handshake travel in
+clear (an attacker who can read or rewrite the link can read or rewrite gradients); root on a rank's host can
+read the key. See
 docs/reliability.md, "Threat model".
 """
 from __future__ import annotations
@@ -58,6 +60,8 @@ import time
 from dataclasses import dataclass
 
 from .communicator import CommError
+from .tls import binding as tls_binding
+from .tls import settings as tls_settings
 
 JOB_ID_VAR = "SINGA_LITE_JOB_ID"
 SECRET_VAR = "SINGA_LITE_JOB_SECRET"
@@ -132,6 +136,7 @@ class Credentials:
     source: str  # where the key came from, for messages
     required: bool  # an unauthenticated peer is refused (one host, or SINGA_LITE_REQUIRE_SECRET)
     required_because: str = ""  # why, in words
+    tls: object = None  # tls.Tls when SINGA_LITE_TLS=1: every connection is encrypted, the handshake bound to it
 
     def describe(self) -> str:
         job = f"job {self.job_id!r}" if self.job_id else "a job with no id"
@@ -143,6 +148,7 @@ def credentials(environ=None, single_host: bool = False) -> Credentials:
     job runs on this host, so a peer without the key is always refused."""
     environ = os.environ if environ is None else environ
     jid = job_id(environ)
+    encrypted = tls_settings(environ)
     strict = _truthy(environ.get(REQUIRE_VAR, ""), REQUIRE_VAR)
     required = single_host or strict
     because = f"{REQUIRE_VAR} is set" if strict else "every rank runs on one host" if single_host else ""
@@ -150,7 +156,7 @@ def credentials(environ=None, single_host: bool = False) -> Credentials:
     if secret is not None:
         key = hmac.new(b"singa_lite job secret", secret, hashlib.sha256).digest()
         source = SECRET_VAR if environ.get(SECRET_VAR) else f"{SECRET_FILE_VAR} ({environ[SECRET_FILE_VAR]})"
-        return Credentials(jid, key, "secret", "", source, required, because)
+        return Credentials(jid, key, "secret", "", source, required, because, encrypted)
     try:
         host_key, path = host_key_file(environ)
     except OSError as e:
@@ -159,10 +165,11 @@ def credentials(environ=None, single_host: bool = False) -> Credentials:
                             f"given and no host key can be kept ({e}); set {SECRET_VAR} to the same random value "
                             f"on every rank (python -c 'import secrets; print(secrets.token_hex(32))'), or "
                             f"{KEY_DIR_VAR} to a private directory") from None
-        return Credentials(jid, None, "none", "", f"nowhere ({e})", required, because)
+        return Credentials(jid, None, "none", "", f"nowhere ({e})", required, because, encrypted)
     key = hmac.new(host_key, b"singa_lite job key|" + jid.encode(), hashlib.sha256).digest()
     key_id = hashlib.sha256(b"singa_lite key id|" + host_key).hexdigest()[:16]
-    return Credentials(jid, key, "host", key_id, f"this user's host key {path}", required, because)
+    return Credentials(jid, key, "host", key_id, f"this user's host key {path}", required, because,
+                       encrypted)
 
 
 def _truthy(raw: str, name: str) -> bool:
@@ -405,7 +412,7 @@ def client(sock: socket.socket, creds: Credentials, purpose: str, extra: dict | 
         mode = _decide(creds, kind, key_id)
         if mode is None:
             raise Refused(f"{where} is not trusted: {_why_refused(creds, kind, where)}")
-        transcript = hashlib.sha256(mine + b"\0" + raw).digest()
+        transcript = hashlib.sha256(tls_binding(sock) + b"\0" + mine + b"\0" + raw).digest()
         _send(sock, {"proof": _proof(creds.key, b"client", transcript) if mode == "key" else ""})
         verdict, _ = _recv(sock, deadline)
         if verdict.get("error"):
@@ -467,7 +474,7 @@ def serve(sock: socket.socket, creds: Credentials, purpose: str, admit=None, ext
             refuse(_why_refused(creds, theirs["kind"], "this process"))
             return None
         mine = _send(sock, hello)
-        transcript = hashlib.sha256(raw + b"\0" + mine).digest()
+        transcript = hashlib.sha256(tls_binding(sock) + b"\0" + raw + b"\0" + mine).digest()
         answer, _ = _recv(sock, deadline)
         if mode == "key" and not hmac.compare_digest(_text(answer, "proof"),
                                                      _proof(creds.key, b"client", transcript)):
@@ -482,6 +489,22 @@ def serve(sock: socket.socket, creds: Credentials, purpose: str, admit=None, ext
             _warn_open(creds, f"a peer at {_peer_name(sock)}")
         return Peer(theirs, mode == "key")
     except (OSError, ValueError, struct.error):  # a stray, slow or hostile client: dropped, no traceback
+        return None
+
+
+def accept_tls(sock: socket.socket, creds: Credentials, timeout: float = HANDSHAKE_S):
+    """The TLS side of an accepted connection, or None. A rank that connects without TLS (its first bytes are a
+    plain handshake) is told to set SINGA_LITE_TLS instead of being dropped unanswered."""
+    deadline = time.monotonic() + timeout
+    try:
+        sock.settimeout(timeout)
+        if sock.recv(len(MAGIC), socket.MSG_PEEK) == MAGIC:
+            _recv(sock, deadline)
+            _send(sock, {"error": "this job encrypts its connections (SINGA_LITE_TLS=1): set it, with the same "
+                                  "certificate settings, on every rank"})
+            return None
+        return creds.tls.accept(sock, max(deadline - time.monotonic(), 0.01))
+    except (OSError, ValueError, struct.error):  # ssl.SSLError is an OSError: not a TLS peer of ours
         return None
 
 

@@ -211,6 +211,11 @@ class _Server:
         try:
             try:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self._credentials.tls is not None:
+                    wrapped = self._encrypted(conn)
+                    if wrapped is None:
+                        return
+                    conn = wrapped
                 peer = auth.serve(conn, self._credentials, "store", admit=self._admit,
                                   extra={"store": VERSION, "world": self._world_size}, on_refuse=self.refused.append)
             finally:
@@ -230,6 +235,20 @@ class _Server:
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
+
+    def _encrypted(self, conn: socket.socket):
+        """The TLS side of an accepted connection (within the handshake's time), tracked in its place."""
+        start = time.monotonic()
+        wrapped = auth.accept_tls(conn, self._credentials)
+        with self._lock:
+            self._conns.discard(conn)
+            if wrapped is not None:
+                self._conns.add(wrapped)
+        if wrapped is None:
+            conn.close()
+            return None
+        wrapped.settimeout(max(auth.HANDSHAKE_S - (time.monotonic() - start), 0.01))
+        return wrapped
 
     def _admit(self, hello: dict) -> str | None:
         """Whether an authenticated client's claim stands: the same store protocol and world size, and a rank
@@ -461,7 +480,10 @@ class TcpStore:
                 pause = min(pause * 2, _RETRY_MAX_S)
                 continue
             try:
-                self._handshake(sock, min(max(deadline - time.monotonic(), 1.0), 30.0))
+                limit = min(max(deadline - time.monotonic(), 1.0), 30.0)
+                if self.credentials.tls is not None:
+                    sock = self.credentials.tls.connect(sock, limit, f"the rendezvous store at {self.address}")
+                self._handshake(sock, limit)
             except _Busy:  # the server closed it before a word: it is flooded, or still starting; try again
                 sock.close()
                 if time.monotonic() + pause >= deadline:

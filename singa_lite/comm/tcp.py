@@ -30,6 +30,7 @@ import json
 import os
 import select
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -73,6 +74,7 @@ class _Peer:
     def __init__(self, rank: int, address: str, sock: socket.socket, hostname: str = "?"):
         self.rank, self.address, self.sock, self.hostname = rank, address, sock, hostname
         self.fd = sock.fileno()
+        self.tls = isinstance(sock, ssl.SSLSocket)  # no sendmsg; decrypted bytes may wait inside it (pending)
         self.out: collections.deque = collections.deque()
         self.want = None  # memoryview being received into
         self.got = 0
@@ -89,6 +91,10 @@ class _Peer:
         if callback is not None:
             callback()
 
+    def buffered(self) -> bool:
+        """Bytes already decrypted inside a TLS socket: poll() would not report them."""
+        return self.tls and self.want is not None and self.sock.pending() > 0
+
     def busy(self) -> bool:
         return self.want is not None or bool(self.out)
 
@@ -96,7 +102,7 @@ class _Peer:
         while self.want is not None:
             try:
                 k = self.sock.recv_into(self.want[self.got:self.got + _RECV_CHUNK])
-            except (BlockingIOError, InterruptedError):
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 return
             except OSError as e:
                 raise _PeerLost(self, f"broke the connection ({e.strerror or e})") from None
@@ -109,8 +115,9 @@ class _Peer:
     def write(self) -> None:
         while self.out:
             try:  # everything queued in one system call (a header and its data: one TCP segment when small)
-                n = self.sock.sendmsg(list(self.out)[:_IOV_MAX]) if len(self.out) > 1 else self.sock.send(self.out[0])
-            except (BlockingIOError, InterruptedError):
+                n = self.sock.sendmsg(list(self.out)[:_IOV_MAX]) if len(self.out) > 1 and not self.tls else \
+                    self.sock.send(self.out[0])
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 return
             except OSError as e:
                 raise _PeerLost(self, f"broke the connection ({e.strerror or e})") from None
@@ -288,6 +295,8 @@ class TcpCommunicator(Communicator):
                 continue
             where = f"rank {r} at {address}"
             try:
+                if self._credentials.tls is not None:
+                    sock = self._credentials.tls.connect(sock, max(deadline - time.monotonic(), 0.5), where)
                 # Rank r answers once it is listening, which it is before it publishes its address; a slow start
                 # of r is bounded by the communicator's timeout, not by the handshake's few seconds.
                 peer = auth.client(sock, self._credentials, "mesh", self._mesh_hello(r),
@@ -353,6 +362,11 @@ class TcpCommunicator(Communicator):
                         p.mask = mask
                 if not busy:
                     return
+                ready = [p for p in peers if p.buffered()]
+                if ready:
+                    for p in ready:
+                        p.read()
+                    continue
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise self._timed_out(name, [p for p in peers if p.busy()])
@@ -849,15 +863,21 @@ class _Greeter:
                 return comm._admit(hello, self._taken)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            peer = auth.serve(sock, comm._credentials, "mesh", admit=admit,
+            if comm._credentials.tls is not None:
+                wrapped = auth.accept_tls(sock, comm._credentials)
+                if wrapped is None:
+                    sock.close()
+                sock = wrapped
+            peer = None if sock is None else auth.serve(sock, comm._credentials, "mesh", admit=admit,
                               extra={"prefix": comm._prefix, "rank": comm.rank})
-        except OSError:
+        except OSError:  # ssl.SSLError too: not a TLS peer of this job
             peer = None
         finally:
             self._slots.release()
         with self._lock:
             if peer is None or self._stopped:
-                sock.close()
+                if sock is not None:
+                    sock.close()
                 return
             sock.settimeout(None)
             self._admitted[peer.hello["rank"]] = sock

@@ -4,6 +4,7 @@ files differ (no shared home) it still runs, after one warning per rank naming t
 SINGA_LITE_REQUIRE_SECRET=1 makes that an error; a stranger with a wrong secret is refused and the job goes on.
 A rank that runs fewer steps is named as having exited normally, also under the hierarchical all-reduce."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -111,3 +112,16 @@ def test_a_host_that_ran_fewer_steps_is_named_as_having_exited_under_the_hierarc
     # h0's other rank waited for its leader's broadcast: it hears the leader's cause, not only that it left
     assert results[1][0] == 3 and "aborted by rank 0" in results[1][1] and "different numbers of steps" in \
         results[1][1], results[1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test certificate")
+def test_an_encrypted_job_across_hosts(cluster, tmp_path):
+    key, cert = str(tmp_path / "tls.key"), str(tmp_path / "tls.crt")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-days", "2", "-subj", "/CN=job", "-keyout", key, "-out", cert], check=True, capture_output=True)
+    os.chmod(key, 0o600)
+    results = one_rank_per_host(cluster, tmp_path, SINGA_LITE_JOB_SECRET="an-encrypted-jobs-secret",
+                                SINGA_LITE_TLS="1", SINGA_LITE_TLS_CERT=cert, SINGA_LITE_TLS_KEY=key)
+    for code, out, err in results:
+        assert code == 0 and '"sums": 3' in out and WARNING not in err, out + err

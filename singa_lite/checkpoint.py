@@ -42,6 +42,22 @@ manifest names, and whatever the interleaving the last complete save is there. A
 if a save replaces the checkpoint while it reads (its files vanish), it reads the new one, and it gives
 up with a CheckpointError only if that keeps happening.
 
+Whose checkpoint it is. The manifest records the job id of the job that wrote it (``job_id``:
+``singa_lite.comm.auth.job_id()``, i.e. SINGA_LITE_JOB_ID, else torchrun's run id, else Slurm's
+``job.step``, else ''), so that one job's save never silently replaces another job's checkpoint. Rank 0
+decides, under the directory's lock, and every rank raises the same CheckpointError when it refuses:
+
+- the same job (same id) saves again: allowed;
+- a job with no id saving over a checkpoint written by a job with no id: allowed (they cannot be told
+  apart; a manifest of an older singa_lite, which has no ``job_id``, counts as written with no id, and
+  one that cannot be read, from which nothing can be loaded, may be replaced by any job);
+- any other pair of ids ('' against an id included): refused, naming both ids, unless
+  ``save(..., overwrite=True)``; or save into another directory;
+- a job that loaded a checkpoint continues its run: after ``load(path, ...)`` succeeds, saves from this
+  process into that directory are allowed as long as its manifest still names the job that was loaded
+  (so a run relaunched under a new id, a fresh singa-run or torchrun, resumes and saves as before). A
+  save records the saving job's id, so later saves of the same job need nothing more.
+
 One directory rather than one file per rank so that a checkpoint can be moved, listed and deleted
 as one thing, and rather than one file so that no rank sends its state to rank 0. With several hosts,
 `path` must be on a file system every rank sees.
@@ -113,6 +129,9 @@ FORMAT_VERSION = 2  # 2: array references declare dtype and shape (version 1 fil
 MANIFEST = "manifest.json"
 _OUR_FILE = re.compile(r"^(shared|rank-\d{5})\.[0-9a-f]+\.slckpt$")
 _OUR_TEMP = re.compile(r"^\.(manifest\.json|(shared|rank-\d{5})\.[0-9a-f]+\.slckpt)\..*\.tmp$")  # atomic_write's
+# realpath of a checkpoint directory -> the job id its manifest named when this process loaded it: saves
+# there continue that job's run (see "Whose checkpoint it is" above)
+_loaded_owners: dict = {}
 
 
 # ---------------------------------------------------------------- state <-> (JSON, arrays)
@@ -366,7 +385,7 @@ def _as_model(model):
 
 
 def save(path: str, model=None, optimizer=None, sampler=None, rng=None, extra=None, position=None,
-         communicator=None, lock_timeout: float = 600.0) -> None:
+         communicator=None, lock_timeout: float = 600.0, overwrite: bool = False) -> None:
     """Saves a checkpoint into the directory `path` (created if needed), replacing the one there atomically.
 
     model: a Layer/Model, or a dict of named tensors (the parameters of a model written in SINGA's plain
@@ -376,23 +395,33 @@ def save(path: str, model=None, optimizer=None, sampler=None, rng=None, extra=No
     extra: JSON data and numpy arrays (rank 0's are saved; numpy scalars come back as Python numbers);
     communicator: for a collective save without a DistOpt. lock_timeout: how long (s) to wait for another
     save to the same directory to finish (saves to one directory run one at a time, see the module's
-    docstring); CheckpointError after that."""
+    docstring); CheckpointError after that. overwrite: replace a checkpoint that another job wrote (without
+    it that is a CheckpointError naming both jobs' ids; see "Whose checkpoint it is" in the module's
+    docstring)."""
     with contextlib.ExitStack() as held:  # rank 0's lock on the directory, released however save ends
-        _save(path, model, optimizer, sampler, rng, extra, position, communicator, lock_timeout, held)
+        _save(path, model, optimizer, sampler, rng, extra, position, communicator, lock_timeout, overwrite, held)
 
 
-def _save(path, model, optimizer, sampler, rng, extra, position, communicator, lock_timeout, held) -> None:
+def _save(path, model, optimizer, sampler, rng, extra, position, communicator, lock_timeout, overwrite,
+          held) -> None:
     model = _as_model(model)
     dist, plain, comm = _parts(optimizer)
     comm = communicator if communicator is not None else comm
     rank, world = (comm.rank, comm.world_size) if comm is not None else (0, 1)
     # Two local phases, each followed by one collective that every rank enters whatever happened, so a
     # rank that fails reports it instead of leaving the others waiting in a collective it never joins.
-    first, error = None, None
+    first, error, job = None, None, None
     try:  # phase 1: the directory (rank 0), this rank's states and the hashes of its replicated parts
+        if not isinstance(overwrite, bool):
+            raise TypeError(f"overwrite must be True or False, got {overwrite!r}")
         if rank == 0:
+            from .comm.auth import job_id
+
+            job = job_id()
             os.makedirs(path, mode=0o700, exist_ok=True)
             held.enter_context(DirectoryLock(path, lock_timeout, f"checkpoint.save({path!r})"))
+            if not overwrite:  # under the lock: the manifest read is the one this save replaces
+                _check_owner(path, job)
         replicated = {}
         dist_states = dist.get_states() if dist is not None else None  # once: it copies the optimizer's slots
         for name, state in _replicated(model, dist_states, plain).items():
@@ -438,7 +467,7 @@ def _save(path, model, optimizer, sampler, rng, extra, position, communicator, l
     error = None
     if rank == 0:  # every rank's files are complete: commit them
         try:
-            _commit(path, token, world, entries)
+            _commit(path, token, world, entries, job)
         except Exception as e:
             error = f"rank 0: {type(e).__name__}: {e}"
     if comm is not None:  # nobody goes on before the manifest is in place (or the save failed everywhere)
@@ -478,13 +507,42 @@ def _gather(comm, value, error, what: str, path: str) -> list:
     return [g["value"] for g in got]
 
 
-def _commit(path: str, token: str, world: int, entries: list) -> None:
+def _job_name(job: str) -> str:
+    return repr(job) if job else "none (no SINGA_LITE_JOB_ID, torchrun run id or Slurm job id)"
+
+
+def _owner(manifest) -> str:
+    """The job id a manifest records ('' when it records none, as an older singa_lite's)."""
+    job = manifest.get("job_id", "") if isinstance(manifest, dict) else ""
+    return job if isinstance(job, str) else ""
+
+
+def _check_owner(path: str, job: str) -> None:
+    """Rank 0 of a save by job `job`, holding the directory's lock: CheckpointError when the checkpoint in
+    `path` belongs to another job that this process did not load it from (see "Whose checkpoint it is")."""
+    mpath = os.path.join(path, MANIFEST)
+    if not os.path.exists(mpath):
+        return
+    try:
+        owner = _owner(read_json_file(mpath, limit=16 << 20))
+    except (CheckpointError, OSError):
+        return  # an unreadable manifest: no checkpoint there can be loaded, so replacing it loses none
+    if owner == job or owner == _loaded_owners.get(os.path.realpath(path)):
+        return
+    raise CheckpointError(
+        f"{path} holds the checkpoint of another job (job id {_job_name(owner)}; this job's: {_job_name(job)}), "
+        f"which this save would replace. To continue that run, load it first (checkpoint.load, after which "
+        f"this process may save there); to replace it, pass overwrite=True to checkpoint.save; or save into "
+        f"another directory")
+
+
+def _commit(path: str, token: str, world: int, entries: list, job: str) -> None:
     """Writes the manifest (the commit point), then removes every file no longer named by it. Rank 0
     holds the directory's lock: no other save is writing files here, so none of these is another's."""
     from . import __version__
 
     manifest = {"magic": MAGIC, "format_version": FORMAT_VERSION, "singa_lite_version": __version__,
-                "world_size": world, "token": token, "shared": entries[0]["shared"],
+                "job_id": job, "world_size": world, "token": token, "shared": entries[0]["shared"],
                 "ranks": [e["rank"] for e in entries]}
     atomic_write(os.path.join(path, MANIFEST), json.dumps(manifest, indent=1).encode())
     keep = {manifest["shared"]["name"], *(e["name"] for e in manifest["ranks"])}
@@ -506,7 +564,9 @@ def load(path: str, model=None, optimizer=None, sampler=None, rng=None, communic
     """Restores what :func:`save` wrote into the given objects and returns `extra`. Collective with a
     DistOpt (or a communicator). Everything is checked first, on every rank; a CheckpointError leaves the
     objects as they were. reshard: allow a checkpoint saved by another number of ranks (the module's
-    docstring says what carries over); without it that is a CheckpointError."""
+    docstring says what carries over); without it that is a CheckpointError. A successful load lets this
+    process save into `path` later even under another job id (it continues that run; see "Whose
+    checkpoint it is" in the module's docstring)."""
     model = _as_model(model)
     dist, plain, comm = _parts(optimizer)
     comm = communicator if communicator is not None else comm
@@ -518,6 +578,7 @@ def load(path: str, model=None, optimizer=None, sampler=None, rng=None, communic
         error = _failure(comm, e, "load", path)
     _gather(comm, None, error, "load", path)
     _apply(staged, model, dist, plain, sampler, rng, comm, path)
+    _loaded_owners[os.path.realpath(path)] = staged["owner"]
     return _python_scalars(staged["extra"])
 
 
@@ -587,7 +648,8 @@ def _read(path: str, rank: int, world: int, model, dist, plain, sampler, rng, re
         where = os.path.join(path, ranks[rank]["name"])
         own = rank_file(rank)
         state = {name: own.get(f"own_{name}", shared.get(name)) for name in ("model", "optimizer", "distopt")}
-    staged = {"extra": shared.get("extra"), "state": state, "own": own, "resharded": resharded}
+    staged = {"extra": shared.get("extra"), "state": state, "own": own, "resharded": resharded,
+              "owner": _owner(manifest)}
     _check_against(path, where, staged, model, dist, plain, sampler, rng)
     return staged
 

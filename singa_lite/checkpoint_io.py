@@ -12,6 +12,7 @@ names the file and the entry.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import io
@@ -35,32 +36,54 @@ class CheckpointError(ValueError):
 
 
 # ---------------------------------------------------------------- writing
-def _write_temp(path: str, data: bytes) -> str:
-    """A fsynced temporary file (mode 0o600) next to `path`, holding `data`; its name."""
+@contextlib.contextmanager
+def _temp_file(path: str):
+    """(binary file, its name): a private temporary file next to `path`, flushed and fsynced when the block
+    ends, removed when it raises. mkstemp picks a fresh random name and creates it with O_EXCL (and
+    O_NOFOLLOW) and mode 0o600, so a file or symbolic link planted at a name it could have chosen is
+    never opened, and nobody else can read what is written."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     try:
-        with os.fdopen(fd, "wb") as f:  # mkstemp creates the file with mode 0o600, owner only
-            f.write(data)
+        with os.fdopen(fd, "wb") as f:
+            yield f, tmp
             f.flush()
             os.fsync(f.fileno())
     except BaseException:
         _unlink(tmp)
         raise
+
+
+def _write_temp(path: str, data: bytes) -> str:
+    """A fsynced temporary file (mode 0o600) next to `path`, holding `data`; its name."""
+    with _temp_file(path) as (f, tmp):
+        f.write(data)
     return tmp
 
 
-def atomic_write(path: str, data: bytes) -> None:
-    """Writes `data` to `path` so that `path` holds either its old content or all of `data`, even if the
-    process or the machine dies: a temporary file in the same directory (mode 0o600), flushed and fsynced,
-    renamed over `path`, then the directory fsynced so that the rename itself is durable."""
-    tmp = _write_temp(path, data)
+@contextlib.contextmanager
+def atomic_file(path: str):
+    """``with atomic_file(path) as f: ...`` writes `path` through the binary file `f` so that `path` holds
+    either its old content or everything written, even if the process or the machine dies: `f` is a
+    private temporary file in the same directory (see _temp_file: a fresh name, O_EXCL, mode 0o600),
+    flushed and fsynced, renamed over `path` when the block ends, then the directory is fsynced so that
+    the rename itself is durable. If the block (or the rename) raises, the temporary file is removed and
+    `path` is untouched. For writers that stream (a JSON encoder) rather than hold all the bytes."""
+    with _temp_file(path) as (f, tmp):
+        yield f
     try:
         os.replace(tmp, path)
     except BaseException:
         _unlink(tmp)
         raise
     fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    """Writes `data` to `path` atomically and durably (see atomic_file): `path` holds either its old
+    content or all of `data`; the file has mode 0o600."""
+    with atomic_file(path) as f:
+        f.write(data)
 
 
 def exclusive_write(path: str, data: bytes, what: str) -> None:

@@ -34,18 +34,24 @@ Cost: while off, each operator call pays the engine's one test of its profiling 
 the same test as without this module, and DistOpt a few per step. While on, each operator adds two clock
 reads and one list append (see docs/benchmarks.md). Memory is bounded: after ``max_events`` events (default
 1,000,000, about 200 MB; ``SINGA_LITE_TIMELINE_MAX_EVENTS``) new ones are dropped with one warning, and the
-file says how many (``otherData.dropped_events``). The file is written at stop() or at exit, atomically
-(a temporary file renamed into place). On a GPU, operator times are the host's: kernels run asynchronously.
+file says how many (``otherData.dropped_events``). The file is written at stop() or at exit, atomically,
+through a private temporary file in its directory (``checkpoint_io.atomic_file``: a fresh random name
+created with O_EXCL and mode 0600, so a file or symbolic link planted at a name it could take is never
+written through; fsynced, then renamed into place; removed if writing fails); the trace is owner-only
+(0600), as checkpoints are. On a GPU, operator times are the host's: kernels run asynchronously.
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
+import io
 import json
 import os
 import sys
 import time
 import warnings
+
+from .checkpoint_io import atomic_file
 
 __all__ = ["start", "stop", "timeline", "mark_step", "is_active", "rank_path", "merge", "ENV_VAR"]
 
@@ -124,7 +130,8 @@ def rank_path(path: str, rank: int) -> str:
 
 def merge(paths, out: str) -> str:
     """Writes one trace holding the events of every file in paths (one process per rank: the pids are the
-    ranks already); returns out. Files that are missing are skipped; an unreadable one raises ValueError."""
+    ranks already); returns out, written as the ranks' files are (see the module docstring). Files that are
+    missing are skipped; an unreadable one raises ValueError."""
     events, other = [], {"ranks": []}
     for p in paths:
         if not os.path.exists(p):
@@ -267,13 +274,16 @@ def _us(seconds: float) -> float:
 
 
 def _write_json(path: str, doc: dict) -> None:
+    """Writes doc to path atomically, streaming the JSON (a trace can be hundreds of MB), through a private
+    temporary file that is removed if anything fails (checkpoint_io.atomic_file)."""
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
+    with atomic_file(path) as raw:
+        f = io.TextIOWrapper(raw, encoding="utf-8")
         json.dump(doc, f, separators=(",", ":"))
-    os.replace(tmp, path)  # readers see the old file or the whole new one, never half of one
+        f.flush()
+        f.detach()  # atomic_file fsyncs and closes the file itself
 
 
 def _rank_from_environment() -> int:

@@ -152,6 +152,9 @@ def _with_script_args(args: argparse.Namespace, rest: list) -> argparse.Namespac
     return args
 
 
+MAX_TIMEOUT_S = 1e7  # the largest communicator timeout every backend takes (the shm one refuses more)
+
+
 def check_args(args) -> None:
     args.placement = None
     args.job_id, args.secret = job_identity()  # checks a secret the user gave, before anything starts
@@ -179,16 +182,23 @@ def check_args(args) -> None:
             args.master_port = free_port()
         if args.master_port is not None and not 1 <= args.master_port <= 65535:
             raise UsageError(f"--master-port must be a TCP port (1 to 65535), got {args.master_port}")
-        if not shlex.split(args.launcher_exec):
+        try:
+            launcher_words = shlex.split(args.launcher_exec)
+        except ValueError as e:  # an unbalanced quote
+            raise UsageError(f"--launcher-exec {args.launcher_exec!r}: {e}") from None
+        if not launcher_words:
             raise UsageError("--launcher-exec must name a command (e.g. ssh)")
+        if not args.master_addr or any(c.isspace() for c in args.master_addr):
+            raise UsageError(f"--master-addr must be a host name or address, got {args.master_addr!r}")
     if args.np < 1:
         raise UsageError(f"-np must be at least 1, got {args.np}")
-    if args.timeout is not None and not args.timeout > 0:
-        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    if not args.grace >= 0:
-        raise UsageError(f"--grace must be a number of seconds >= 0, got {args.grace}")
-    if args.timeline is not None and os.path.exists(args.timeline) and not os.path.isdir(args.timeline):
-        raise UsageError(f"--timeline wants a directory for the ranks' files, but {args.timeline!r} is a file")
+    if args.timeout is not None and not 0 < args.timeout <= MAX_TIMEOUT_S:
+        raise UsageError(f"--timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}, got "
+                         f"{args.timeout}")
+    if not 0 <= args.grace < float("inf"):  # infinite: a rank that ignores SIGTERM would be waited for forever
+        raise UsageError(f"--grace must be a finite number of seconds >= 0, got {args.grace}")
+    if args.timeline is not None:
+        _check_timeline(args.timeline)
     if args.module:
         top = args.target.split(".")[0]
         if not all(part.isidentifier() for part in args.target.split(".")):
@@ -201,6 +211,32 @@ def check_args(args) -> None:
     elif not os.path.isfile(args.target):
         what = "is a directory" if os.path.isdir(args.target) else "does not exist"
         raise UsageError(f"script {args.target!r} {what} (to run a module, use -m)")
+    if args.timeline is not None and not args.dry_run:  # last: only a good command line creates anything
+        try:
+            os.makedirs(args.timeline, exist_ok=True)
+        except OSError as e:  # what _check_timeline cannot foresee (a full disk, a name too long, /proc)
+            raise UsageError(f"--timeline {args.timeline!r}: cannot create the directory: {e.strerror or e}") from None
+
+
+def _check_timeline(path: str) -> None:
+    """--timeline names a directory that singa-run creates if needed and every rank writes into: it must be
+    a directory already, or one that can be made where it is (its nearest existing ancestor a directory
+    this user can write into)."""
+    if not path:
+        raise UsageError("--timeline wants a directory name for the ranks' files, got ''")
+    full = os.path.abspath(path)
+    probe = full
+    while not os.path.lexists(probe):  # the nearest part of the path that exists: where creation starts
+        probe = os.path.dirname(probe)
+    where = "" if probe == full else f" (in --timeline {path!r})"
+    if os.path.islink(probe) and not os.path.exists(probe):
+        raise UsageError(f"--timeline wants a directory for the ranks' files, but {probe!r}{where} is a "
+                         f"symbolic link to nothing")
+    if not os.path.isdir(probe):
+        raise UsageError(f"--timeline wants a directory for the ranks' files, but {probe!r}{where} is a file")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        action = "write into" if probe == full else "create directories in"
+        raise UsageError(f"--timeline {path!r}: this user cannot {action} {probe!r}; choose another directory")
 
 
 # ---------------------------------------------------------------- hostfiles
@@ -209,10 +245,13 @@ def read_hostfile(path: str) -> list[tuple[str, int]]:
     the order of first appearance; ``#`` starts a comment; a host alone has 1 slot; a host named on several
     lines gets the sum of their slots. UsageError naming the file and line for anything else."""
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
     except OSError as e:
         raise UsageError(f"cannot read the hostfile {path!r}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"the hostfile {path!r} is not a text file (not UTF-8); expected lines of 'host', "
+                         f"'host:N' or 'host slots=N'") from None
     slots: dict = {}
     for number, raw in enumerate(lines, 1):
         line = raw.split("#", 1)[0].strip()

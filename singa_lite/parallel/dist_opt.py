@@ -17,7 +17,9 @@ Four ways to synchronise, as SINGA (and, for the first, its two phases, to work 
   parameter *values* is averaged per call, round robin (``average_parameters()`` averages all of them);
 - ``backward_and_sparse_update``: only the significant gradient entries are exchanged (|g| >= spars, or the
   exact top ``ceil(spars * n)`` magnitudes with ``topK=True``), as (index, value) pairs gathered from every
-  rank and summed; with ``corr=True`` what was not sent is kept as a residual and added next time.
+  rank, each divided by the world size, then summed (16-bit values in float32), so the average cannot
+  overflow where the ranks' values do not; with ``corr=True`` what was not sent is kept as a residual and
+  added next time.
 
 ``backward_and_update`` is two phases, public so that a step can read or change the averaged gradients
 before they are applied (every rank makes the same calls)::
@@ -35,14 +37,16 @@ and ``no_sync()`` (parallel/accumulate.py); clipping by the global norm between 
 ``broadcast_buffers`` and ``sync_buffers(model)`` (parallel/buffers.py; ``layer.SyncBatchNorm2d`` in
 sync_batchnorm.py); uneven inputs, ``with sgd.join():`` (parallel/join.py).
 
-Differences from SINGA, on purpose: buffer bounds are checked; float16 sums divide first; top-K compares
-magnitudes as floats (SINGA's comparator truncated them); at the first step rank 0's parameters are
-broadcast and the ranks' models are compared (names, shapes, dtypes, order), raising ValueError on every
-rank with the difference; a non-finite gradient skips the step on every rank (``on_nonfinite="skip"``,
-counted in ``skipped_steps``, a warning on rank 0) or raises FloatingPointError on every rank (``"raise"``),
-in both cases with no parameter, optimizer state or residual changed. The fused modes test the averaged
-gradients; the partial and sparse modes test each rank's own gradients before anything changes, at the
-cost of one all-reduce of ``world_size`` integers per step.
+Differences from SINGA, on purpose: buffer bounds are checked; float16 and sparse averages divide before
+the sum; top-K compares magnitudes as floats (SINGA's comparator truncated them); at the first step rank
+0's parameters are broadcast and the ranks' models are compared (names, shapes, dtypes, order), raising
+ValueError on every rank with the difference; a non-finite gradient skips the step on every rank
+(``on_nonfinite="skip"``, counted in ``skipped_steps``, a warning on rank 0) or raises FloatingPointError on
+every rank (``"raise"``), in both cases with no parameter, optimizer state or residual changed. The fused
+modes test the averaged gradients; the partial and sparse modes test each rank's own gradients before
+anything changes, at the cost of one all-reduce of ``world_size`` integers per step, and the sparse mode its
+averaged gradients too (one more all-reduce of one integer): a residual added to finite gradients can still
+overflow.
 """
 from __future__ import annotations
 
@@ -415,9 +419,16 @@ class DistOpt:
         triples = self._local_step("backward_and_sparse_update", loss)
         if triples is None:
             return
-        for group in _partitions(triples, threshold, size=lambda tr: tr[2].data.numel):
-            self._sparse_group([g.data for _, _, g in group], [n for n, _, _ in group], spars, bool(topK),
-                               bool(corr), average=True)
+        residuals = [self._sparse_group([g.data for _, _, g in group], [n for n, _, _ in group], spars,
+                                        bool(topK), bool(corr), average=True)
+                     for group in _partitions(triples, threshold, size=lambda tr: tr[2].data.numel)]
+        # Each rank's gradients were finite (_local_step), but a residual added to them can overflow: the
+        # averages are checked too, and only a step applied everywhere keeps its new residuals.
+        if not self._finite_everywhere([g.data for _, _, g in triples]):
+            return
+        for key, res in residuals:
+            if key is not None:
+                self._residuals[key] = res
         self._apply(triples)
 
     # ----- SINGA's lower-level calls (raw tensors accepted; results are sums, update() divides)
@@ -663,9 +674,11 @@ class DistOpt:
                 raise TypeError(f"DistOpt.{what}: parameters must be tensor.Tensor, got {type(p).__name__}")
         return params
 
-    def _sparse_group(self, raws, names, spars, topK, corr, average, residual=None) -> None:
+    def _sparse_group(self, raws, names, spars, topK, corr, average, residual=None) -> tuple:
         """Sparse all-reduce of the tensors as one flat vector, written back in place, all on the tensors'
-        device (C++ kernels: the selection, the gather and the adds of (index, value) pairs)."""
+        device (C++ kernels: the selection, the gather and the adds of (index, value) pairs). Returns (key,
+        new residual) for the caller to keep once the step is known to apply ((None, None) without error
+        feedback); a residual given (fused_sparsification's accumulation) is updated in place instead."""
         where = raws[0].device if raws else _CPU
         dtype = raws[0].dtype if raws else tensor.float32
         if any(r.dtype != dtype or r.device != where for r in raws):
@@ -673,38 +686,43 @@ class DistOpt:
                             + ", ".join(f"{r.dtype.name} on {r.device}" for r in raws))
         n = sum(r.numel for r in raws)
         flat = _core.concat([r.reshape([r.numel]) for r in raws], 0) if raws else zeros([0], dtype, where)
-        res = None
+        key = None
         if corr:
-            res = residual.reshape([n]) if residual is not None else self._residual(tuple(names), n, dtype, where)
+            if residual is not None:
+                res = residual.reshape([n])
+            else:
+                key = tuple(names)
+                res = self._residual(key, n, dtype, where)
             _core.add(flat, res, out=flat)
         idx = _core.select_significant(flat, spars, topK)
         vals = _core.take(flat, idx)
-        if corr:  # the residual keeps what was not sent: flat with the sent entries set to exactly 0
-            _core.copy_(res, flat)
-            _core.index_add_(res, idx, _core.neg(vals))
-        dense = self._sparse_sum(idx, vals, n, dtype, where)
-        if average:
-            _core.mul_scalar(dense, 1.0 / self.world_size, out=dense)
+        dense = self._sparse_sum(idx, vals, n, dtype, where, 1.0 / self.world_size if average else None)
+        if corr:  # what was not sent: flat (a copy: concat) with the sent entries set to exactly 0
+            _core.index_add_(flat, idx, _core.neg(vals))
+            if residual is not None:
+                _core.copy_(res, flat)
         off = 0
         for r in raws:
             _core.copy_(r, dense.slice(0, off, off + r.numel, 1).reshape(list(r.shape)))
             off += r.numel
+        return (key, flat) if key is not None else (None, None)
 
     def _residual(self, key, n: int, dtype, where) -> CTensor:
-        """The error-feedback residual of a group of parameters (zeros the first time; moved to the gradients'
-        device and dtype after set_states, which restores residuals on the host)."""
+        """The error-feedback residual of a group of parameters, read only (zeros the first time; moved to the
+        gradients' device and dtype after set_states, which restores residuals on the host)."""
         res = self._residuals.get(key)
         if res is None or res.numel != n:
-            res = zeros([n], dtype, where)
-        elif res.device != where or res.dtype != dtype:
-            res = res.reshape([n]).cast(dtype).to(where) if res.device.is_cpu() else res.to(where).cast(dtype)
-        self._residuals[key] = res
+            return zeros([n], dtype, where)
+        if res.device != where or res.dtype != dtype:
+            return res.reshape([n]).cast(dtype).to(where) if res.device.is_cpu() else res.to(where).cast(dtype)
         return res
 
-    def _sparse_sum(self, idx: CTensor, vals: CTensor, n: int, dtype, where) -> CTensor:
-        """Sum over ranks of the vectors holding vals at idx and zero elsewhere: every rank's (index, value)
-        pairs are all-gathered (indices as int32 when they fit), then added in rank order, so every rank
-        gets the same result."""
+    def _sparse_sum(self, idx: CTensor, vals: CTensor, n: int, dtype, where, scale=None) -> CTensor:
+        """Sum over ranks of the vectors holding vals at idx and zero elsewhere, each first multiplied by
+        scale (1 / world size for an average: a sum of the ranks' shares cannot overflow where their average
+        does not, as the fused half exchange divides before its sum): every rank's (index, value) pairs are
+        all-gathered (indices as int32 when they fit), then added in rank order, so every rank gets the same
+        result. 16-bit values are scaled and added in float32 and the result cast back."""
         comm = self.communicator
         counts = to_host(comm.all_gather(from_host(np.array([idx.numel], np.int64), where)))[:, 0]
         width = max(int(counts.max()), 1)
@@ -714,13 +732,18 @@ class DistOpt:
             _core.copy_(my_idx.slice(0, 0, idx.numel, 1), idx)
             _core.copy_(my_val.slice(0, 0, idx.numel, 1), vals)
         all_idx, all_val = comm.all_gather(my_idx), comm.all_gather(my_val)
-        dense = zeros([n], dtype, where)
+        wide = tensor.float32 if dtype in (tensor.float16, tensor.bfloat16) else dtype
+        if wide != dtype:
+            all_val = all_val.cast(wide)
+        if scale is not None:
+            _core.mul_scalar(all_val, scale, out=all_val)
+        dense = zeros([n], wide, where)
         for r in range(comm.world_size):
             c = int(counts[r])
             if c:
                 rank_idx = all_idx.select(0, r).slice(0, 0, c, 1).cast(tensor.int64)
                 _core.index_add_(dense, rank_idx, all_val.select(0, r).slice(0, 0, c, 1))
-        return dense
+        return dense if wide == dtype else dense.cast(dtype)
 
 
 def _wire_dtype(half):

@@ -2,7 +2,8 @@
 partial, sparse top-K and threshold), under mpiexec (mpi backend), singa-run and Python multiprocessing
 (shm backend). For each
 launcher three jobs run tests/multiproc/jobs/ckpt_job.py: the whole run, the first part ending in a checkpoint, and
-the rest in new processes from that checkpoint; every subprocess has a hard time limit."""
+the rest in new processes from that checkpoint; every subprocess has a hard time limit. Also: a save over
+another job's checkpoint is refused on both ranks."""
 import glob
 import os
 import shutil
@@ -14,6 +15,8 @@ import pytest
 
 from singa_lite import _core
 
+import checkpoint_cases  # noqa: E402
+from dist_cases import run_ranks  # noqa: E402
 from paths import JOBS, job  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -134,3 +137,13 @@ def test_another_number_of_ranks_is_refused(runs):
     net.compile([tensor.Tensor((BATCH, 1, 5, 5))], is_train=True)
     with pytest.raises(checkpoint.CheckpointError, match=r"saved by 2 rank\(s\), loaded by 1"):
         checkpoint.load(os.path.join(runs["dir"], "ckpt-plain"), net, net.optimizer)
+
+
+def test_a_save_over_another_jobs_checkpoint_is_refused_on_every_rank(tmp_path):
+    """2 shm ranks (multiprocessing): rank 0 decides whether a save may replace the checkpoint there (another
+    job's id: refused on both ranks, none hangs; overwrite=True, or a load first: allowed); see
+    tests/unit/test_checkpoint_owner.py for every rule in one process."""
+    shm()
+    out, _, _ = run_ranks(checkpoint_cases.scenario_another_jobs_checkpoint, 2, timeout=120,
+                          args=(str(tmp_path / "ck"),))
+    assert out == {r: ("ok", "ok") for r in range(2)}, out

@@ -1,5 +1,6 @@
-"""DistOpt's public two-phase step (backward -> PendingStep.synchronize -> finish) and its get_states /
-set_states, on 2 and 3 shm ranks started by multiprocessing. Scenarios live in distopt_public_cases.py."""
+"""DistOpt's public two-phase step (backward -> PendingStep.synchronize -> finish), its get_states /
+set_states, and sparse averages that overflow the sum (or the average itself), on 2 and 3 shm ranks started
+by multiprocessing. Scenarios live in distopt_public_cases.py."""
 import pytest
 
 from singa_lite import _core
@@ -18,6 +19,9 @@ from dist_cases import run_ranks  # noqa: E402
     ("states_round_trip", 2),
     ("states_round_trip", 1),
     ("ddp_optimizer_between_the_phases", 2),
+    ("sparse_average_does_not_overflow", 2),
+    ("sparse_average_does_not_overflow", 3),
+    ("sparse_nonfinite_average_is_skipped", 2),
 ])
 def test_scenario(name, world_size):
     out, _, _ = run_ranks(distopt_public_cases.run, world_size, timeout=180, args=(name,))

@@ -261,10 +261,38 @@ def test_words_after_the_script_belong_to_the_script(scripts):
     (["-np", "2", "-m", "no_such_module_xyz"], "no module named 'no_such_module_xyz'"),
     (["-np", "2", "--timeout", "0", "allreduce.py"], "--timeout must be a positive number"),
     (["allreduce.py"], "the following arguments are required: -np"),
+    (["-np", "2", "--timeout", "inf", "allreduce.py"], "--timeout must be a positive number of seconds, at most 1e+07"),
+    (["-np", "2", "--grace", "inf", "allreduce.py"], "--grace must be a finite number of seconds >= 0, got inf"),
+    # a directory that cannot be: under a regular file, at a dangling link, empty, too long a name to create
+    (["-np", "2", "--timeline", "allreduce.py/sub", "allreduce.py"], "allreduce.py' (in --timeline "
+                                                                     "'allreduce.py/sub') is a file"),
+    (["-np", "2", "--timeline", "allreduce.py", "allreduce.py"], "allreduce.py' is a file"),
+    (["-np", "2", "--timeline", "dangling/tl", "allreduce.py"], "dangling' (in --timeline 'dangling/tl') is a "
+                                                                "symbolic link to nothing"),
+    (["-np", "2", "--timeline", "", "allreduce.py"], "--timeline wants a directory name for the ranks' files"),
+    (["-np", "2", "--timeline", "x" * 300, "allreduce.py"], "cannot create the directory: File name too long"),
+    (["-np", "2", "--dry-run", "--timeline", "allreduce.py/sub", "allreduce.py"], "is a file"),
+    (["--hostfile", "binary", "allreduce.py"], "the hostfile 'binary' is not a text file"),
+    (["--hostfile", "hosts", "--launcher-exec", "ssh -o 'x", "allreduce.py"], "--launcher-exec \"ssh -o 'x\": "
+                                                                               "No closing quotation"),
+    (["--hostfile", "hosts", "--master-addr", "", "allreduce.py"], "--master-addr must be a host name or address"),
 ])
 def test_bad_input_exits_2_with_a_message(scripts, args, message):
+    (scripts / "binary").write_bytes(b"\xff\xfe\x00 not text")
+    (scripts / "hosts").write_text("localhost slots=2\n")
+    os.symlink(scripts / "nowhere", scripts / "dangling")
+    before = sorted(os.listdir(scripts))
     r = launch(args, scripts, timeout=30)
     assert r.returncode == 2 and message in r.err and "Traceback" not in r.err, r.err
+    assert [line for line in r.err.splitlines() if "error" in line] == [r.err.splitlines()[-1]], r.err  # one line
+    assert sorted(os.listdir(scripts)) == before, "a refused command line created something"
+
+
+def test_the_timeline_directory_is_made_by_a_run_not_by_a_dry_run(scripts):
+    r = launch(["-np", "2", "--dry-run", "--timeline", "tl/sub", "allreduce.py"], scripts, timeout=30)
+    assert r.returncode == 0 and not os.path.exists(scripts / "tl"), r.err
+    r = launch(["-np", "2", "--timeline", "tl/sub", "allreduce.py"], scripts, timeout=60)
+    assert r.returncode == 0 and os.path.isdir(scripts / "tl" / "sub"), r.err
 
 
 def test_nccl_backend_needs_nccl(scripts):

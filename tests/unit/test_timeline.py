@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -153,7 +154,7 @@ def test_paths_and_bad_arguments(tmp_path):
             timeline.start(str(tmp_path / "y.json"))
     finally:
         assert timeline.stop() == str(tmp_path / "x.rank5.json")
-    assert not os.path.exists(str(tmp_path / "x.rank5.json.tmp"))
+    assert os.listdir(tmp_path) == ["x.rank5.json"]  # no temporary file left
 
 
 def test_environment_variable_writes_at_exit(tmp_path):
@@ -213,3 +214,83 @@ def test_a_process_that_recorded_nothing_writes_no_file(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "nothing recorded" in r.stderr
     assert (tmp_path / "trace.rank0.json").read_text() == "rank 0's"
+
+
+# Names a writer could have used for its temporary file (the old one was f"{path}.tmp{pid}"), each planted as a
+# symbolic link to a file the writer must never touch.
+_PLANTED = ("{path}.tmp{pid}", "{path}.tmp", "{path}.tmp0", "{path}~", "{path}.part", "{path}.new", "{dir}/.{base}.tmp")
+
+
+def _plant(target, victim) -> list:
+    names = []
+    for form in _PLANTED:
+        name = form.format(path=target, pid=os.getpid(), dir=os.path.dirname(target), base=os.path.basename(target))
+        os.symlink(victim, name)
+        names.append(name)
+    return names
+
+
+@pytest.mark.parametrize("writer", ["stop", "merge"])
+def test_the_file_is_written_through_a_private_temporary_file(tmp_path, monkeypatch, writer):
+    """A symbolic link planted where a predictable temporary name would be is not followed: the writer creates
+    its temporary file itself (O_CREAT | O_EXCL, mode 0600, in the target's directory), and leaves nothing
+    behind but the file."""
+    victim = tmp_path / "victim"
+    victim.write_text("not yours")
+    out = tmp_path / "out"
+    out.mkdir()
+    if writer == "stop":
+        target = str(out / "t.rank0.json")
+    else:
+        target = str(out / "timeline.json")
+        ranks = []
+        for r in range(2):
+            with timeline.timeline(str(tmp_path / "ranks" / "t.json"), rank=r) as rec:
+                timeline.record("op", "forward", time.perf_counter())
+            ranks.append(rec.path)
+    planted = _plant(target, str(victim))
+    created, real_open = [], os.open
+
+    def spy(path, flags, mode=0o777, *args, **kwargs):
+        if os.path.dirname(os.path.abspath(path)) == str(out):
+            created.append((os.path.basename(path), flags, mode))
+        return real_open(path, flags, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", spy)
+    if writer == "stop":
+        timeline.start(str(out / "t.json"), rank=0)
+        timeline.record("op", "forward", time.perf_counter())
+        assert timeline.stop() == target
+    else:
+        assert timeline.merge(ranks, target) == target
+    monkeypatch.undo()
+
+    assert victim.read_text() == "not yours"
+    for name in planted:
+        assert os.readlink(name) == str(victim), name
+    assert created, "the temporary file was not created through os.open (O_EXCL)"
+    for name, flags, mode in created:
+        assert flags & os.O_CREAT and flags & os.O_EXCL and mode == 0o600, (name, oct(flags), oct(mode))
+    assert sorted(os.listdir(out)) == sorted(os.path.basename(n) for n in planted + [target])
+    assert os.stat(target).st_mode & 0o777 == 0o600
+    _, evs = _load(target)
+    assert len(evs) == (1 if writer == "stop" else 2)
+
+
+def test_a_failed_write_leaves_no_temporary_file(tmp_path):
+    """Whatever fails while the file is written (a value JSON cannot encode; the rename, here onto a directory)
+    removes the temporary file; the file that was there is untouched."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "t.rank0.json").write_text("the previous trace")
+    timeline.start(str(out / "t.json"), rank=0)
+    timeline.record("op", "forward", time.perf_counter(), {"value": object()})
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        timeline.stop()
+    assert not timeline.is_active()
+    assert os.listdir(out) == ["t.rank0.json"] and (out / "t.rank0.json").read_text() == "the previous trace"
+
+    (out / "d.json").mkdir()
+    with pytest.raises(OSError):
+        timeline.merge([], str(out / "d.json"))
+    assert sorted(os.listdir(out)) == ["d.json", "t.rank0.json"] and os.listdir(out / "d.json") == []

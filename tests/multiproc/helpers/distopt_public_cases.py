@@ -265,7 +265,105 @@ def scenario_ddp_optimizer_between_the_phases(comm):
     return "ok"
 
 
+def sparse_step(comm, dopt, W, grads, **kw):
+    """One backward_and_sparse_update of loss = sum(W * c), whose gradient is c = grads[rank]."""
+    autograd.training = True
+    c = tensor.from_numpy(np.asarray(grads[comm.rank], tensor.to_numpy(W).dtype))
+    dopt.backward_and_sparse_update(autograd.reduce_sum(autograd.mul(W, c)), **kw)
+
+
+def zeros_param(n, dtype):
+    return tensor.Tensor(data=np.zeros(n, dtype), requires_grad=True, stores_grad=True, name="W")
+
+
+def scenario_sparse_average_does_not_overflow(comm):
+    # The ranks' values sum past the dtype's largest (float16 65504, float32 3.4e38) while their average fits:
+    # the average is what the step applies, on every rank, with nothing skipped; what was not sent stays in
+    # the residual. Ranks alternate between two values (rank r has big[r % 2]).
+    P = comm.world_size
+    for dt, big in ((np.float16, (30000.0, 50000.0)), (np.float32, (3e38, 2e38))):
+        grads = [np.array([big[r % 2], -big[(r + 1) % 2], 0.5, 0.25, 0, 0, 0, 0], dt) for r in range(P)]
+        want = -np.mean(np.stack(grads).astype(np.float64), axis=0)  # lr 1: the step is minus the average
+        want[2:] = 0  # not sent: below the threshold, or not among the top 2 of 8
+        for topK, spars in ((True, 0.25), (False, 1.0)):
+            for corr in (True, False):
+                where = f"{np.dtype(dt).name} topK={topK} corr={corr}"
+                W = zeros_param(8, dt)
+                dopt = opt.DistOpt(opt.SGD(lr=1.0), communicator=comm)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error", RuntimeWarning)  # no skip, no overflow warning
+                    sparse_step(comm, dopt, W, grads, spars=spars, topK=topK, corr=corr)
+                got = tensor.to_numpy(W)
+                assert np.isfinite(got).all() and dopt.skipped_steps == 0, (where, got)
+                np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-3 if dt == np.float16 else 1e-6,
+                                           err_msg=where)
+                assert dopt.check_parameter_closeness(rtol=0, atol=0), where
+                residuals = dopt.get_states()["residuals"]
+                if corr:
+                    np.testing.assert_array_equal(residuals[("W",)], np.where(np.arange(8) < 2, 0, grads[comm.rank]),
+                                                  err_msg=where)
+                else:
+                    assert not residuals, (where, residuals)
+    return "ok"
+
+
+def scenario_sparse_nonfinite_average_is_skipped(comm):
+    # Each rank's gradients are finite, but on rank 0 the residual kept from the last step added to this step's
+    # gradient overflows (float16 40000 + 40000; float32 3e38 + 3e38), is sent, and the average is inf. The step
+    # is skipped on every rank (on_nonfinite="skip": counted, a warning on rank 0) or raises FloatingPointError on
+    # every rank ("raise"), and no parameter, momentum or residual changes anywhere; the next step runs.
+    for dt, g, thr, sent, lr in ((np.float16, 40000.0, 50000.0, 60000.0, 1e-3),
+                                 (np.float32, 3e38, 3.2e38, 3.3e38, 1e-30)):
+        for mode in ("skip", "raise"):
+            where = f"{np.dtype(dt).name} on_nonfinite={mode}"
+            W = zeros_param(4, dt)
+            dopt = opt.DistOpt(opt.SGD(lr=lr, momentum=0.9), communicator=comm, on_nonfinite=mode)
+            kw = {"spars": thr, "topK": False, "corr": True}
+            # step 1: entry 1 is sent (the average moves W and the momentum), entry 0 of rank 0 is kept
+            sparse_step(comm, dopt, W, [np.array([g if r == 0 else 1, sent, 0, 0], dt)
+                                        for r in range(comm.world_size)], **kw)
+            assert tensor.to_numpy(W)[1] != 0 and dopt.skipped_steps == 0, (where, tensor.to_numpy(W))
+            before, states = tensor.to_numpy(W).copy(), dopt.get_states()
+            assert states["residuals"][("W",)][0] == (g if comm.rank == 0 else 1), (where, states["residuals"])
+            poisoned = [np.array([g if r == 0 else 2, 3, 0, 0], dt) for r in range(comm.world_size)]
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", RuntimeWarning)
+                if mode == "skip":
+                    sparse_step(comm, dopt, W, poisoned, **kw)
+                else:
+                    try:
+                        sparse_step(comm, dopt, W, poisoned, **kw)
+                    except FloatingPointError as e:
+                        assert "the averaged gradients contain inf or nan; no parameter was changed on any " \
+                               "rank" in str(e), e
+                    else:
+                        raise AssertionError(f"{where}: no FloatingPointError")
+            if mode == "skip":
+                assert dopt.skipped_steps == 1, (where, dopt.skipped_steps)
+                texts = [str(w.message) for w in caught]
+                if comm.rank == 0:
+                    assert any("inf or nan in the averaged gradients: step skipped on every rank" in t
+                               for t in texts), (where, texts)
+                else:
+                    assert not texts, (where, texts)
+            else:
+                assert dopt.skipped_steps == 0, where
+            same({"W": tensor.to_numpy(W)}, {"W": before}, f"{where}: parameters")
+            after = dopt.get_states()
+            for slot, values in states["opt"].items():
+                if isinstance(values, dict):
+                    same(after["opt"][slot], values, f"{where}: optimizer {slot}")
+            same(after["residuals"], states["residuals"], f"{where}: residuals")
+            # the next step applies on every rank alike
+            sparse_step(comm, dopt, W, [np.array([1, 2, 3, 4], dt)] * comm.world_size, **kw)
+            assert np.isfinite(tensor.to_numpy(W)).all() and not np.array_equal(tensor.to_numpy(W), before), where
+            assert dopt.check_parameter_closeness(rtol=0, atol=0), where
+    return "ok"
+
+
 SCENARIOS = {
+    "sparse_average_does_not_overflow": scenario_sparse_average_does_not_overflow,
+    "sparse_nonfinite_average_is_skipped": scenario_sparse_nonfinite_average_is_skipped,
     "ddp_optimizer_between_the_phases": scenario_ddp_optimizer_between_the_phases,
     "two_phases_equal_backward_and_update": scenario_two_phases_equal_backward_and_update,
     "averaged_gradients_between_the_phases": scenario_averaged_gradients_between_the_phases,

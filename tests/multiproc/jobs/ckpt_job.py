@@ -142,6 +142,9 @@ def errors(comm, workdir: str) -> None:
     sgd = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), communicator=comm)
     net.set_optimizer(sgd)
     net.compile([tensor.Tensor((BATCH, 1, 5, 5))], is_train=True)
+    # This job continues ckpt-keep's run, as a resumed job does: so its failing save below gets as far as the
+    # bad extra even when its launcher gives it a job id other than the first job's (a fresh singa-run).
+    checkpoint.load(os.path.join(workdir, "ckpt-keep"), net, sgd)
     for what, call in (
             ("load", lambda: checkpoint.load(os.path.join(workdir, "ckpt-missing"), net, sgd)),
             ("save", lambda: checkpoint.save(os.path.join(workdir, "ckpt-keep"), net, sgd,

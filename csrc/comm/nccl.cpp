@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -133,6 +134,13 @@ CommError fail(CommState& s, const std::string& message) {
   if (s.comm != nullptr) {
     ncclComm_t c = s.comm;
     s.comm = nullptr;
+    // The calling thread (Comm::abort from Python, an op's failure) may have another GPU current: NCCL works on
+    // the current device, so make the communicator's current. The abort goes ahead even if that fails.
+    std::optional<DeviceGuard> guard;
+    try {
+      guard.emplace(s.device);
+    } catch (...) {
+    }
     api().CommAbort(c);  // its result does not matter: the communicator is gone either way
   }
   {
@@ -188,7 +196,7 @@ void check_usable(CommState& s) {
 
 void watchdog_loop(CommState* s) {
   // Events of this device are queried from here; errors surface through cudaEventQuery below.
-  cudaSetDevice(s->device);
+  make_current(s->device);
   std::unique_lock<std::mutex> wl(s->watch_mutex);
   while (!s->stop && !s->failed) {
     s->watch_cv.wait_for(wl, kWatchPeriod);

@@ -12,12 +12,14 @@
 namespace sl::cuda {
 namespace {
 
-// |v| in the compute type, NaN mapped to +inf (always selected; the finiteness vote then sees it).
+// |v| in the compute type, NaN mapped to +inf (always selected; the finiteness vote then sees it). fabs clears the
+// sign of -0.0 too (a compare-and-negate kept it): every zero is the same key, so the top-K cut among zeros follows
+// the index rule below, as on the CPU (cpu/sparse.cpp), whatever a radix sort does with negative zeros.
 template <typename T>
 __device__ __forceinline__ compute_of<T> magnitude(T v) {
   using C = compute_of<T>;
   const C c = load(&v);
-  return isnan(c) ? C(INFINITY) : (c < C(0) ? -c : c);
+  return isnan(c) ? C(INFINITY) : C(fabs(c));
 }
 
 template <typename T>
@@ -90,7 +92,9 @@ Tensor select_impl(const Tensor& x, double spars, int64_t k) {
     SL_CUDA_CHECK(cudaStreamSynchronize(st));  // the result's length is data: the host must know it
     return chosen.slice(0, 0, m, 1).clone();
   }
-  // top-K: sort (magnitude, index) pairs by magnitude, descending; keep the first k indices, ascending
+  // top-K: sort (magnitude, index) pairs by magnitude, descending; keep the first k indices, ascending. The radix
+  // sort is stable and the pairs enter in index order, so among equal magnitudes the lower index wins: the CPU's
+  // rule (cpu/sparse.cpp), hence the same selection on both devices.
   Tensor top = Tensor::empty({k}, DType::kInt64, x.device());
   if (k == 0) return top;
   Tensor keys = Tensor::empty({n}, dtype_of<C>::value, x.device());

@@ -219,6 +219,7 @@ void fill(const Tensor& t, double value) {
     scalar_t v = cpu::convert<scalar_t>(value);
     std::memcpy(&pattern, &v, sizeof(v));
   });
+  if (!t.is_contiguous()) return fill_strided(t, pattern);  // t[:, 0] = 1.0 and other views
   DeviceGuard guard(t.device().index);
   fill_pattern(t.data_ptr(), t.numel(), int(t.itemsize()), pattern, t.device().index);
 }

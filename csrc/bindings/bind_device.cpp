@@ -15,6 +15,7 @@
 #include "cuda/allocator.h"
 #include "cuda/cublas.h"
 #include "cuda/context.h"
+#include "cuda/index_faults.h"
 #include "cuda/runtime.h"
 #endif
 
@@ -111,8 +112,16 @@ void bind_cuda_device(py::module_& m) {
              n == 0 ? cuda::unavailable_reason() : str("this machine has ", n, " GPU(s)"));
     return index;
   };
-  m.def("cuda_sync", [checked](int index) { cuda::sync(checked(index)); }, py::arg("index"), release,
-        "Waits for the work queued on the GPU's compute stream.");
+  m.def("cuda_sync", [checked](int index) {
+    cuda::sync(checked(index));
+    cuda::raise_index_faults(index);
+  }, py::arg("index"), release,
+        "Waits for the work queued on the GPU's compute stream; raises IndexError when a kernel found an index out "
+        "of range since the last such wait (checked on the GPU, reported here).");
+  m.def("cuda_set_deferred_index_checks", &cuda::set_deferred_index_checks, py::arg("enabled"),
+        "True (default unless SINGA_LITE_SYNC_INDEX_CHECKS=1): one_hot / take / index_add check indices on the GPU "
+        "and report at the next wait for the device. False: they check on the host at the call (a sync each).");
+  m.def("cuda_deferred_index_checks", &cuda::deferred_index_checks_enabled);
   m.def("cuda_memory_stats", [checked](int index) {
     const cuda::MemoryStats s = cuda::memory_stats(checked(index));
     return std::map<std::string, size_t>{{"in_use", s.in_use}, {"peak_in_use", s.peak_in_use},
@@ -132,6 +141,8 @@ void bind_cuda_device(py::module_& m) {
         "How many host<->device copies took the pinned staging path so far (the rest went straight through).");
 #else
   m.def("cuda_set_copy_staging", [](bool) {}, py::arg("enabled"), "No effect in a CPU-only build.");
+  m.def("cuda_set_deferred_index_checks", [](bool) {}, py::arg("enabled"), "No effect in a CPU-only build.");
+  m.def("cuda_deferred_index_checks", [] { return false; });
   m.def("cuda_copy_staging", [] { return false; });
   m.def("cuda_staged_copy_count", [] { return uint64_t(0); });
   auto unavailable = [](int index) -> void {

@@ -226,7 +226,9 @@ class Device:
     # ----- GPU memory (the caching allocator; the CPU has its own block cache, see empty_cache)
     def memory_stats(self) -> dict:
         """GPU: bytes held by live tensors (``in_use``), its peak since the last ``reset_peak_memory``
-        (``peak_in_use``), bytes kept for reuse (``cached``) and cudaMalloc calls (``device_allocs``).
+        (``peak_in_use``), bytes kept for reuse (``cached``), cudaMalloc calls (``device_allocs``), and the
+        cap on ``cached`` and the limit on ``in_use`` (``cache_limit``, ``memory_limit``; None: none; set with
+        ``_core.cuda_set_cache_limit`` / ``cuda_set_memory_limit``, or SINGA_LITE_CUDA_CACHE_LIMIT).
         CPU: ``cached``, the bytes of released blocks kept for reuse."""
         if self.core.is_cuda():
             return dict(_core.cuda_memory_stats(self.core.index))

@@ -1,7 +1,9 @@
 // Errors (the typed C++ errors as Python exceptions), Device, CUDA availability, seeds and thread counts.
 #include <omp.h>
 
-#include <map>
+#include <climits>
+#include <cstdint>
+#include <optional>
 #include <pybind11/operators.h>
 #include <pybind11/stl.h>
 
@@ -124,9 +126,30 @@ void bind_cuda_device(py::module_& m) {
   m.def("cuda_deferred_index_checks", &cuda::deferred_index_checks_enabled);
   m.def("cuda_memory_stats", [checked](int index) {
     const cuda::MemoryStats s = cuda::memory_stats(checked(index));
-    return std::map<std::string, size_t>{{"in_use", s.in_use}, {"peak_in_use", s.peak_in_use},
-                                         {"cached", s.cached}, {"device_allocs", s.device_allocs}};
-  }, py::arg("index"), "Bytes held by live tensors, their peak, bytes cached for reuse, cudaMalloc calls.");
+    auto limit = [](size_t v) { return v == SIZE_MAX ? py::object(py::none()) : py::object(py::int_(v)); };
+    py::dict d;
+    d["in_use"] = s.in_use;
+    d["peak_in_use"] = s.peak_in_use;
+    d["cached"] = s.cached;
+    d["device_allocs"] = s.device_allocs;
+    d["cache_limit"] = limit(s.cache_limit);
+    d["memory_limit"] = limit(s.memory_limit);
+    return d;
+  }, py::arg("index"), "Bytes held by live tensors, their peak, bytes cached for reuse, cudaMalloc calls, and the "
+     "cache cap and memory limit (None: none).");
+  m.def("cuda_set_cache_limit", [checked](int index, std::optional<size_t> bytes) {
+    cuda::set_cache_limit(checked(index), bytes.value_or(SIZE_MAX));
+  }, py::arg("index"), py::arg("bytes"), release,
+        "Caps the bytes of freed blocks kept for reuse on this GPU (None: no cap, the default unless "
+        "SINGA_LITE_CUDA_CACHE_LIMIT is set). Memory over the cap goes back to the driver, where cuBLAS, cuDNN and "
+        "NCCL can allocate it. Lowering the cap trims the cache at once.");
+  m.def("cuda_set_memory_limit", [checked](int index, std::optional<size_t> bytes) {
+    cuda::set_memory_limit(checked(index), bytes.value_or(SIZE_MAX));
+  }, py::arg("index"), py::arg("bytes"),
+        "Limits the bytes live tensors may hold on this GPU (None: no limit): past it an allocation raises "
+        "MemoryError as a full GPU would.");
+  m.def("_parse_bytes", &cuda::parse_bytes, py::arg("text"), py::arg("what"),
+        "How SINGA_LITE_CUDA_CACHE_LIMIT is read: digits with an optional K / M / G / T (binary) suffix.");
   m.def("cuda_reset_peak", [checked](int index) { cuda::reset_peak(checked(index)); }, py::arg("index"));
   m.def("cuda_empty_cache", [checked](int index) { cuda::empty_cache(checked(index)); }, py::arg("index"),
         release, "Returns the GPU's cached blocks to the driver (cudaFree).");
@@ -149,9 +172,12 @@ void bind_cuda_device(py::module_& m) {
     throw ValueError(str("cuda:", index, " is not available: ", cuda_unavailable_reason()));
   };
   for (const char* name : {"cuda_sync", "cuda_reset_peak", "cuda_empty_cache"}) m.def(name, unavailable, py::arg("index"));
-  m.def("cuda_memory_stats", [](int index) -> std::map<std::string, size_t> {
+  m.def("cuda_memory_stats", [](int index) -> py::dict {
     throw ValueError(str("cuda:", index, " is not available: ", cuda_unavailable_reason()));
   }, py::arg("index"));
+  for (const char* name : {"cuda_set_cache_limit", "cuda_set_memory_limit"})
+    m.def(name, [unavailable](int index, std::optional<size_t>) { unavailable(index); }, py::arg("index"),
+          py::arg("bytes"));
 #endif
 }
 

@@ -22,6 +22,7 @@
 #include "cuda/context.h"
 #include "comm/nccl_api.h"
 #include "comm/nccl_common.h"
+#include "cuda/allocator.h"
 #include "cuda/runtime.h"
 
 namespace sl::cuda::nccl {
@@ -394,6 +395,9 @@ Comm::Comm(const std::string& unique_id, int rank, int world_size, int device, d
   cuda::stream(device);  // the compute stream exists before the first collective waits for it
   s->stream = comm_stream(device);
   s->ready = std::make_shared<Event>(device);
+  // NCCL allocates its buffers with cudaMalloc, at init and at its first collectives, and cannot be retried once a
+  // collective half failed: give it the blocks the caching allocator holds free (allocator.h).
+  cuda::empty_cache(device);
 
   ncclConfig_v21400 config = nonblocking_config();  // calls return at once; we poll with a timeout
   ncclUniqueId id;

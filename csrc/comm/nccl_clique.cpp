@@ -270,6 +270,7 @@ Clique::Clique(const std::vector<int>& devices, double timeout_s, std::function<
   for (int d : devices) {
     cuda::stream(d);  // the compute streams exist before the first collective is queued on them
     s->done.push_back(std::make_unique<Event>(d));
+    cuda::empty_cache(d);  // NCCL's buffers come from cudaMalloc: not from blocks our cache holds free (allocator.h)
   }
 
   ncclUniqueId id;

@@ -83,6 +83,10 @@ void bind_device(py::module_& m) {
   m.def("cuda_compiled", &cuda_compiled, "Was singa_lite built with its CUDA sources?");
   m.def("cuda_device_count", &cuda_device_count, "Number of usable CUDA GPUs (0 without a driver or a CUDA build).");
   m.def("cuda_unavailable_reason", &cuda_unavailable_reason, "Why no GPU can be used, or '' when one can.");
+  m.def("cuda_absent_reason", &cuda_absent_reason,
+        "Why there is certainly no usable GPU, or '' when there may be one, decided without initialising CUDA or "
+        "loading the driver (the build, CUDA_VISIBLE_DEVICES, /dev/nvidia*): safe in a parent before it forks "
+        "children that use the GPU.");
   m.def("manual_seed", &manual_seed, py::arg("device"), py::arg("seed"),
         "Seeds the device's random generator and restarts its stream.");
   m.def("current_seed", &current_seed, py::arg("device"));

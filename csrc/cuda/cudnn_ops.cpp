@@ -222,8 +222,8 @@ ConvKey conv_key(int device, DType dtype, ConvDirection direction, const Shape& 
 
 // Runs one convolution call with the first candidate that fits (conv_plan.h, run_first_fitting): its workspace from
 // the caching allocator (which empties its cache and retries before giving up), then call(algo, workspace, bytes);
-// when cuDNN's own allocation fails the cache is emptied and the call repeated once (it wrote nothing). Lack of
-// memory moves on to the next candidate; any other failure raises CudaError naming `call_name`.
+// when it fails inside cuDNN for lack of memory the cache is emptied and the call repeated once (it only writes its
+// output). Lack of memory moves on to the next candidate; any other failure raises CudaError naming `call_name`.
 template <typename Call>
 void run_conv(const char* op, const char* call_name, int device, const std::vector<AlgoChoice>& plans, Call&& call) {
   run_first_fitting(plans, [&](const AlgoChoice& c) {
@@ -246,7 +246,9 @@ void run_conv(const char* op, const char* call_name, int device, const std::vect
     } held{device, ws, c.workspace};
     const cudnnStatus_t st = retry_if_out_of_memory(device, [&] { return call(c.algo, ws, c.workspace); },
                                                     cudnn_out_of_memory);
-    if (cudnn_out_of_memory(st)) return false;
+    // Still short of memory with the cache emptied: the next candidate may need less. Any other failure (an
+    // execution failure that repeated) is reported as it is, not taken for lack of memory.
+    if (st == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED) return false;
     cudnn_check(st, call_name, __FILE__, __LINE__);
     return true;
   }, op, device);

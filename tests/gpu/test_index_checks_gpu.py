@@ -69,8 +69,11 @@ def test_take_and_index_add_skip_bad_indices_and_report_at_a_copy(gpu, deferred)
 
 
 def test_the_first_faulting_call_is_the_one_reported(gpu, deferred):
-    _core.one_hot(on(gpu, np.array([9], np.int64)), 3)
-    _core.take(on(gpu, np.zeros(4, np.float32)), on(gpu, np.array([100], np.int64)))
+    # every input copied first: a copy from the host waits for the device, and would report the first fault itself
+    labels, x, idx = (on(gpu, np.array([9], np.int64)), on(gpu, np.zeros(4, np.float32)),
+                      on(gpu, np.array([100], np.int64)))
+    _core.one_hot(labels, 3)
+    _core.take(x, idx)
     with pytest.raises(IndexError, match=r"one_hot: indices must lie in \[0, 3\), got out-of-range values in \[9, 9\]"):
         _core.cuda_sync(0)
     _core.cuda_sync(0)
@@ -153,9 +156,10 @@ def test_a_training_step_with_a_bad_label_raises_by_the_loss(gpu, deferred):
     saved = autograd.training
     autograd.training = True
     try:
-        loss = autograd.softmax_cross_entropy(logits, labels)
+        # by the time the loss is read at the latest (an op of the loss that waits for the device reports it earlier)
         with pytest.raises(IndexError, match=r"one_hot: indices must lie in \[0, 3\), got out-of-range values in "
                                              r"\[3, 3\]"):
+            loss = autograd.softmax_cross_entropy(logits, labels)
             loss.item()
     finally:
         autograd.training = saved

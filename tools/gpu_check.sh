@@ -25,6 +25,12 @@ out=${OUT:-$PWD/gpu-check-out}
 py=${PYTHON:-python3}
 wheels=${WHEELS:-gpu-wheels}
 jobs=$(nproc 2>/dev/null || echo 4)
+# nvcc where CUDA images install it, when it is not on PATH already (the build needs it: SINGA_LITE_CUDA=ON)
+if ! command -v nvcc >/dev/null; then
+  for d in /usr/local/cuda/bin /usr/local/cuda-1[0-9]*/bin; do
+    [ -x "$d/nvcc" ] && export PATH="$d:$PATH" && break
+  done
+fi
 start_all=$(date +%s)
 mkdir -p "$out"
 steps=("$@")

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from singa_lite import _core, autograd, checkpoint, device, opt, singa_wrap, tensor
+from singa_lite import autograd, checkpoint, device, opt, singa_wrap, tensor
 from singa_lite.data import data_partition
 
 DIST_OPTIONS = ("plain", "half", "partialUpdate", "sparseTopK", "sparseThreshold")
@@ -41,6 +41,9 @@ def argument_parser(doc: str, *, epochs: int, batch_size: int, lr: float) -> arg
                    help="DistOpt's fusion threshold in elements (partialUpdate: the partition size)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="cuda: one GPU per rank (cuda:<local rank>), NCCL between ranks")
+    p.add_argument("--start-method", choices=("auto", "fork", "spawn"), default="auto",
+                   help="how the multiprocessing launcher starts ranks: auto is spawn for GPU ranks (a forked child "
+                        "of a process that initialised CUDA cannot use the GPU), fork otherwise")
     p.add_argument("--data-dir", help="directory with the dataset's files (default: the built-in data)")
     p.add_argument("--epochs", type=int, default=epochs)
     p.add_argument("--batch-size", type=int, default=batch_size, help="per rank")
@@ -59,19 +62,34 @@ def argument_parser(doc: str, *, epochs: int, batch_size: int, lr: float) -> arg
 def check_args(p: argparse.ArgumentParser, args) -> None:
     if args.world_size < 1 or args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
         p.error("--world-size, --epochs and --batch-size must be >= 1 and --lr > 0")
-    if args.device == "cuda" and not device.cuda_is_available():
-        p.error(f"--device cuda: no usable GPU: {_core.cuda_unavailable_reason()}")
+    # Asked without initialising CUDA: this process may go on to start the ranks (launch), and children of a
+    # process that has initialised CUDA cannot use the GPU. The ranks check the GPU for real.
+    if args.device == "cuda" and not device.cuda_maybe_available():
+        p.error(f"--device cuda: no usable GPU: {device.cuda_absent_reason()}")
+
+
+def start_method(args) -> str:
+    """How launch() starts the ranks: "spawn" (a fresh interpreter) when they may use a GPU, since a forked child
+    inherits the parent's CUDA state and fails in its first CUDA call if the parent had initialised CUDA (a
+    library it imported, a check before the launch); "fork" for CPU ranks, which start faster that way."""
+    if args.start_method != "auto":
+        return args.start_method
+    gpu = args.device == "cuda" or (args.device == "auto" and device.cuda_maybe_available())
+    return "spawn" if gpu else "fork"
 
 
 def launch(args, train) -> int:
-    """Runs train(args, nccl_id, gpu_num, gpu_per_node) on every rank; returns the exit code."""
+    """Runs train(args, nccl_id, gpu_num, gpu_per_node) on every rank; returns the exit code. With the spawn
+    start method `train` must be importable by name (a module-level function of the script, as in the examples),
+    and the script must start the ranks only under ``if __name__ == "__main__"``."""
     if args.launcher != "multiprocessing":  # mpiexec / singa-run started the ranks: dist.init finds them
         train(args)
         return 0
     import multiprocessing
 
+    context = multiprocessing.get_context(start_method(args))
     nccl_id = singa_wrap.NcclIdHolder()  # as seed 001: created in the parent, passed to every rank
-    procs = [multiprocessing.Process(target=train, args=(args, nccl_id, gpu_num, args.world_size))
+    procs = [context.Process(target=train, args=(args, nccl_id, gpu_num, args.world_size))
              for gpu_num in range(args.world_size)]
     for p in procs:
         p.start()

@@ -46,6 +46,7 @@ from ._core import CudaError
 __all__ = [
     "Device", "get_default_device", "set_default_device", "create_cpu_device", "create_cuda_gpu",
     "create_cuda_gpu_on", "create_cuda_gpus", "create_cuda_gpus_on", "get_num_gpus", "cuda_is_available",
+    "cuda_maybe_available", "cuda_absent_reason",
     "get_num_threads", "set_num_threads", "enable_lazy_alloc", "get_gpu_ids", "get_gpu_mem_size", "device_query",
     "get_num_opencl_platforms", "get_num_opencl_devices", "create_opencl_device",
 ]
@@ -226,7 +227,9 @@ class Device:
     # ----- GPU memory (the caching allocator; the CPU has its own block cache, see empty_cache)
     def memory_stats(self) -> dict:
         """GPU: bytes held by live tensors (``in_use``), its peak since the last ``reset_peak_memory``
-        (``peak_in_use``), bytes kept for reuse (``cached``) and cudaMalloc calls (``device_allocs``).
+        (``peak_in_use``), bytes kept for reuse (``cached``), cudaMalloc calls (``device_allocs``), and the
+        cap on ``cached`` and the limit on ``in_use`` (``cache_limit``, ``memory_limit``; None: none; set with
+        ``_core.cuda_set_cache_limit`` / ``cuda_set_memory_limit``, or SINGA_LITE_CUDA_CACHE_LIMIT).
         CPU: ``cached``, the bytes of released blocks kept for reuse."""
         if self.core.is_cuda():
             return dict(_core.cuda_memory_stats(self.core.index))
@@ -400,8 +403,23 @@ def create_cpu_device() -> Device:
 
 
 def cuda_is_available() -> bool:
-    """True when this build has CUDA and at least one GPU is usable."""
+    """True when this build has CUDA and at least one GPU is usable. Asks the CUDA driver, which initialises
+    CUDA in this process: a process that has done so cannot fork children that use the GPU (every CUDA call
+    there fails with "initialization error"). Before forking, ask :func:`cuda_maybe_available` instead."""
     return _core.cuda_device_count() > 0
+
+
+def cuda_maybe_available() -> bool:
+    """False when this process can certainly use no GPU (a CPU-only build, CUDA_VISIBLE_DEVICES hiding every
+    GPU, no NVIDIA device file); True when it may. Decided without initialising CUDA or loading the driver, so
+    a parent may ask before it forks children that use the GPU; a True can still meet a driver the children
+    find unusable, and they say why. :func:`cuda_absent_reason` gives the reason of a False."""
+    return _core.cuda_absent_reason() == ""
+
+
+def cuda_absent_reason() -> str:
+    """Why :func:`cuda_maybe_available` is False, or "" (decided without initialising CUDA)."""
+    return _core.cuda_absent_reason()
 
 
 def get_num_gpus() -> int:

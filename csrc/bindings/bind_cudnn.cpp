@@ -1,9 +1,11 @@
 // cuDNN: whether it can be used (and why not), where it was loaded from, and the ops singa_lite/nn_ops.py calls on
 // CUDA tensors when it can. In a CPU-only build only the questions exist, and they say so.
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
 #include "bindings/binders.h"
 #include "core/errors.h"
+#include "cuda/conv_plan.h"  // plain C++: the plan cache is bound in every build, for its CPU tests
 #ifdef SINGA_LITE_WITH_CUDA
 #include "cuda/cudnn.h"
 #include "cuda/cudnn_ops.h"
@@ -13,20 +15,79 @@ namespace py = pybind11;
 
 namespace sl::bindings {
 
-#ifdef SINGA_LITE_WITH_CUDA
 namespace {
 
+// (device, dtype, direction, x[4], w[4], stride[2], padding[2], dilation[2], groups), as the tests spell a key.
+cuda::ConvKey conv_key_of(const py::tuple& t) {
+  SL_CHECK(t.size() == 9, ValueError, "_ConvPlanCache: a key is (device, dtype, direction, x, w, stride, padding, "
+           "dilation, groups), got ", t.size(), " items");
+  cuda::ConvKey k;
+  k.device = t[0].cast<int>();
+  k.dtype = t[1].cast<int>();
+  k.direction = cuda::ConvDirection(t[2].cast<int>());
+  k.x = t[3].cast<std::array<int64_t, 4>>();
+  k.w = t[4].cast<std::array<int64_t, 4>>();
+  k.stride = t[5].cast<std::array<int64_t, 2>>();
+  k.padding = t[6].cast<std::array<int64_t, 2>>();
+  k.dilation = t[7].cast<std::array<int64_t, 2>>();
+  k.groups = t[8].cast<int64_t>();
+  return k;
+}
+
+py::list choices_list(const std::vector<cuda::AlgoChoice>& cs) {
+  py::list out;
+  for (const auto& c : cs) out.append(py::make_tuple(c.algo, c.workspace));
+  return out;
+}
+
+std::vector<cuda::AlgoChoice> choices_of(const py::iterable& items) {
+  std::vector<cuda::AlgoChoice> out;
+  for (const py::handle& h : items) {
+    const auto pair = h.cast<std::pair<int, size_t>>();
+    out.push_back({pair.first, pair.second});
+  }
+  return out;
+}
+
+py::dict stats_dict(const cuda::ConvPlanCache::Stats& s) {
+  py::dict d;
+  d["entries"] = s.entries;
+  d["hits"] = s.hits;
+  d["misses"] = s.misses;
+  return d;
+}
+
+// The plan cache and the candidate walk of cuDNN convolutions (cuda/conv_plan.h) on their own, for CPU tests: the
+// same code as on a GPU, with Python standing in for cuDNN's heuristic and for the attempt to run a candidate.
+void bind_conv_plan_for_tests(py::module_& m) {
+  py::class_<cuda::ConvPlanCache>(m, "_ConvPlanCache", "Tests only: cuda/conv_plan.h's cache.")
+      .def(py::init<size_t>(), py::arg("capacity") = 4096)
+      .def("get", [](cuda::ConvPlanCache& c, const py::tuple& key, const py::function& make) {
+        return choices_list(c.get(conv_key_of(key), [&] { return choices_of(make()); }));
+      }, py::arg("key"), py::arg("make"))
+      .def("stats", [](const cuda::ConvPlanCache& c) { return stats_dict(c.stats()); })
+      .def("clear", &cuda::ConvPlanCache::clear);
+  m.def("_conv_run_first_fitting", [](const py::iterable& candidates, const py::function& attempt) {
+    return cuda::run_first_fitting(choices_of(candidates), [&](const cuda::AlgoChoice& c) {
+      return attempt(c.algo, c.workspace).cast<bool>();
+    }, "conv (test)", 0);
+  }, py::arg("candidates"), py::arg("attempt"),
+        "Tests only: the index of the first candidate for which attempt(algo, bytes) is True; MemoryError when none.");
+}
+
+#ifdef SINGA_LITE_WITH_CUDA
 cuda::PoolMode pool_mode(const std::string& mode) {
   if (mode == "max") return cuda::PoolMode::kMax;
   if (mode == "avg_include_pad") return cuda::PoolMode::kAvgIncludePad;
   if (mode == "avg_exclude_pad") return cuda::PoolMode::kAvgExcludePad;
   throw ValueError(str("cudnn pooling: mode must be 'max', 'avg_include_pad' or 'avg_exclude_pad', got '", mode, "'"));
 }
-
-}  // namespace
 #endif
 
+}  // namespace
+
 void bind_cudnn(py::module_& m) {
+  bind_conv_plan_for_tests(m);
 #ifdef SINGA_LITE_WITH_CUDA
   const auto release = py::call_guard<py::gil_scoped_release>();
   m.def("cudnn_available", &cuda::cudnn_available, release,
@@ -41,6 +102,26 @@ void bind_cudnn(py::module_& m) {
         "Switches cuDNN off (the own kernels run) or back on; starts as SINGA_LITE_CUDNN says. For tests and "
         "benchmarks.");
   m.def("cudnn_enabled", &cuda::cudnn_enabled);
+  m.def("cudnn_conv_plan_stats", [] { return stats_dict(cuda::conv_plan_stats()); },
+        "The cuDNN convolution plan cache: entries, hits (calls that skipped cuDNN's heuristic), misses.");
+  m.def("cudnn_conv2d_plans", [](const std::string& direction, const Shape& x_shape, const Shape& w_shape, Pair stride,
+                                 Pair padding, Pair dilation, int64_t groups, DType dtype, const Device& device) {
+    const cuda::ConvDirection d = direction == "forward"         ? cuda::ConvDirection::kForward
+                                  : direction == "backward_data" ? cuda::ConvDirection::kBackwardData
+                                  : direction == "backward_filter"
+                                      ? cuda::ConvDirection::kBackwardFilter
+                                      : throw ValueError(str("cudnn_conv2d_plans: direction must be 'forward', "
+                                                             "'backward_data' or 'backward_filter', got '", direction,
+                                                             "'"));
+    std::vector<cuda::AlgoChoice> plans;
+    {
+      py::gil_scoped_release unlocked;
+      plans = cuda::cudnn_conv2d_plans(d, x_shape, w_shape, stride, padding, dilation, groups, dtype, device);
+    }
+    return choices_list(plans);
+  }, py::arg("direction"), py::arg("x_shape"), py::arg("w_shape"), py::arg("stride"), py::arg("padding"),
+        py::arg("dilation"), py::arg("groups"), py::arg("dtype"), py::arg("device"),
+        "[(algorithm, workspace bytes)] a convolution of these shapes tries, best first (cached as the ops do).");
   m.def("_cudnn_provoke_error", &cuda::cudnn_provoke_error,
         "Tests only: one invalid cuDNN call, which raises CudaError (or CudaError saying why cuDNN cannot load).");
 
@@ -78,6 +159,7 @@ void bind_cudnn(py::module_& m) {
   m.def("cudnn_version", [] { return 0; });
   m.def("set_cudnn_enabled", [](bool) {}, py::arg("enabled"));
   m.def("cudnn_enabled", [] { return false; });
+  m.def("cudnn_conv_plan_stats", [] { return stats_dict(cuda::ConvPlanCache::Stats{}); });
 #endif
 }
 

@@ -1,7 +1,9 @@
 // Errors (the typed C++ errors as Python exceptions), Device, CUDA availability, seeds and thread counts.
 #include <omp.h>
 
-#include <map>
+#include <climits>
+#include <cstdint>
+#include <optional>
 #include <pybind11/operators.h>
 #include <pybind11/stl.h>
 
@@ -15,6 +17,7 @@
 #include "cuda/allocator.h"
 #include "cuda/cublas.h"
 #include "cuda/context.h"
+#include "cuda/index_faults.h"
 #include "cuda/runtime.h"
 #endif
 
@@ -80,6 +83,10 @@ void bind_device(py::module_& m) {
   m.def("cuda_compiled", &cuda_compiled, "Was singa_lite built with its CUDA sources?");
   m.def("cuda_device_count", &cuda_device_count, "Number of usable CUDA GPUs (0 without a driver or a CUDA build).");
   m.def("cuda_unavailable_reason", &cuda_unavailable_reason, "Why no GPU can be used, or '' when one can.");
+  m.def("cuda_absent_reason", &cuda_absent_reason,
+        "Why there is certainly no usable GPU, or '' when there may be one, decided without initialising CUDA or "
+        "loading the driver (the build, CUDA_VISIBLE_DEVICES, /dev/nvidia*): safe in a parent before it forks "
+        "children that use the GPU.");
   m.def("manual_seed", &manual_seed, py::arg("device"), py::arg("seed"),
         "Seeds the device's random generator and restarts its stream.");
   m.def("current_seed", &current_seed, py::arg("device"));
@@ -111,13 +118,42 @@ void bind_cuda_device(py::module_& m) {
              n == 0 ? cuda::unavailable_reason() : str("this machine has ", n, " GPU(s)"));
     return index;
   };
-  m.def("cuda_sync", [checked](int index) { cuda::sync(checked(index)); }, py::arg("index"), release,
-        "Waits for the work queued on the GPU's compute stream.");
+  m.def("cuda_sync", [checked](int index) {
+    cuda::sync(checked(index));
+    cuda::raise_index_faults(index);
+  }, py::arg("index"), release,
+        "Waits for the work queued on the GPU's compute stream; raises IndexError when a kernel found an index out "
+        "of range since the last such wait (checked on the GPU, reported here).");
+  m.def("cuda_set_deferred_index_checks", &cuda::set_deferred_index_checks, py::arg("enabled"),
+        "True (default unless SINGA_LITE_SYNC_INDEX_CHECKS=1): one_hot / take / index_add check indices on the GPU "
+        "and report at the next wait for the device. False: they check on the host at the call (a sync each).");
+  m.def("cuda_deferred_index_checks", &cuda::deferred_index_checks_enabled);
   m.def("cuda_memory_stats", [checked](int index) {
     const cuda::MemoryStats s = cuda::memory_stats(checked(index));
-    return std::map<std::string, size_t>{{"in_use", s.in_use}, {"peak_in_use", s.peak_in_use},
-                                         {"cached", s.cached}, {"device_allocs", s.device_allocs}};
-  }, py::arg("index"), "Bytes held by live tensors, their peak, bytes cached for reuse, cudaMalloc calls.");
+    auto limit = [](size_t v) { return v == SIZE_MAX ? py::object(py::none()) : py::object(py::int_(v)); };
+    py::dict d;
+    d["in_use"] = s.in_use;
+    d["peak_in_use"] = s.peak_in_use;
+    d["cached"] = s.cached;
+    d["device_allocs"] = s.device_allocs;
+    d["cache_limit"] = limit(s.cache_limit);
+    d["memory_limit"] = limit(s.memory_limit);
+    return d;
+  }, py::arg("index"), "Bytes held by live tensors, their peak, bytes cached for reuse, cudaMalloc calls, and the "
+     "cache cap and memory limit (None: none).");
+  m.def("cuda_set_cache_limit", [checked](int index, std::optional<size_t> bytes) {
+    cuda::set_cache_limit(checked(index), bytes.value_or(SIZE_MAX));
+  }, py::arg("index"), py::arg("bytes"), release,
+        "Caps the bytes of freed blocks kept for reuse on this GPU (None: no cap, the default unless "
+        "SINGA_LITE_CUDA_CACHE_LIMIT is set). Memory over the cap goes back to the driver, where cuBLAS, cuDNN and "
+        "NCCL can allocate it. Lowering the cap trims the cache at once.");
+  m.def("cuda_set_memory_limit", [checked](int index, std::optional<size_t> bytes) {
+    cuda::set_memory_limit(checked(index), bytes.value_or(SIZE_MAX));
+  }, py::arg("index"), py::arg("bytes"),
+        "Limits the bytes live tensors may hold on this GPU (None: no limit): past it an allocation raises "
+        "MemoryError as a full GPU would.");
+  m.def("_parse_bytes", &cuda::parse_bytes, py::arg("text"), py::arg("what"),
+        "How SINGA_LITE_CUDA_CACHE_LIMIT is read: digits with an optional K / M / G / T (binary) suffix.");
   m.def("cuda_reset_peak", [checked](int index) { cuda::reset_peak(checked(index)); }, py::arg("index"));
   m.def("cuda_empty_cache", [checked](int index) { cuda::empty_cache(checked(index)); }, py::arg("index"),
         release, "Returns the GPU's cached blocks to the driver (cudaFree).");
@@ -132,15 +168,20 @@ void bind_cuda_device(py::module_& m) {
         "How many host<->device copies took the pinned staging path so far (the rest went straight through).");
 #else
   m.def("cuda_set_copy_staging", [](bool) {}, py::arg("enabled"), "No effect in a CPU-only build.");
+  m.def("cuda_set_deferred_index_checks", [](bool) {}, py::arg("enabled"), "No effect in a CPU-only build.");
+  m.def("cuda_deferred_index_checks", [] { return false; });
   m.def("cuda_copy_staging", [] { return false; });
   m.def("cuda_staged_copy_count", [] { return uint64_t(0); });
   auto unavailable = [](int index) -> void {
     throw ValueError(str("cuda:", index, " is not available: ", cuda_unavailable_reason()));
   };
   for (const char* name : {"cuda_sync", "cuda_reset_peak", "cuda_empty_cache"}) m.def(name, unavailable, py::arg("index"));
-  m.def("cuda_memory_stats", [](int index) -> std::map<std::string, size_t> {
+  m.def("cuda_memory_stats", [](int index) -> py::dict {
     throw ValueError(str("cuda:", index, " is not available: ", cuda_unavailable_reason()));
   }, py::arg("index"));
+  for (const char* name : {"cuda_set_cache_limit", "cuda_set_memory_limit"})
+    m.def(name, [unavailable](int index, std::optional<size_t>) { unavailable(index); }, py::arg("index"),
+          py::arg("bytes"));
 #endif
 }
 

@@ -76,11 +76,14 @@ py::buffer_info to_buffer(const Tensor& t) {
 }
 
 // ---------------------------------------------------------------- DLPack
+// An exported tensor, alive while the consumer holds it. `consumer` is the stream the consumer said it reads on
+// (__dlpack__'s stream argument), kept for the release: see release_after_consumer.
 struct DLContext {
   Tensor tensor;  // keeps the storage alive while the consumer holds the capsule
   std::vector<int64_t> shape, strides;
   dlpack::DLManagedTensor managed;
   dlpack::DLManagedTensorVersioned versioned;
+  int64_t consumer = 0;  // CUDA tensors: the stream handle as the array API gives it (1, 2, -1 or a pointer)
 };
 
 dlpack::DLDataType dl_dtype(DType t) {
@@ -109,22 +112,43 @@ DType dtype_from_dl(dlpack::DLDataType t) {
                       " bits); supported: float16/32/64, bfloat16, int32, int64, bool"));
 }
 
-// DLPack's stream contract for CUDA (the array API's __dlpack__): our kernels run on the device's own compute stream,
-// so a consumer reading on its stream `consumer` (a cudaStream_t as int; 1: the legacy default stream, 2: the
-// per-thread default stream, -1: the consumer synchronises itself) must first be made to wait for what we queued.
-// An event, not a host wait: nothing blocks.
-void order_consumer_stream(const Tensor& t, const py::object& consumer) {
+// The stream argument of __dlpack__, checked: None, or an int as the array API defines it (1: the legacy default
+// stream, 2: the per-thread default stream, -1: the consumer synchronises itself, else a cudaStream_t). For a CUDA
+// tensor None means 1. A CPU tensor has no stream: only None. Returns the handle (0 for a CPU tensor).
+int64_t consumer_stream(const Tensor& t, const py::object& stream) {
+  if (!stream.is_none() && (!PyIndex_Check(stream.ptr()) || py::isinstance<py::bool_>(stream)))
+    throw TypeError(str("__dlpack__: stream must be None or an int (a CUDA stream handle, or 1, 2, -1), got ",
+                        std::string(py::str(py::type::of(stream).attr("__name__")))));
+  if (t.device().is_cpu()) {
+    SL_CHECK(stream.is_none(), ValueError, "__dlpack__: this tensor is on the CPU, which has no streams; pass "
+             "stream=None (got ", py::int_(stream).cast<int64_t>(), ")");
+    return 0;
+  }
+  const int64_t handle = stream.is_none() ? 1 : py::int_(stream).cast<int64_t>();
+  SL_CHECK(handle > 0 || handle == -1, ValueError, "__dlpack__: stream must be None, -1, 1, 2 or a CUDA stream "
+           "handle, got ", handle, " (0 is ambiguous and not allowed by the array API)");
+  return handle;
+}
+
 #ifdef SINGA_LITE_WITH_CUDA
-  if (!t.device().is_cuda()) return;
-  const int64_t handle = consumer.is_none() ? 1 : consumer.cast<int64_t>();
-  if (handle == -1) return;
-  SL_CHECK(handle > 0, ValueError, "__dlpack__: stream must be None, -1, 1, 2 or a CUDA stream handle, got ", handle);
+cudaStream_t as_stream(int64_t handle) {
+  if (handle == 1) return cudaStreamLegacy;
+  if (handle == 2) return cudaStreamPerThread;
+  return reinterpret_cast<cudaStream_t>(handle);
+}
+#endif
+
+// Before export: the consumer's stream is made to wait for what we queued (the array API's contract: our kernels
+// run on the device's own compute stream). An event, not a host wait: nothing blocks.
+void order_consumer_stream(const Tensor& t, int64_t consumer) {
+#ifdef SINGA_LITE_WITH_CUDA
+  if (!t.device().is_cuda() || consumer == -1) return;
   const int device = t.device().index;
   cuda::DeviceGuard guard(device);
   cudaEvent_t ev = nullptr;
   SL_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   cudaError_t err = cudaEventRecord(ev, cuda::stream(device));
-  if (err == cudaSuccess) err = cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(handle), ev, 0);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(as_stream(consumer), ev, 0);
   cudaEventDestroy(ev);  // released once the wait is satisfied
   SL_CUDA_CHECK(err);
 #else
@@ -133,10 +157,46 @@ void order_consumer_stream(const Tensor& t, const py::object& consumer) {
 #endif
 }
 
+// The consumer is done with an exported CUDA tensor (its deleter ran): before the memory goes back to the caching
+// allocator, which hands it to the next kernel on our compute stream at once, our stream is made to wait for what
+// the consumer has queued on its stream so far (the kernels that read it). Without this, the next kernel of ours
+// could overwrite memory that torch or CuPy is still reading. With stream -1 the consumer named no stream, so the
+// whole device is waited for. Called from a deleter: nothing may throw, and a failure falls back to that full wait.
+void release_after_consumer(const DLContext& ctx) noexcept {
+#ifdef SINGA_LITE_WITH_CUDA
+  if (!ctx.tensor.device().is_cuda() || ctx.consumer == 0) return;
+  const int device = ctx.tensor.device().index;
+  try {
+    cuda::DeviceGuard guard(device);
+    cudaError_t err = cudaErrorUnknown;
+    if (ctx.consumer != -1) {
+      cudaEvent_t ev = nullptr;
+      err = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+      if (err == cudaSuccess) {
+        err = cudaEventRecord(ev, as_stream(ctx.consumer));
+        if (err == cudaSuccess) err = cudaStreamWaitEvent(cuda::stream(device), ev, 0);
+        cudaEventDestroy(ev);
+      }
+    }
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      if (cudaDeviceSynchronize() != cudaSuccess) cudaGetLastError();
+    }
+  } catch (...) {
+    // no GPU context could be made current: nothing can run on this device, so nothing can reuse the memory early
+  }
+#else
+  (void)ctx;
+#endif
+}
+
+constexpr uint64_t kDLPackFlagIsCopied = uint64_t(1) << 1;  // DLPACK_FLAG_BITMASK_IS_COPIED
+
 // versioned: a DLPack 1.0 capsule (the consumer passed max_version >= (1, 0)), otherwise a legacy one.
-py::capsule to_dlpack(const Tensor& t, bool versioned) {
+// copied: the tensor is a copy made for this export (copy=True), which a versioned capsule says in its flags.
+py::capsule to_dlpack(const Tensor& t, bool versioned, int64_t consumer, bool copied) {
   check_defined(t, "__dlpack__", "tensor");
-  auto* ctx = new DLContext{t, t.shape(), t.strides(), {}, {}};
+  auto* ctx = new DLContext{t, t.shape(), t.strides(), {}, {}, consumer};
   dlpack::DLTensor dl;
   dl.data = t.data_ptr();
   dl.device = {t.device().is_cpu() ? dlpack::kDLCPU : dlpack::kDLCUDA, t.device().index};
@@ -145,22 +205,31 @@ py::capsule to_dlpack(const Tensor& t, bool versioned) {
   dl.shape = ctx->shape.data();
   dl.strides = ctx->strides.data();
   dl.byte_offset = 0;
-  // A consumer renames the capsule ("used_...") and calls the deleter itself; an unused one is freed here.
+  // A consumer renames the capsule ("used_...") and calls the deleter itself; an unused one is freed here, and since
+  // nothing read it, without ordering against the consumer's stream (which may be gone by then).
   if (versioned) {
     ctx->versioned = {{1, 0}, ctx, [](dlpack::DLManagedTensorVersioned* self) {
-                        delete static_cast<DLContext*>(self->manager_ctx);
-                      }, 0, dl};
+                        auto* c = static_cast<DLContext*>(self->manager_ctx);
+                        release_after_consumer(*c);
+                        delete c;
+                      }, copied ? kDLPackFlagIsCopied : 0, dl};
     return py::capsule(&ctx->versioned, "dltensor_versioned", [](PyObject* cap) {
       if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
         auto* m = static_cast<dlpack::DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap, "dltensor_versioned"));
+        static_cast<DLContext*>(m->manager_ctx)->consumer = 0;
         m->deleter(m);
       }
     });
   }
-  ctx->managed = {dl, ctx, [](dlpack::DLManagedTensor* self) { delete static_cast<DLContext*>(self->manager_ctx); }};
+  ctx->managed = {dl, ctx, [](dlpack::DLManagedTensor* self) {
+                    auto* c = static_cast<DLContext*>(self->manager_ctx);
+                    release_after_consumer(*c);
+                    delete c;
+                  }};
   return py::capsule(&ctx->managed, "dltensor", [](PyObject* cap) {
     if (PyCapsule_IsValid(cap, "dltensor")) {
       auto* m = static_cast<dlpack::DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
+      static_cast<DLContext*>(m->manager_ctx)->consumer = 0;
       m->deleter(m);
     }
   });
@@ -182,6 +251,43 @@ py::object producer_capsule(const py::object& obj) {
   }
 #endif
   return obj.attr("__dlpack__")();
+}
+
+// __dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None), the array API's (2023.12) signature.
+py::capsule dlpack_export(const Tensor& t, const py::kwargs& kw) {
+  check_defined(t, "__dlpack__", "tensor");
+  for (const auto& item : kw) {
+    const std::string key = py::str(item.first);
+    SL_CHECK(key == "stream" || key == "max_version" || key == "dl_device" || key == "copy", TypeError,
+             "__dlpack__: unexpected argument '", key, "'; it takes stream, max_version, dl_device and copy");
+  }
+  auto arg = [&](const char* k) { return kw.contains(k) ? py::object(kw[k]) : py::object(py::none()); };
+  const int64_t consumer = consumer_stream(t, arg("stream"));
+  bool versioned = false;
+  if (py::object mv = arg("max_version"); !mv.is_none()) {
+    SL_CHECK(py::isinstance<py::sequence>(mv) && py::len(mv) == 2, TypeError,
+             "__dlpack__: max_version must be a (major, minor) pair, got ", std::string(py::repr(mv)));
+    versioned = mv[py::int_(0)].cast<int>() >= 1;
+  }
+  const int dl_type = t.device().is_cpu() ? int(dlpack::kDLCPU) : int(dlpack::kDLCUDA);
+  if (py::object want = arg("dl_device"); !want.is_none()) {
+    SL_CHECK(py::isinstance<py::sequence>(want) && py::len(want) == 2, TypeError,
+             "__dlpack__: dl_device must be a (device_type, device_id) pair, got ", std::string(py::repr(want)));
+    const auto pair = want.cast<std::pair<int, int>>();
+    if (pair.first != dl_type || pair.second != t.device().index)
+      throw py::buffer_error(str("__dlpack__: this tensor is on ", t.device().str(), " (DLPack device (", dl_type,
+                                 ", ", t.device().index, ")); it cannot be exported to device (", pair.first, ", ",
+                                 pair.second, "). Copy it with to_device() first"));
+  }
+  Tensor shared = t;
+  const py::object copy = arg("copy");
+  const bool copied = !copy.is_none() && copy.cast<bool>();
+  if (copied) {
+    py::gil_scoped_release release;
+    shared = t.clone();  // copy=True: the consumer gets memory of its own
+  }
+  order_consumer_stream(shared, consumer);
+  return to_dlpack(shared, versioned, consumer, copied);
 }
 
 Tensor from_dlpack(const py::object& obj) {
@@ -458,13 +564,7 @@ void bind_tensor(py::module_& m) {
       .def_static("from_buffer", &from_buffer, py::arg("obj"), "Shares a writable buffer-protocol object's memory (no copy); copies a read-only one.")
       .def_static("from_dlpack", &from_dlpack, py::arg("obj"), "Shares a DLPack producer's memory (no copy).")
       .def_buffer(&to_buffer)
-      .def("__dlpack__", [](const Tensor& t, py::kwargs kw) {
-        bool versioned = false;
-        if (kw.contains("max_version") && !kw["max_version"].is_none())
-          versioned = kw["max_version"].cast<py::tuple>()[0].cast<int>() >= 1;
-        order_consumer_stream(t, kw.contains("stream") ? py::object(kw["stream"]) : py::none());
-        return to_dlpack(t, versioned);
-      })
+      .def("__dlpack__", &dlpack_export)
       .def("__dlpack_device__", [](const Tensor& t) {
         return py::make_tuple(t.device().is_cpu() ? int(dlpack::kDLCPU) : int(dlpack::kDLCUDA), t.device().index);
       })

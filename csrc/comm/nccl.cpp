@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -21,6 +22,7 @@
 #include "cuda/context.h"
 #include "comm/nccl_api.h"
 #include "comm/nccl_common.h"
+#include "cuda/allocator.h"
 #include "cuda/runtime.h"
 
 namespace sl::cuda::nccl {
@@ -133,6 +135,13 @@ CommError fail(CommState& s, const std::string& message) {
   if (s.comm != nullptr) {
     ncclComm_t c = s.comm;
     s.comm = nullptr;
+    // The calling thread (Comm::abort from Python, an op's failure) may have another GPU current: NCCL works on
+    // the current device, so make the communicator's current. The abort goes ahead even if that fails.
+    std::optional<DeviceGuard> guard;
+    try {
+      guard.emplace(s.device);
+    } catch (...) {
+    }
     api().CommAbort(c);  // its result does not matter: the communicator is gone either way
   }
   {
@@ -188,7 +197,7 @@ void check_usable(CommState& s) {
 
 void watchdog_loop(CommState* s) {
   // Events of this device are queried from here; errors surface through cudaEventQuery below.
-  cudaSetDevice(s->device);
+  make_current(s->device);
   std::unique_lock<std::mutex> wl(s->watch_mutex);
   while (!s->stop && !s->failed) {
     s->watch_cv.wait_for(wl, kWatchPeriod);
@@ -386,6 +395,9 @@ Comm::Comm(const std::string& unique_id, int rank, int world_size, int device, d
   cuda::stream(device);  // the compute stream exists before the first collective waits for it
   s->stream = comm_stream(device);
   s->ready = std::make_shared<Event>(device);
+  // NCCL allocates its buffers with cudaMalloc, at init and at its first collectives, and cannot be retried once a
+  // collective half failed: give it the blocks the caching allocator holds free (allocator.h).
+  cuda::empty_cache(device);
 
   ncclConfig_v21400 config = nonblocking_config();  // calls return at once; we poll with a timeout
   ncclUniqueId id;

@@ -4,12 +4,10 @@
 // the communicator (nccl.cpp) reaches through api().
 #include "comm/nccl_api.h"
 
-#include <sys/stat.h>
-
-#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "core/errors.h"
 #include "comm/nccl.h"
 #include "cuda/runtime_library.h"
@@ -88,24 +86,6 @@ Nccl& nccl() {
   return *lib;
 }
 
-// Why there is certainly no usable GPU, or "" when there may be one; decided WITHOUT initialising CUDA.
-// NcclIdHolder asks in the parent of multiprocessing workers, and a process that has initialised CUDA
-// cannot fork children that use it ("initialization error" in every child): so no CUDA call here, only
-// the environment and the driver's device files. Unsure means "" (the ranks then report precisely).
-std::string no_gpu_reason() {
-  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
-    const std::string visible(v);
-    if (visible.empty() || visible.rfind("-1", 0) == 0)
-      return str("CUDA_VISIBLE_DEVICES='", visible, "' hides every GPU");
-  }
-  struct stat st;
-  for (const char* path : {"/dev/nvidia0", "/dev/dxg", "/proc/driver/nvidia/gpus"})  // dxg: WSL 2
-    if (stat(path, &st) == 0) return "";
-  for (int i = 1; i < 64; ++i)  // a container may expose only some GPUs, e.g. /dev/nvidia3
-    if (stat(str("/dev/nvidia", i).c_str(), &st) == 0) return "";
-  return "no NVIDIA GPU or driver is visible (no /dev/nvidia* device)";
-}
-
 }  // namespace
 
 // The loaded API; throws CommError saying how to install NCCL when it cannot be loaded.
@@ -140,7 +120,8 @@ std::string get_unique_id() {
   const Api& a = api();
   // NCCL itself hands out an id without a GPU; refuse here when there clearly is none, so that a CPU-only
   // job never starts NCCL's bootstrap listener (NcclIdHolder calls this in every parent process).
-  const std::string no_gpu = no_gpu_reason();
+  // cuda_absent_reason() does not initialise CUDA: NcclIdHolder asks in the parent of forked ranks.
+  const std::string no_gpu = cuda_absent_reason();
   if (!no_gpu.empty()) throw CudaError(str("NCCL needs a GPU: ", no_gpu));
   ncclUniqueId id;
   ncclResult_t r = a.GetUniqueId(&id);

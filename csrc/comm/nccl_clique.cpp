@@ -7,10 +7,12 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <utility>
 
 #include "comm/nccl_common.h"
+#include "cuda/allocator.h"
 #include "cuda/runtime.h"
 
 namespace sl::cuda::nccl {
@@ -74,7 +76,13 @@ CommError fail(CliqueState& s, const std::string& message) {
     if (s.comms[i] == nullptr) continue;
     ncclComm_t c = s.comms[i];
     s.comms[i] = nullptr;
-    DeviceGuard guard(s.devices[i]);
+    // Each communicator is aborted with its own device current; nothing here may throw, or the rest of the
+    // clique would stay alive.
+    std::optional<DeviceGuard> guard;
+    try {
+      guard.emplace(s.devices[i]);
+    } catch (...) {
+    }
     api().CommAbort(c);  // its result does not matter: the communicator is gone either way
   }
   return CommError(s.error_text());
@@ -216,7 +224,7 @@ void grouped_on_compute_streams(CliqueState& s, const char* op, const char* call
   for (int i = 0; i < s.size(); ++i) {
     // NCCL launches on the communicator's own device; the current device is set anyway, as NCCL's own
     // multi-device examples do, so that nothing NCCL does with the current device lands on another GPU.
-    cudaSetDevice(s.devices[size_t(i)]);
+    make_current(s.devices[size_t(i)]);
     const ncclResult_t x = call_one(i, streams[size_t(i)]);
     if (first == ncclSuccess && x != ncclSuccess && x != ncclInProgress) {
       first = x;
@@ -227,7 +235,7 @@ void grouped_on_compute_streams(CliqueState& s, const char* op, const char* call
   if (first != ncclSuccess) throw fail(s, failure(s, what, call, first_rank, first));
   settle_all(s, end, "ncclGroupEnd", what, seconds);
   for (int i = 0; i < s.size(); ++i) {
-    cudaSetDevice(s.devices[size_t(i)]);  // the event's and the stream's device, current for the record
+    make_current(s.devices[size_t(i)]);  // the event's and the stream's device, current for the record
     cudaError_t err = cudaEventRecord(s.done[size_t(i)]->e, streams[size_t(i)]);
     if (err != cudaSuccess)  // the collective is queued: its tensors must not be used while the state is unknown
       throw fail(s, str("nccl clique ", what, " (", s.where(i), "): cudaEventRecord failed after the collective: ",
@@ -262,6 +270,7 @@ Clique::Clique(const std::vector<int>& devices, double timeout_s, std::function<
   for (int d : devices) {
     cuda::stream(d);  // the compute streams exist before the first collective is queued on them
     s->done.push_back(std::make_unique<Event>(d));
+    cuda::empty_cache(d);  // NCCL's buffers come from cudaMalloc: not from blocks our cache holds free (allocator.h)
   }
 
   ncclUniqueId id;
@@ -277,10 +286,9 @@ Clique::Clique(const std::vector<int>& devices, double timeout_s, std::function<
   for (int i = 0; i < s->size() && problem.empty(); ++i) {
     // NCCL binds each communicator to the device current at its creation. (The device was made current
     // above already, for its stream and event, so this does not fail short of a broken CUDA context.)
-    const cudaError_t set = cudaSetDevice(devices[size_t(i)]);
-    if (set != cudaSuccess) {
-      cudaGetLastError();
-      problem = str("nccl clique init (", s->where(i), "): cudaSetDevice failed: ", cudaGetErrorString(set), ".");
+    const std::string not_current = make_current(devices[size_t(i)]);
+    if (!not_current.empty()) {
+      problem = str("nccl clique init (", s->where(i), "): ", not_current, ".");
       break;
     }
     ncclComm_t c = nullptr;
@@ -386,7 +394,7 @@ void Clique::close() {
   ncclResult_t first = ncclSuccess;
   int first_rank = -1;
   for (int i = 0; i < s.size(); ++i) {
-    cudaSetDevice(s.devices[size_t(i)]);
+    make_current(s.devices[size_t(i)]);
     const ncclResult_t r = a.CommFinalize(s.comms[size_t(i)]);
     if (first == ncclSuccess && r != ncclSuccess && r != ncclInProgress) {
       first = r;
@@ -399,7 +407,7 @@ void Clique::close() {
   for (int i = 0; i < s.size(); ++i) {
     ncclComm_t c = s.comms[size_t(i)];
     s.comms[size_t(i)] = nullptr;
-    cudaSetDevice(s.devices[size_t(i)]);
+    make_current(s.devices[size_t(i)]);
     // Non-blocking: NCCL may finish freeing in its own thread, so ncclInProgress is success here (the handle
     // must not be used again, so there is nothing to poll).
     const ncclResult_t r = a.CommDestroy(c);

@@ -132,7 +132,9 @@ inline const char* failure_hint(ncclResult_t r) {
       return " Every rank must call the same collectives in the same order with the same sizes and dtypes "
              "(NCCL_DEBUG=WARN makes NCCL say which argument).";
     case ncclUnhandledCudaError:
-      return " A CUDA call inside NCCL failed (out of GPU memory, or an earlier kernel failed).";
+      return " A CUDA call inside NCCL failed (out of GPU memory, or an earlier kernel failed). singa_lite empties "
+             "its cache of free blocks before creating a communicator; NCCL allocates more at its first collectives, "
+             "so on a full GPU cap that cache (SINGA_LITE_CUDA_CACHE_LIMIT, e.g. 2G) or free tensors first.";
     default:
       return " NCCL_DEBUG=WARN makes NCCL report the cause.";
   }

@@ -1,5 +1,9 @@
 #include "core/device.h"
 
+#include <sys/stat.h>
+
+#include <cstdlib>
+
 #include "core/errors.h"
 #ifdef SINGA_LITE_WITH_CUDA
 #include "cuda/runtime.h"
@@ -28,10 +32,26 @@ Device Device::parse(const std::string& s) {
 std::string Device::str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_string(index); }
 
 #ifdef SINGA_LITE_WITH_CUDA
+std::string cuda_absent_reason() {
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    const std::string visible(v);
+    if (visible.empty() || visible.rfind("-1", 0) == 0)
+      return str("CUDA_VISIBLE_DEVICES='", visible, "' hides every GPU");
+  }
+  struct stat st;
+  for (const char* path : {"/dev/nvidia0", "/dev/dxg", "/proc/driver/nvidia/gpus"})  // dxg: WSL 2
+    if (stat(path, &st) == 0) return "";
+  for (int i = 1; i < 64; ++i)  // a container may expose only some GPUs, e.g. /dev/nvidia3
+    if (stat(str("/dev/nvidia", i).c_str(), &st) == 0) return "";
+  return "no NVIDIA GPU or driver is visible (no /dev/nvidia* device)";
+}
+
 bool cuda_compiled() { return true; }
 int cuda_device_count() { return cuda::device_count(); }
 std::string cuda_unavailable_reason() { return cuda::unavailable_reason(); }
 #else
+std::string cuda_absent_reason() { return cuda_unavailable_reason(); }  // the build's reason; nothing to initialise
+
 bool cuda_compiled() { return false; }
 int cuda_device_count() { return 0; }
 std::string cuda_unavailable_reason() {

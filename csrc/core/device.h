@@ -25,8 +25,16 @@ struct Device {
 };
 
 // What the CUDA runtime reports; both are safe to call in a CPU-only build or on a machine without a driver.
+// Both initialise CUDA (cudaGetDeviceCount), after which a fork()ed child cannot use the GPU.
 bool cuda_compiled();
 int cuda_device_count();           // 0 when not compiled, no driver or no GPU
 std::string cuda_unavailable_reason();  // "" when at least one GPU is usable
+
+// Why there is certainly no usable GPU, or "" when there may be one, decided WITHOUT initialising CUDA or loading
+// the driver: from the build, CUDA_VISIBLE_DEVICES and the driver's device files only. For a parent process that
+// decides before forking children that will use the GPU (a process that has initialised CUDA cannot fork children
+// that use it: every CUDA call there fails with "initialization error"). Unsure means "": the children then report
+// precisely.
+std::string cuda_absent_reason();
 
 }  // namespace sl

@@ -36,8 +36,12 @@ Tensor select_significant(const Tensor& x, double spars, int64_t k) {
     chosen.resize(size_t(n));
     std::iota(chosen.begin(), chosen.end(), int64_t(0));
     if (k < n) {  // linear-time selection of the k largest, then back to ascending index order
-      std::nth_element(chosen.begin(), chosen.begin() + k, chosen.end(),
-                       [&](int64_t a, int64_t b) { return mag(a) > mag(b); });
+      // Among equal magnitudes the lower index wins, so the choice at the cut is defined (the GPU's stable radix
+      // sort makes the same one, cuda/sparse.cu): a gradient with more zeros than k leaves out the same zeros.
+      std::nth_element(chosen.begin(), chosen.begin() + k, chosen.end(), [&](int64_t a, int64_t b) {
+        const double ma = mag(a), mb = mag(b);
+        return ma > mb || (ma == mb && a < b);
+      });
       chosen.resize(size_t(k));
       std::sort(chosen.begin(), chosen.end());
     }

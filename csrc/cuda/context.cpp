@@ -1,9 +1,9 @@
 #include "cuda/context.h"
 
 #include <mutex>
-#include <utility>
 #include <vector>
 
+#include "core/errors.h"
 #include "cuda/check.h"
 #include "cuda/runtime.h"
 
@@ -11,57 +11,106 @@ namespace sl::cuda {
 
 namespace {
 
-// Whether `device`'s primary context exists. Since CUDA 12, cudaSetDevice creates it when it does not, and
-// a thread that never chose a device reports device 0: restoring "the caller's device" blindly made every
-// process that works on cuda:k (k > 0) hold a context, about 0.5 GiB, on GPU 0 too. The driver's
-// cuDevicePrimaryCtxGetState answers without creating one; it is reached through the runtime, so that
-// libcuda is not linked (a CUDA build must import on machines without a driver).
-bool has_primary_context(int device) {
-  using DeviceGet = int (*)(int*, int);                        // cuDeviceGet(CUdevice*, int ordinal)
-  using CtxState = int (*)(int, unsigned int*, int*);          // cuDevicePrimaryCtxGetState(CUdevice, ...)
-  static const auto fns = [] {
-    void* get = nullptr;
-    void* state = nullptr;
-    cudaDriverEntryPointQueryResult q1{}, q2{};
+// The driver functions DeviceGuard switches contexts with, reached through the runtime's entry-point query so
+// that libcuda is not linked (a CUDA build must import on machines without a driver).
+//
+// Why the driver's current context and not cudaSetDevice: a thread that never chose a device has no context, and
+// the runtime treats it as being on device 0. Restoring that with cudaSetDevice(0) creates a context on GPU 0
+// (about 0.5 GiB; since CUDA 12 cudaSetDevice initialises the primary context), which made every process working on
+// cuda:k hold one on GPU 0 too; not restoring it left the thread on cuda:k, so that other code in the thread (a
+// PyTorch or CuPy call meaning "the current GPU") landed on cuda:k. Setting the device's primary context current
+// with cuCtxSetCurrent, and the caller's context (null included) back afterwards, restores exactly what the caller
+// had and creates nothing: the runtime uses whatever context the driver has current, and keeps its own per-thread
+// device record, untouched here, for when there is none. Libraries with their own copy of the runtime (NCCL,
+// cuBLAS) also read the driver's current context, so they see the same device.
+struct Driver {
+  using CtxGet = int (*)(void**);                      // cuCtxGetCurrent(CUcontext*)
+  using CtxSet = int (*)(void*);                       // cuCtxSetCurrent(CUcontext)
+  using DeviceGet = int (*)(int*, int);                // cuDeviceGet(CUdevice*, int ordinal)
+  using PrimaryRetain = int (*)(void**, int);          // cuDevicePrimaryCtxRetain(CUcontext*, CUdevice)
+  CtxGet get = nullptr;
+  CtxSet set = nullptr;
+  DeviceGet device = nullptr;
+  PrimaryRetain retain = nullptr;
+  bool ok() const { return get && set && device && retain; }
+};
+
+template <typename F>
+void entry_point(const char* name, F& fn) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q{};
 #if CUDART_VERSION >= 12050
-    cudaGetDriverEntryPointByVersion("cuDeviceGet", &get, 12000, cudaEnableDefault, &q1);
-    cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &state, 12000, cudaEnableDefault, &q2);
+  const cudaError_t err = cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q);
 #else
-    cudaGetDriverEntryPoint("cuDeviceGet", &get, cudaEnableDefault, &q1);
-    cudaGetDriverEntryPoint("cuDevicePrimaryCtxGetState", &state, cudaEnableDefault, &q2);
+  const cudaError_t err = cudaGetDriverEntryPoint(name, &p, cudaEnableDefault, &q);
 #endif
-    cudaGetLastError();
-    const bool ok = q1 == cudaDriverEntryPointSuccess && q2 == cudaDriverEntryPointSuccess;
-    return std::make_pair(ok ? reinterpret_cast<DeviceGet>(get) : nullptr,
-                          ok ? reinterpret_cast<CtxState>(state) : nullptr);
+  if (err != cudaSuccess) cudaGetLastError();
+  fn = err == cudaSuccess && q == cudaDriverEntryPointSuccess ? reinterpret_cast<F>(p) : nullptr;
+}
+
+// The table, resolved once; throws CudaError when the driver lacks an entry (a driver older than CUDA 12 cannot
+// run this build's runtime anyway, so this names the real problem early).
+const Driver& driver() {
+  static const Driver d = [] {
+    Driver r;
+    entry_point("cuCtxGetCurrent", r.get);
+    entry_point("cuCtxSetCurrent", r.set);
+    entry_point("cuDeviceGet", r.device);
+    entry_point("cuDevicePrimaryCtxRetain", r.retain);
+    return r;
   }();
-  if (!fns.first || !fns.second) return true;  // cannot tell: restore, as before
-  int dev = 0, active = 0;
-  unsigned int flags = 0;
-  if (fns.first(&dev, device) != 0 || fns.second(dev, &flags, &active) != 0) return true;
-  return active != 0;
+  if (!d.ok())
+    throw CudaError("the CUDA driver does not provide cuCtxGetCurrent / cuCtxSetCurrent / cuDeviceGet / "
+                    "cuDevicePrimaryCtxRetain; install an NVIDIA driver for CUDA 12 or newer");
+  return d;
+}
+
+void check_driver(int result, const char* call, int device) {
+  if (result != 0)
+    throw CudaError(str(call, " failed for cuda:", device, ": CUDA driver error ", result,
+                        " (a broken driver or GPU; nvidia-smi says more)"));
+}
+
+// Each device's primary context, retained once (the runtime shares it) and kept for the process.
+void* primary_context(int device) {
+  static std::mutex mutex;
+  static auto* contexts = new std::vector<void*>();  // never destroyed: guards run during interpreter exit
+  std::lock_guard<std::mutex> lock(mutex);
+  if (int(contexts->size()) <= device) contexts->resize(size_t(device) + 1, nullptr);
+  void*& ctx = (*contexts)[size_t(device)];
+  if (ctx == nullptr) {
+    const Driver& d = driver();
+    int dev = 0;
+    check_driver(d.device(&dev, device), "cuDeviceGet", device);
+    check_driver(d.retain(&ctx, dev), "cuDevicePrimaryCtxRetain", device);
+  }
+  return ctx;
 }
 
 }  // namespace
 
 DeviceGuard::DeviceGuard(int device) {
-  SL_CUDA_CHECK(cudaGetDevice(&previous_));
-  if (previous_ != device) SL_CUDA_CHECK(cudaSetDevice(device));
+  const Driver& d = driver();
+  void* target = primary_context(device);
+  check_driver(d.get(&previous_context_), "cuCtxGetCurrent", device);
+  if (previous_context_ != target) check_driver(d.set(target), "cuCtxSetCurrent", device);
 }
 
 DeviceGuard::~DeviceGuard() {
-  // Restores the caller's device when the scope left another one current (the guard, or code inside it that
-  // walks several devices, as the NCCL clique does), unless the caller's device has no context: restoring
-  // would create one. A destructor cannot throw: a failure is cleared, so that it is not reported later as
-  // the failure of an unrelated kernel launch (SL_CUDA_LAUNCHED reads the thread's last error).
-  int now = -1;
-  if (previous_ < 0) return;
-  if (cudaGetDevice(&now) != cudaSuccess) {
-    cudaGetLastError();
-    return;
+  // Also when code inside the scope switched again (make_current): the caller's context, null included. The
+  // constructor succeeded, so driver() does not throw here.
+  const Driver& d = driver();
+  void* now = nullptr;
+  if (d.get(&now) != 0 || now != previous_context_) d.set(previous_context_);
+}
+
+std::string make_current(int device) noexcept {
+  try {
+    check_driver(driver().set(primary_context(device)), "cuCtxSetCurrent", device);
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
   }
-  if (now == previous_ || !has_primary_context(previous_)) return;
-  if (cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
 }
 
 namespace {

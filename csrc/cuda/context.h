@@ -5,11 +5,15 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 namespace sl::cuda {
 
-// Makes `device` current for a scope and restores the caller's device after it, unless that device has no
-// CUDA context yet (restoring would create one there; context.cpp says why). Never throws from its end.
+// Makes `device` current for a scope and, at its end, makes current again exactly what the caller had: its
+// context, or no context at all. Switching goes through the driver's current context (the device's primary
+// context, the one the runtime uses), not cudaSetDevice: cudaSetDevice would also move the runtime's per-thread
+// "current device" and, since CUDA 12, create a context on the caller's device just to restore it (context.cpp
+// says why neither is acceptable). Never throws from its end.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);
@@ -18,8 +22,13 @@ class DeviceGuard {
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-  int previous_ = -1;  // the caller's device
+  void* previous_context_ = nullptr;  // the caller's CUcontext; nullptr: it had none
 };
+
+// Makes `device`'s primary context current on this thread, as DeviceGuard does, without restoring anything:
+// for code inside a guard that walks several devices (the NCCL clique, between ncclGroupStart and ncclGroupEnd,
+// where nothing may throw). Returns "" or what failed; the next CUDA call on that device reports it too.
+std::string make_current(int device) noexcept;
 
 cudaStream_t stream(int device);  // the device's compute stream (non-blocking w.r.t. the legacy stream)
 void sync(int device);            // waits for everything queued on the compute stream

@@ -168,7 +168,10 @@ cublasHandle_t cublas_handle(int device) {
   cudaStream_t st = stream(device);  // the device's compute stream (created on first use)
   DeviceGuard guard(device);
   cublasHandle_t handle = nullptr;
-  cublas_check(api.cublasCreate_v2(&handle), "cublasCreate_v2", __FILE__, __LINE__);
+  // Creating a handle allocates device memory, which the cache may be holding: one more try with it emptied.
+  cublas_check(retry_if_out_of_memory(device, [&] { return api.cublasCreate_v2(&handle); },
+                                      [](cublasStatus_t s) { return s != CUBLAS_STATUS_SUCCESS; }),
+               "cublasCreate_v2", __FILE__, __LINE__);
   try {
     cublas_check(api.cublasSetStream_v2(handle, st), "cublasSetStream_v2", __FILE__, __LINE__);
     // Full-precision math: no TF32 for float32; float16 reductions stay in float32.

@@ -14,6 +14,8 @@
 
 #include <string>
 
+#include "cuda/allocator.h"
+
 namespace sl::cuda {
 
 // ----- the subset of cublas_api.h used by singa_lite (values as NVIDIA documents them)
@@ -107,3 +109,15 @@ const char* cublas_status_name(cublasStatus_t status);
 // SL_CUBLAS(cublasXxx, args...): calls the loaded entry point and checks its status.
 #define SL_CUBLAS(fn, ...) \
   ::sl::cuda::cublas_check(::sl::cuda::cublas_api().fn(__VA_ARGS__), #fn, __FILE__, __LINE__)
+// SL_CUBLAS_ON(device, cublasXxx, args...): the same, for calls that only write their output (beta = 0) and may
+// allocate (cuBLAS takes its workspace with cudaMalloc, and a kernel's code is loaded at its first launch):
+// CUBLAS_STATUS_ALLOC_FAILED or _EXECUTION_FAILED returns the device's cached blocks to the driver and calls once
+// more (allocator.h). A failure with another cause fails again and is reported then.
+#define SL_CUBLAS_ON(device, fn, ...)                                                                          \
+  ::sl::cuda::cublas_check(                                                                                    \
+      ::sl::cuda::retry_if_out_of_memory(                                                                      \
+          device, [&] { return ::sl::cuda::cublas_api().fn(__VA_ARGS__); },                                    \
+          [](::sl::cuda::cublasStatus_t s) {                                                                   \
+            return s == ::sl::cuda::CUBLAS_STATUS_ALLOC_FAILED || s == ::sl::cuda::CUBLAS_STATUS_EXECUTION_FAILED; \
+          }),                                                                                                  \
+      #fn, __FILE__, __LINE__)

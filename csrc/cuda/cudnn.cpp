@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "cuda/allocator.h"
 #include "cuda/context.h"
 #include "cuda/runtime.h"
 #include "cuda/runtime_library.h"
@@ -165,7 +166,10 @@ const char* cudnn_status_name(cudnnStatus_t status) {
     case CUDNN_STATUS_BAD_PARAM: return "CUDNN_STATUS_BAD_PARAM";
     case CUDNN_STATUS_NOT_SUPPORTED: return "CUDNN_STATUS_NOT_SUPPORTED";
     case CUDNN_STATUS_INTERNAL_ERROR: return "CUDNN_STATUS_INTERNAL_ERROR";
+    case CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED:
+      return "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED";
     case CUDNN_STATUS_EXECUTION_FAILED: return "CUDNN_STATUS_EXECUTION_FAILED";
+    case CUDNN_STATUS_EXECUTION_FAILED_CUDART: return "CUDNN_STATUS_EXECUTION_FAILED_CUDART";
   }
   // cuDNN 9 refines each category (2000 BAD_PARAM, 3000 NOT_SUPPORTED, ...) with sub-codes; name the category.
   switch (int(status) / 1000) {
@@ -212,7 +216,10 @@ CudnnHandle cudnn_handle(int device) {
     if (!handle) {
       cudaStream_t st = stream(device);
       DeviceGuard guard(device);
-      cudnn_check(api.cudnnCreate(&handle), "cudnnCreate", __FILE__, __LINE__);
+      // A handle takes device memory, which the cache may be holding: one more try with it emptied.
+      cudnn_check(retry_if_out_of_memory(device, [&] { return api.cudnnCreate(&handle); },
+                                         [](cudnnStatus_t s) { return s != CUDNN_STATUS_SUCCESS; }),
+                  "cudnnCreate", __FILE__, __LINE__);
       try {
         cudnn_check(api.cudnnSetStream(handle, st), "cudnnSetStream", __FILE__, __LINE__);
       } catch (...) {

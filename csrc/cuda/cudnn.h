@@ -21,6 +21,8 @@
 #include <mutex>
 #include <string>
 
+#include "cuda/allocator.h"
+
 namespace sl::cuda {
 
 // ----- the subset of cuDNN 9 used by singa_lite (values as NVIDIA documents them)
@@ -42,8 +44,17 @@ enum cudnnStatus_t : int {  // cuDNN 9 numbering (cuDNN 8 used 0..15)
   CUDNN_STATUS_BAD_PARAM = 2000,
   CUDNN_STATUS_NOT_SUPPORTED = 3000,
   CUDNN_STATUS_INTERNAL_ERROR = 4000,
+  CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED = 4004,  // cuDNN's own cudaMalloc failed
   CUDNN_STATUS_EXECUTION_FAILED = 5000,
+  CUDNN_STATUS_EXECUTION_FAILED_CUDART = 5003,  // a CUDA runtime call inside cuDNN failed (out of memory among others)
 };
+// The statuses after which a call is repeated once with the caching allocator's free blocks returned to the driver
+// (allocator.h, retry_if_out_of_memory): cuDNN's own allocation failed, or a CUDA call inside it did (the execution
+// category, which also covers loading a kernel's code on a full GPU). A failure with another cause fails again and
+// is reported then.
+inline bool cudnn_out_of_memory(cudnnStatus_t s) {
+  return s == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED || (int(s) >= 5000 && int(s) < 6000);
+}
 enum cudnnDataType_t : int { CUDNN_DATA_FLOAT = 0, CUDNN_DATA_DOUBLE = 1, CUDNN_DATA_HALF = 2 };
 enum cudnnTensorFormat_t : int { CUDNN_TENSOR_NCHW = 0 };
 enum cudnnMathType_t : int {
@@ -230,3 +241,10 @@ const char* cudnn_status_name(cudnnStatus_t status);
 // SL_CUDNN(cudnnXxx, args...): calls the loaded entry point and checks its status.
 #define SL_CUDNN(fn, ...) \
   ::sl::cuda::cudnn_check(::sl::cuda::cudnn_api().fn(__VA_ARGS__), #fn, __FILE__, __LINE__)
+// SL_CUDNN_ON(device, cudnnXxx, args...): the same for a call that only writes its output (beta = 0): when cuDNN's own
+// allocation fails, the device's cached blocks go back to the driver and the call is made once more (allocator.h).
+#define SL_CUDNN_ON(device, fn, ...)                                                                             \
+  ::sl::cuda::cudnn_check(::sl::cuda::retry_if_out_of_memory(                                                    \
+                              device, [&] { return ::sl::cuda::cudnn_api().fn(__VA_ARGS__); },                  \
+                              ::sl::cuda::cudnn_out_of_memory),                                                  \
+                          #fn, __FILE__, __LINE__)

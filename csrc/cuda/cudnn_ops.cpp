@@ -6,6 +6,7 @@
 #include "core/errors.h"
 #include "cuda/allocator.h"
 #include "cuda/context.h"
+#include "cuda/conv_plan.h"
 #include "cuda/cudnn.h"
 #include "ops/checks.h"
 
@@ -153,22 +154,6 @@ struct PoolDesc {
   PoolDesc& operator=(const PoolDesc&) = delete;
 };
 
-// A workspace from the caching allocator, returned when the call is queued: later work on the same stream runs
-// after cuDNN's kernels, so the block may be handed out again at once.
-struct Workspace {
-  int device;
-  size_t bytes;
-  void* ptr = nullptr;
-  Workspace(int dev, size_t n) : device(dev), bytes(n) {
-    if (n) ptr = allocate(dev, n);
-  }
-  ~Workspace() {
-    if (ptr) release(device, ptr, bytes);
-  }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-};
-
 // alpha = 1, beta = 0 in the type cuDNN reads them as (double for double data, float otherwise).
 struct Blend {
   float f1 = 1.f, f0 = 0.f;
@@ -177,35 +162,96 @@ struct Blend {
   const void* zero(DType t) const { return t == DType::kFloat64 ? static_cast<const void*>(&d0) : &f0; }
 };
 
-// An algorithm and its workspace size. Candidates: the heuristic's list (cudnnGetConvolution*Algorithm_v7, best
-// first, no timing runs) that succeeded, are deterministic where asked, and for float32 / float64 are not tensor-core
-// variants; the first whose workspace query succeeds with our descriptors (math type included) wins. Otherwise the
-// given algorithm, which supports every geometry of the legacy API; its workspace query is checked, so a
-// configuration cuDNN cannot do raises CudaError naming the call (workspace_call).
-template <typename Algo>
-struct Choice {
-  Algo algo;
-  size_t bytes = 0;
-};
-
+// The candidates of one convolution, best first: the heuristic's list (cudnnGetConvolution*Algorithm_v7, no timing
+// runs) of those that succeeded, are deterministic where asked, are not tensor-core variants for float32 / float64,
+// and whose workspace query succeeds with our descriptors (math type included); then `fallback`, which supports every
+// geometry of the legacy API, unless listed already. When nothing else qualifies, the fallback's workspace query is
+// checked, so a configuration cuDNN cannot do raises CudaError naming the call (workspace_call). Asked once per key
+// (conv_plan.h).
 template <typename Algo, typename Query, typename WorkspaceQuery>
-Choice<Algo> pick_algo(Query query, WorkspaceQuery workspace, const char* workspace_call, DType dtype,
-                       bool deterministic, Algo fallback) {
+std::vector<AlgoChoice> conv_candidates(Query query, WorkspaceQuery workspace, const char* workspace_call,
+                                        DType dtype, bool deterministic, Algo fallback) {
   CudnnAlgoPerf<Algo> perf[8];
   int n = 0;
   query(8, &n, perf);
+  std::vector<AlgoChoice> out;
+  bool has_fallback = false;
   for (int i = 0; i < n && i < 8; ++i) {
     const CudnnAlgoPerf<Algo>& p = perf[i];
     const bool tensor_op = p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
     if (p.status != CUDNN_STATUS_SUCCESS || (deterministic && p.determinism != CUDNN_DETERMINISTIC) ||
         (tensor_op && dtype != DType::kFloat16))
       continue;
-    Choice<Algo> c{p.algo};
-    if (workspace(p.algo, &c.bytes) == CUDNN_STATUS_SUCCESS) return c;
+    bool seen = false;  // the list may name an algorithm twice (once per math type)
+    for (const AlgoChoice& c : out) seen = seen || c.algo == int(p.algo);
+    size_t bytes = 0;
+    if (seen || workspace(p.algo, &bytes) != CUDNN_STATUS_SUCCESS) continue;
+    out.push_back({int(p.algo), bytes});
+    has_fallback = has_fallback || p.algo == fallback;
   }
-  Choice<Algo> c{fallback};
-  cudnn_check(workspace(fallback, &c.bytes), workspace_call, __FILE__, __LINE__);
-  return c;
+  if (!has_fallback) {
+    size_t bytes = 0;
+    const cudnnStatus_t st = workspace(fallback, &bytes);
+    if (out.empty()) cudnn_check(st, workspace_call, __FILE__, __LINE__);
+    if (st == CUDNN_STATUS_SUCCESS) out.push_back({int(fallback), bytes});
+  }
+  return out;
+}
+
+ConvPlanCache& conv_plans() {
+  static auto* cache = new ConvPlanCache();  // never destroyed: convolutions may run during interpreter exit
+  return *cache;
+}
+
+ConvKey conv_key(int device, DType dtype, ConvDirection direction, const Shape& xs, const Shape& ws, Pair stride,
+                 Pair padding, Pair dilation, int64_t groups) {
+  ConvKey k;
+  k.device = device;
+  k.dtype = int(dtype);
+  k.direction = direction;
+  for (int i = 0; i < 4; ++i) {
+    k.x[size_t(i)] = xs[size_t(i)];
+    k.w[size_t(i)] = ws[size_t(i)];
+  }
+  k.stride = {stride[0], stride[1]};
+  k.padding = {padding[0], padding[1]};
+  k.dilation = {dilation[0], dilation[1]};
+  k.groups = groups;
+  return k;
+}
+
+// Runs one convolution call with the first candidate that fits (conv_plan.h, run_first_fitting): its workspace from
+// the caching allocator (which empties its cache and retries before giving up), then call(algo, workspace, bytes);
+// when it fails inside cuDNN for lack of memory the cache is emptied and the call repeated once (it only writes its
+// output). Lack of memory moves on to the next candidate; any other failure raises CudaError naming `call_name`.
+template <typename Call>
+void run_conv(const char* op, const char* call_name, int device, const std::vector<AlgoChoice>& plans, Call&& call) {
+  run_first_fitting(plans, [&](const AlgoChoice& c) {
+    void* ws = nullptr;
+    if (c.workspace) {
+      try {
+        ws = allocate(device, c.workspace);
+      } catch (const OutOfMemory&) {
+        return false;
+      }
+    }
+    // Back to the allocator once the call is queued: later work on the same stream runs after cuDNN's kernels.
+    struct Release {
+      int device;
+      void* p;
+      size_t n;
+      ~Release() {
+        if (p) release(device, p, n);
+      }
+    } held{device, ws, c.workspace};
+    const cudnnStatus_t st = retry_if_out_of_memory(device, [&] { return call(c.algo, ws, c.workspace); },
+                                                    cudnn_out_of_memory);
+    // Still short of memory with the cache emptied: the next candidate may need less. Any other failure (an
+    // execution failure that repeated) is reported as it is, not taken for lack of memory.
+    if (st == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED) return false;
+    cudnn_check(st, call_name, __FILE__, __LINE__);
+    return true;
+  }, op, device);
 }
 
 // What the three directions of a convolution y = conv(x, w) share, set up after the arguments were checked: the
@@ -235,6 +281,46 @@ struct Conv {
   const void* one() const { return blend.one(dtype); }
   const void* zero() const { return blend.zero(dtype); }
 };
+
+// The candidates of one direction of the convolution c describes, from the cache or (once per key) from cuDNN's
+// heuristic: conv_candidates with that direction's query, workspace query and fallback.
+std::vector<AlgoChoice> plans_for(const Conv& c, ConvDirection dir, const Shape& xs, const Shape& ws, Pair stride,
+                                  Pair padding, Pair dilation, int64_t groups) {
+  return conv_plans().get(conv_key(c.device, c.dtype, dir, xs, ws, stride, padding, dilation, groups), [&] {
+    switch (dir) {
+      case ConvDirection::kForward:
+        return conv_candidates(
+            [&](int req, int* n, cudnnConvolutionFwdAlgoPerf_t* p) {
+              SL_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7, c.h, c.x.d, c.w.d, c.conv.d, c.y.d, req, n, p);
+            },
+            [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
+              return c.api.cudnnGetConvolutionForwardWorkspaceSize(c.h, c.x.d, c.w.d, c.conv.d, c.y.d, algo, bytes);
+            },
+            // deterministic too: a run repeats bit for bit (docs/gpu.md), forward included
+            "cudnnGetConvolutionForwardWorkspaceSize", c.dtype, true, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
+      case ConvDirection::kBackwardData:
+        return conv_candidates(
+            [&](int req, int* n, cudnnConvolutionBwdDataAlgoPerf_t* p) {
+              SL_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7, c.h, c.w.d, c.y.d, c.conv.d, c.x.d, req, n, p);
+            },
+            [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
+              return c.api.cudnnGetConvolutionBackwardDataWorkspaceSize(c.h, c.w.d, c.y.d, c.conv.d, c.x.d, algo,
+                                                                        bytes);
+            },
+            "cudnnGetConvolutionBackwardDataWorkspaceSize", c.dtype, true, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1);
+      case ConvDirection::kBackwardFilter:
+        break;
+    }
+    return conv_candidates(
+        [&](int req, int* n, cudnnConvolutionBwdFilterAlgoPerf_t* p) {
+          SL_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7, c.h, c.x.d, c.y.d, c.conv.d, c.w.d, req, n, p);
+        },
+        [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
+          return c.api.cudnnGetConvolutionBackwardFilterWorkspaceSize(c.h, c.x.d, c.y.d, c.conv.d, c.w.d, algo, bytes);
+        },
+        "cudnnGetConvolutionBackwardFilterWorkspaceSize", c.dtype, true, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1);
+  });
+}
 
 // Both backward directions: dy must have the shape the forward convolution gives.
 void check_dy(const char* op, const Tensor& dy, const Shape& ys, const Shape& x_shape, const Shape& w_shape) {
@@ -266,18 +352,11 @@ Tensor cudnn_conv2d_forward(const Tensor& x, const Tensor& w, Pair stride, Pair 
   const Tensor xc = x.contiguous(), wc = w.contiguous();
   Tensor y = Tensor::empty(ys, x.dtype(), x.device());
   const Conv c(x.device().index, x.dtype(), x.shape(), w.shape(), ys, stride, padding, dilation, groups);
-  const auto a = pick_algo(
-      [&](int req, int* n, cudnnConvolutionFwdAlgoPerf_t* p) {
-        SL_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7, c.h, c.x.d, c.w.d, c.conv.d, c.y.d, req, n, p);
-      },
-      [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
-        return c.api.cudnnGetConvolutionForwardWorkspaceSize(c.h, c.x.d, c.w.d, c.conv.d, c.y.d, algo, bytes);
-      },
-      // deterministic too: a run repeats bit for bit (docs/gpu.md), forward included
-      "cudnnGetConvolutionForwardWorkspaceSize", c.dtype, true, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
-  Workspace ws(c.device, a.bytes);
-  SL_CUDNN(cudnnConvolutionForward, c.h, c.one(), c.x.d, xc.data_ptr(), c.w.d, wc.data_ptr(), c.conv.d, a.algo,
-           ws.ptr, a.bytes, c.zero(), c.y.d, y.data_ptr());
+  const auto plans = plans_for(c, ConvDirection::kForward, x.shape(), w.shape(), stride, padding, dilation, groups);
+  run_conv(op, "cudnnConvolutionForward", c.device, plans, [&](int algo, void* ws, size_t bytes) {
+    return c.api.cudnnConvolutionForward(c.h, c.one(), c.x.d, xc.data_ptr(), c.w.d, wc.data_ptr(), c.conv.d,
+                                         cudnnConvolutionFwdAlgo_t(algo), ws, bytes, c.zero(), c.y.d, y.data_ptr());
+  });
   return y;
 }
 
@@ -292,17 +371,12 @@ Tensor cudnn_conv2d_backward_data(const Tensor& w, const Tensor& dy, const Shape
   const Tensor dyc = dy.contiguous(), wc = w.contiguous();
   Tensor dx = Tensor::empty(x_shape, dy.dtype(), dy.device());
   const Conv c(dy.device().index, dy.dtype(), x_shape, w.shape(), ys, stride, padding, dilation, groups);
-  const auto a = pick_algo(
-      [&](int req, int* n, cudnnConvolutionBwdDataAlgoPerf_t* p) {
-        SL_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7, c.h, c.w.d, c.y.d, c.conv.d, c.x.d, req, n, p);
-      },
-      [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
-        return c.api.cudnnGetConvolutionBackwardDataWorkspaceSize(c.h, c.w.d, c.y.d, c.conv.d, c.x.d, algo, bytes);
-      },
-      "cudnnGetConvolutionBackwardDataWorkspaceSize", c.dtype, true, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1);
-  Workspace ws(c.device, a.bytes);
-  SL_CUDNN(cudnnConvolutionBackwardData, c.h, c.one(), c.w.d, wc.data_ptr(), c.y.d, dyc.data_ptr(), c.conv.d, a.algo,
-           ws.ptr, a.bytes, c.zero(), c.x.d, dx.data_ptr());
+  const auto plans = plans_for(c, ConvDirection::kBackwardData, x_shape, w.shape(), stride, padding, dilation, groups);
+  run_conv(op, "cudnnConvolutionBackwardData", c.device, plans, [&](int algo, void* ws, size_t bytes) {
+    return c.api.cudnnConvolutionBackwardData(c.h, c.one(), c.w.d, wc.data_ptr(), c.y.d, dyc.data_ptr(), c.conv.d,
+                                              cudnnConvolutionBwdDataAlgo_t(algo), ws, bytes, c.zero(), c.x.d,
+                                              dx.data_ptr());
+  });
   return dx;
 }
 
@@ -317,17 +391,12 @@ Tensor cudnn_conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Sha
   const Tensor xc = x.contiguous(), dyc = dy.contiguous();
   Tensor dw = Tensor::empty(w_shape, x.dtype(), x.device());
   const Conv c(x.device().index, x.dtype(), x.shape(), w_shape, ys, stride, padding, dilation, groups);
-  const auto a = pick_algo(
-      [&](int req, int* n, cudnnConvolutionBwdFilterAlgoPerf_t* p) {
-        SL_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7, c.h, c.x.d, c.y.d, c.conv.d, c.w.d, req, n, p);
-      },
-      [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
-        return c.api.cudnnGetConvolutionBackwardFilterWorkspaceSize(c.h, c.x.d, c.y.d, c.conv.d, c.w.d, algo, bytes);
-      },
-      "cudnnGetConvolutionBackwardFilterWorkspaceSize", c.dtype, true, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1);
-  Workspace ws(c.device, a.bytes);
-  SL_CUDNN(cudnnConvolutionBackwardFilter, c.h, c.one(), c.x.d, xc.data_ptr(), c.y.d, dyc.data_ptr(), c.conv.d,
-           a.algo, ws.ptr, a.bytes, c.zero(), c.w.d, dw.data_ptr());
+  const auto plans = plans_for(c, ConvDirection::kBackwardFilter, x.shape(), w_shape, stride, padding, dilation, groups);
+  run_conv(op, "cudnnConvolutionBackwardFilter", c.device, plans, [&](int algo, void* ws, size_t bytes) {
+    return c.api.cudnnConvolutionBackwardFilter(c.h, c.one(), c.x.d, xc.data_ptr(), c.y.d, dyc.data_ptr(), c.conv.d,
+                                                cudnnConvolutionBwdFilterAlgo_t(algo), ws, bytes, c.zero(), c.w.d,
+                                                dw.data_ptr());
+  });
   return dw;
 }
 
@@ -358,7 +427,7 @@ Tensor cudnn_pool2d_forward(const Tensor& x, PoolMode mode, Pair kernel, Pair st
   TensorDesc xd(t, x.shape()), yd(t, ys);
   PoolDesc pd(mode, kernel, stride, padding);
   const Blend b;
-  SL_CUDNN(cudnnPoolingForward, h, pd.d, b.one(t), xd.d, xc.data_ptr(), b.zero(t), yd.d, y.data_ptr());
+  SL_CUDNN_ON(dev, cudnnPoolingForward, h, pd.d, b.one(t), xd.d, xc.data_ptr(), b.zero(t), yd.d, y.data_ptr());
   return y;
 }
 
@@ -381,8 +450,8 @@ Tensor cudnn_pool2d_backward(const Tensor& x, const Tensor& y, const Tensor& dy,
   TensorDesc xd(t, x.shape()), yd(t, ys);
   PoolDesc pd(mode, kernel, stride, padding);
   const Blend b;
-  SL_CUDNN(cudnnPoolingBackward, h, pd.d, b.one(t), yd.d, yc.data_ptr(), yd.d, dyc.data_ptr(), xd.d, xc.data_ptr(),
-           b.zero(t), xd.d, dx.data_ptr());
+  SL_CUDNN_ON(dev, cudnnPoolingBackward, h, pd.d, b.one(t), yd.d, yc.data_ptr(), yd.d, dyc.data_ptr(), xd.d,
+              xc.data_ptr(), b.zero(t), xd.d, dx.data_ptr());
   return dx;
 }
 
@@ -473,6 +542,20 @@ std::tuple<Tensor, Tensor, Tensor> cudnn_batch_norm_backward(const Tensor& x, co
              dbias.data_ptr(), eps, mc.data_ptr(), ic.data_ptr());
   }
   return {dx, t == pt ? dscale : dscale.cast(t), t == pt ? dbias : dbias.cast(t)};
+}
+
+ConvPlanCache::Stats conv_plan_stats() { return conv_plans().stats(); }
+
+std::vector<AlgoChoice> cudnn_conv2d_plans(ConvDirection direction, const Shape& x_shape, const Shape& w_shape,
+                                           Pair stride, Pair padding, Pair dilation, int64_t groups, DType dtype,
+                                           Device device) {
+  const char* op = "cudnn_conv2d_plans";
+  SL_CHECK(device.is_cuda(), ValueError, op, ": expected a CUDA device, got ", device.str());
+  SL_CHECK(dtype == DType::kFloat16 || dtype == DType::kFloat32 || dtype == DType::kFloat64, TypeError, op,
+           ": dtype must be float16, float32 or float64, got ", dtype_name(dtype));
+  const Shape ys = conv_out_shape(op, x_shape, w_shape, stride, padding, dilation, groups);
+  const Conv c(device.index, dtype, x_shape, w_shape, ys, stride, padding, dilation, groups);
+  return plans_for(c, direction, x_shape, w_shape, stride, padding, dilation, groups);
 }
 
 void cudnn_provoke_error() {

@@ -504,7 +504,30 @@ void sgd_momentum(const Tensor& param, const Tensor& grad, const Tensor& buf, co
   launch_index_any<3>("sgd_update", param, {&param, &grad, &buf}, f);
 }
 
+// One bit pattern written at every (strided) offset of a view. A broadcast view writes the same element several
+// times with the same value, which is harmless, as on the CPU.
+template <typename U>
+struct FillAt {
+  U* o;
+  U v;
+  __device__ __forceinline__ void operator()(const int64_t (&off)[1]) const { o[off[0]] = v; }
+};
+
 }  // namespace
+
+void fill_strided(const Tensor& t, uint64_t pattern) {
+  auto run = [&](auto tag) {
+    using U = decltype(tag);
+    launch_index_any<1>("fill", t, {&t}, FillAt<U>{static_cast<U*>(t.data_ptr()), static_cast<U>(pattern)});
+  };
+  switch (t.itemsize()) {
+    case 1: return run(uint8_t());
+    case 2: return run(uint16_t());
+    case 4: return run(uint32_t());
+    case 8: return run(uint64_t());
+    default: throw TypeError(str("fill: unsupported item size ", t.itemsize()));
+  }
+}
 
 // ---------------------------------------------------------------- entry points (cuda/kernels.h)
 void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {

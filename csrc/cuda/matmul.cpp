@@ -60,26 +60,27 @@ struct BFloat16Bits {
 };
 
 // C (m x n, column-major, ldc) = op(A) op(B) for `count` matrices spaced by the given strides.
+// beta = 0: C is only written, so a call repeated after an allocation failure (SL_CUBLAS_ON) gives the same result.
 template <typename T>
-void gemm_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const T* A,
-                  int lda, long long stride_a, const T* B, int ldb, long long stride_b, T* C, int ldc,
+void gemm_batched(int device, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                  const T* A, int lda, long long stride_a, const T* B, int ldb, long long stride_b, T* C, int ldc,
                   long long stride_c, int count) {
   if constexpr (std::is_same_v<T, float>) {
     const float alpha = 1.0f, beta = 0.0f;
-    SL_CUBLAS(cublasSgemmStridedBatched, h, ta, tb, m, n, k, &alpha, A, lda, stride_a, B, ldb, stride_b, &beta, C,
-              ldc, stride_c, count);
+    SL_CUBLAS_ON(device, cublasSgemmStridedBatched, h, ta, tb, m, n, k, &alpha, A, lda, stride_a, B, ldb, stride_b,
+                 &beta, C, ldc, stride_c, count);
   } else if constexpr (std::is_same_v<T, double>) {
     const double alpha = 1.0, beta = 0.0;
-    SL_CUBLAS(cublasDgemmStridedBatched, h, ta, tb, m, n, k, &alpha, A, lda, stride_a, B, ldb, stride_b, &beta, C,
-              ldc, stride_c, count);
+    SL_CUBLAS_ON(device, cublasDgemmStridedBatched, h, ta, tb, m, n, k, &alpha, A, lda, stride_a, B, ldb, stride_b,
+                 &beta, C, ldc, stride_c, count);
   } else {
     static_assert(std::is_same_v<T, uint16_t> || std::is_same_v<T, BFloat16Bits>,
                   "float16 and bfloat16 are passed as their 16-bit storage");
     const cudaDataType_t dt = std::is_same_v<T, uint16_t> ? CUDA_R_16F : CUDA_R_16BF;
     // CUBLAS_COMPUTE_32F: accumulate in float32, scale factors are float.
     const float alpha = 1.0f, beta = 0.0f;
-    SL_CUBLAS(cublasGemmStridedBatchedEx, h, ta, tb, m, n, k, &alpha, A, dt, lda, stride_a, B, dt,
-              ldb, stride_b, &beta, C, dt, ldc, stride_c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    SL_CUBLAS_ON(device, cublasGemmStridedBatchedEx, h, ta, tb, m, n, k, &alpha, A, dt, lda, stride_a, B, dt,
+                 ldb, stride_b, &beta, C, dt, ldc, stride_c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   }
 }
 
@@ -122,9 +123,9 @@ void matmul_cublas(const Tensor& out, Tensor a, Tensor b, int device) {
     for (int64_t start = 0; start < inner; start += INT_MAX) {
       const int count = int(std::min<int64_t>(INT_MAX, inner - start));
       // Swapped operands: C^T = B^T A^T (file comment).
-      gemm_batched<T>(handle, op_of(lb), op_of(la), int(N), int(M), int(K), pb + ob + start * stride_b, int(lb.ld),
-                      stride_b, pa + oa + start * stride_a, int(la.ld), stride_a, po + oo + start * out_matrix,
-                      int(N), out_matrix, count);
+      gemm_batched<T>(device, handle, op_of(lb), op_of(la), int(N), int(M), int(K), pb + ob + start * stride_b,
+                      int(lb.ld), stride_b, pa + oa + start * stride_a, int(la.ld), stride_a,
+                      po + oo + start * out_matrix, int(N), out_matrix, count);
     }
     for (int d = first - 1; d >= 0; --d) {
       if (++idx[size_t(d)] < batch[size_t(d)]) break;

@@ -12,6 +12,7 @@
 #include <initializer_list>
 
 #include "cuda/common.cuh"
+#include "cuda/index_faults.h"
 #include "cuda/kernels.h"
 
 namespace sl::cuda {
@@ -356,13 +357,18 @@ __global__ void max_pool_backward_kernel(T* dx, const T* dy, const int64_t* argm
 
 // ----- one_hot
 
-// out[i, k] = (indices[i] == k): every element written once, so no separate zero fill is needed.
+// out[i, k] = (indices[i] == k): every element written once, so no separate zero fill is needed. An index outside
+// [0, depth) gives a row of zeros (no write outside out) and is reported once, by its row's first element
+// (index_faults.h).
 template <typename T, typename Idx, typename I>
-__global__ void one_hot_kernel(T* out, const Idx* indices, I depth, I total) {
+__global__ void one_hot_kernel(T* out, const Idx* indices, I depth, I total, IndexFaultSlot faults) {
   const T one = store_as<T>(compute_of<T>(1)), zero = store_as<T>(compute_of<T>(0));
   for (I e = first_index<I>(); e < total; e += grid_step<I>()) {
     const I i = e / depth;
-    out[e] = int64_t(indices[i]) == int64_t(e - i * depth) ? one : zero;
+    const I k = e - i * depth;
+    const long long v = (long long)indices[i];
+    if (k == 0) index_in_range(faults, v);
+    out[e] = v == (long long)k ? one : zero;
   }
 }
 
@@ -476,12 +482,13 @@ void one_hot(const Tensor& out, const Tensor& indices, int64_t depth) {
     with_index_type(fits_int32({total, depth}), [&](auto tag) {
       using I = decltype(tag);
       // indices is contiguous (the front-end passes indices.contiguous()), int32 or int64.
+      const IndexFaultSlot faults = index_fault_slot(device, kOneHot, depth);
       if (indices.dtype() == DType::kInt32)
         launch("one_hot", total, device, one_hot_kernel<scalar_t, int32_t, I>, out.data<scalar_t>(),
-               indices.data<int32_t>(), I(depth), I(total));
+               indices.data<int32_t>(), I(depth), I(total), faults);
       else
         launch("one_hot", total, device, one_hot_kernel<scalar_t, int64_t, I>, out.data<scalar_t>(),
-               indices.data<int64_t>(), I(depth), I(total));
+               indices.data<int64_t>(), I(depth), I(total), faults);
     });
   });
 }

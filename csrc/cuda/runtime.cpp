@@ -13,6 +13,7 @@
 #include "cpu/loop.h"
 #include "cuda/check.h"
 #include "cuda/context.h"
+#include "cuda/index_faults.h"
 
 namespace sl::cuda {
 namespace {
@@ -205,12 +206,19 @@ void copy_bytes(void* dst, const void* src, size_t nbytes, CopyKind kind, int de
                                                        : cudaMemcpyDeviceToDevice;
   cudaStream_t st = stream(device);
   if (kind != CopyKind::kDeviceToDevice && nbytes >= kStageMin && g_staging.load(std::memory_order_relaxed) &&
-      staged_copy(dst, src, nbytes, kind == CopyKind::kHostToDevice, device, st))
+      staged_copy(dst, src, nbytes, kind == CopyKind::kHostToDevice, device, st)) {
+    raise_index_faults(device);
     return;
+  }
   SL_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, k, st));
   // Host memory is pageable and may be freed or read as soon as we return: wait for copies that touch it.
   // Device-to-device copies stay queued on the stream.
-  if (kind != CopyKind::kDeviceToDevice) SL_CUDA_CHECK(cudaStreamSynchronize(st));
+  if (kind != CopyKind::kDeviceToDevice) {
+    SL_CUDA_CHECK(cudaStreamSynchronize(st));
+    // The host has waited for the device: what the kernels found wrong with indices is reported now
+    // (index_faults.h). A value read back (item(), to_numpy, the loss) is the usual place.
+    raise_index_faults(device);
+  }
 }
 
 void fill(const Tensor& t, double value) {
@@ -219,6 +227,7 @@ void fill(const Tensor& t, double value) {
     scalar_t v = cpu::convert<scalar_t>(value);
     std::memcpy(&pattern, &v, sizeof(v));
   });
+  if (!t.is_contiguous()) return fill_strided(t, pattern);  // t[:, 0] = 1.0 and other views
   DeviceGuard guard(t.device().index);
   fill_pattern(t.data_ptr(), t.numel(), int(t.itemsize()), pattern, t.device().index);
 }

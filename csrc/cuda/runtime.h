@@ -28,10 +28,13 @@ bool copy_staging();
 // copies then take the plain path, silently, since the result is the same).
 uint64_t staged_copy_count();
 
-// Fills a contiguous CUDA tensor with value (converted on the host to the tensor's dtype).
+// Fills a CUDA tensor, contiguous or any strided view, with value (converted on the host to the tensor's dtype).
 void fill(const Tensor& t, double value);
 
 // Implemented in fill.cu: writes `n` copies of an itemsize-byte bit pattern.
 void fill_pattern(void* dst, int64_t n, int itemsize, uint64_t pattern, int device);
+// Implemented in elementwise.cu: the pattern at every element of a strided view (its geometry collapsed as the
+// element-wise kernels do).
+void fill_strided(const Tensor& t, uint64_t pattern);
 
 }  // namespace sl::cuda

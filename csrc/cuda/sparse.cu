@@ -7,17 +7,20 @@
 #include <cmath>
 
 #include "cuda/common.cuh"
+#include "cuda/index_faults.h"
 #include "cuda/kernels.h"
 
 namespace sl::cuda {
 namespace {
 
-// |v| in the compute type, NaN mapped to +inf (always selected; the finiteness vote then sees it).
+// |v| in the compute type, NaN mapped to +inf (always selected; the finiteness vote then sees it). fabs clears the
+// sign of -0.0 too (a compare-and-negate kept it): every zero is the same key, so the top-K cut among zeros follows
+// the index rule below, as on the CPU (cpu/sparse.cpp), whatever a radix sort does with negative zeros.
 template <typename T>
 __device__ __forceinline__ compute_of<T> magnitude(T v) {
   using C = compute_of<T>;
   const C c = load(&v);
-  return isnan(c) ? C(INFINITY) : (c < C(0) ? -c : c);
+  return isnan(c) ? C(INFINITY) : C(fabs(c));
 }
 
 template <typename T>
@@ -35,17 +38,23 @@ __global__ void magnitudes_kernel(compute_of<T>* keys, int64_t* ids, const T* x,
   }
 }
 
+// An index outside [0, faults.bound) reads nothing (its entry becomes 0) and is reported (index_faults.h).
 template <typename T>
-__global__ void take_kernel(T* out, const T* x, const int64_t* idx, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = x[idx[i]];
-}
-
-template <typename T>
-__global__ void index_add_kernel(T* dense, const int64_t* idx, const T* vals, int64_t n) {
+__global__ void take_kernel(T* out, const T* x, const int64_t* idx, int64_t n, IndexFaultSlot faults) {
+  const T zero = store_as<T>(compute_of<T>(0));
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t j = idx[i];
-    dense[j] = store_as<T>(load(dense + j) + load(vals + i));
+    out[i] = index_in_range(faults, j) ? x[j] : zero;
+  }
+}
+
+// An index outside [0, faults.bound) writes nothing and is reported: an index from a peer must never write out of
+// bounds.
+template <typename T>
+__global__ void index_add_kernel(T* dense, const int64_t* idx, const T* vals, int64_t n, IndexFaultSlot faults) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = idx[i];
+    if (index_in_range(faults, j)) dense[j] = store_as<T>(load(dense + j) + load(vals + i));
   }
 }
 
@@ -88,9 +97,12 @@ Tensor select_impl(const Tensor& x, double spars, int64_t k) {
     int64_t m = 0;
     SL_CUDA_CHECK(cudaMemcpyAsync(&m, count.data_ptr(), sizeof(m), cudaMemcpyDeviceToHost, st));
     SL_CUDA_CHECK(cudaStreamSynchronize(st));  // the result's length is data: the host must know it
+    raise_index_faults(dev);  // the host waited: report what earlier take / index_add found (index_faults.h)
     return chosen.slice(0, 0, m, 1).clone();
   }
-  // top-K: sort (magnitude, index) pairs by magnitude, descending; keep the first k indices, ascending
+  // top-K: sort (magnitude, index) pairs by magnitude, descending; keep the first k indices, ascending. The radix
+  // sort is stable and the pairs enter in index order, so among equal magnitudes the lower index wins: the CPU's
+  // rule (cpu/sparse.cpp), hence the same selection on both devices.
   Tensor top = Tensor::empty({k}, DType::kInt64, x.device());
   if (k == 0) return top;
   Tensor keys = Tensor::empty({n}, dtype_of<C>::value, x.device());
@@ -133,10 +145,12 @@ void take(const Tensor& out, const Tensor& x, const Tensor& idx) {
   if (n == 0) return;
   const int dev = x.device().index;
   DeviceGuard guard(dev);
+  const IndexFaultSlot faults = index_fault_slot(dev, kTake, x.numel());
   SL_CUDA_DISPATCH_ALL(x.dtype(), "take", [&] {
     const Launch l = launch_for(n, dev);
     take_kernel<scalar_t><<<l.blocks, l.threads, 0, stream(dev)>>>(
-        static_cast<scalar_t*>(out.data_ptr()), static_cast<const scalar_t*>(x.data_ptr()), idx.data<int64_t>(), n);
+        static_cast<scalar_t*>(out.data_ptr()), static_cast<const scalar_t*>(x.data_ptr()), idx.data<int64_t>(), n,
+        faults);
     SL_CUDA_LAUNCHED("take");
   });
 }
@@ -146,11 +160,12 @@ void index_add(const Tensor& dense, const Tensor& idx, const Tensor& vals) {
   if (n == 0) return;
   const int dev = dense.device().index;
   DeviceGuard guard(dev);
+  const IndexFaultSlot faults = index_fault_slot(dev, kIndexAdd, dense.numel());
   SL_CUDA_DISPATCH_NUMERIC(dense.dtype(), "index_add", [&] {
     const Launch l = launch_for(n, dev);
     index_add_kernel<scalar_t><<<l.blocks, l.threads, 0, stream(dev)>>>(
         static_cast<scalar_t*>(dense.data_ptr()), idx.data<int64_t>(), static_cast<const scalar_t*>(vals.data_ptr()),
-        n);
+        n, faults);
     SL_CUDA_LAUNCHED("index_add");
   });
 }

@@ -1,5 +1,9 @@
 #include "ops/checks.h"
 
+#ifdef SINGA_LITE_WITH_CUDA
+#include "cuda/index_faults.h"
+#endif
+
 namespace sl {
 
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
@@ -64,6 +68,15 @@ int64_t checked_add(const char* op, int64_t a, int64_t b) {
   SL_CHECK(!__builtin_add_overflow(a, b, &r), ValueError, op, ": sizes too large: ", a, " + ", b,
            " exceeds 2**63 - 1");
   return r;
+}
+
+bool index_check_deferred(const Tensor& indices) {
+#ifdef SINGA_LITE_WITH_CUDA
+  return indices.device().is_cuda() && cuda::defers_index_checks(indices.device().index);
+#else
+  (void)indices;
+  return false;
+#endif
 }
 
 }  // namespace sl

@@ -19,5 +19,8 @@ int64_t checked_mul(const char* op, int64_t a, int64_t b);
 int64_t checked_add(const char* op, int64_t a, int64_t b);
 // True when out overlaps `in` in any way other than being the very same view (then a temporary is used).
 bool partial_overlap(const Tensor& out, const Tensor& in);
+// Whether the kernel that uses these indices checks their range itself, on the device, and reports a bad one at
+// the next wait for it (CUDA tensors, cuda/index_faults.h). Otherwise the front-end checks before the kernel.
+bool index_check_deferred(const Tensor& indices);
 
 }  // namespace sl

@@ -167,7 +167,6 @@ void fill_(const Tensor& t, double value) {
   if (!is_floating(t.dtype()) && t.dtype() != DType::kBool) check_int_scalar("fill", "the value", value, t.dtype());
 #ifdef SINGA_LITE_WITH_CUDA
   if (t.device().is_cuda()) {
-    SL_CHECK(t.is_contiguous(), ValueError, "fill: CUDA tensors must be contiguous for now; call contiguous()");
     cuda::fill(t, value);
     return;
   }

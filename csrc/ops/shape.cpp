@@ -90,8 +90,9 @@ Tensor one_hot(const Tensor& indices, int64_t depth, DType dtype) {
   SL_CHECK(depth > 0, ValueError, "one_hot: depth must be > 0, got ", depth);
   Tensor idx = indices.contiguous();
   // Check every index before writing anything. (Only when there are indices: min/max of an empty tensor
-  // raise, which made one_hot of an empty batch fail.)
-  if (idx.numel() > 0) {
+  // raise, which made one_hot of an empty batch fail.) On a GPU the kernel checks instead and the error comes at
+  // the next wait for the device: reading min / max here would wait for it in every training step.
+  if (idx.numel() > 0 && !index_check_deferred(idx)) {
     // min / max are computed where the indices live; the two scalars are read on the host.
     Tensor lo = reduce(ReduceOp::kMin, idx, std::nullopt, false).to(Device::cpu());
     Tensor hi = reduce(ReduceOp::kMax, idx, std::nullopt, false).to(Device::cpu());

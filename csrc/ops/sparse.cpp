@@ -1,6 +1,7 @@
-// Front-ends of the sparse-exchange ops behind DistOpt's sparsification (dist/optimizer.py): checks, then
-// the device's kernel. Index tensors are int64; their range is checked on the host before any kernel
-// reads or writes through them (an index from a peer must never write out of bounds).
+// Front-ends of the sparse-exchange ops behind DistOpt's sparsification (parallel/dist_opt.py): checks, then
+// the device's kernel. Index tensors are int64; an index from a peer must never read or write out of bounds. On
+// the CPU their range is checked here, before any kernel runs; on a GPU the kernels check each index, skip a bad
+// one and report it at the next wait for the device (cuda/index_faults.h), which saves two host syncs per call.
 #include <cmath>
 
 #include "ops/checks.h"
@@ -19,7 +20,7 @@ void check_flat(const char* op, const Tensor& t, const char* what) {
 void check_indices(const char* op, const Tensor& idx, int64_t n) {
   check_flat(op, idx, "indices");
   SL_CHECK(idx.dtype() == DType::kInt64, TypeError, op, ": indices must be int64, got ", dtype_name(idx.dtype()));
-  if (idx.numel() == 0) return;
+  if (idx.numel() == 0 || index_check_deferred(idx)) return;
   Tensor lo = reduce(ReduceOp::kMin, idx, std::nullopt, false).to(Device::cpu());
   Tensor hi = reduce(ReduceOp::kMax, idx, std::nullopt, false).to(Device::cpu());
   SL_CHECK(*lo.data<int64_t>() >= 0 && *hi.data<int64_t>() < n, IndexError, op, ": indices must lie in [0, ", n,

@@ -45,6 +45,41 @@ def test_operator_forward_and_backward(gpu, name, fn, ref, specs):
         np.testing.assert_allclose(a, b, **TOL)
 
 
+def run_case(dev, fn, arrays, dtype):
+    """fn's output and the gradients of its inputs on `dev`, all in `dtype`; or the exception it raised."""
+    try:
+        params = [tensor.Tensor(data=np.asarray(a, dtype), device=dev, requires_grad=True, stores_grad=True)
+                  for a in arrays]
+        y = fn(*params)
+        R = tensor.Tensor(data=np.random.default_rng(1).standard_normal(y.shape).astype(dtype), device=dev,
+                          requires_grad=False)
+        grads = autograd.gradients(y, R)
+        return tensor.to_numpy(y), [tensor.to_numpy(grads[p]) for p in params]
+    except (TypeError, ValueError) as e:
+        return e
+
+
+@pytest.mark.parametrize("name,fn,ref,specs", CASES, ids=[c[0] for c in CASES])
+def test_operator_forward_and_backward_in_float16(gpu, name, fn, ref, specs):
+    """Every operator in float16, GPU against CPU: both compute each op in float32 and round its result once, so
+    they differ by rounding only (accumulation order in sums and GEMMs). An operator the CPU refuses in float16 must
+    be refused on the GPU with the same error type."""
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    arrays = [np.asarray(a, np.float16) for a in make_inputs(rng, specs)]
+    on_cpu = run_case(device.get_default_device(), fn, arrays, np.float16)
+    on_gpu = run_case(gpu, fn, arrays, np.float16)
+    if isinstance(on_cpu, Exception):
+        assert type(on_gpu) is type(on_cpu), (on_cpu, on_gpu)
+        return
+    assert not isinstance(on_gpu, Exception), on_gpu
+    (y_cpu, g_cpu), (y_gpu, g_gpu) = on_cpu, on_gpu
+    assert y_gpu.dtype == y_cpu.dtype == np.float16
+    for got, want in [(y_gpu, y_cpu), *zip(g_gpu, g_cpu)]:
+        want64 = want.astype(np.float64)
+        bound = 2e-2 * max(1.0, np.abs(want64[np.isfinite(want64)]).max(initial=0.0))
+        np.testing.assert_allclose(got.astype(np.float64), want64, rtol=2e-2, atol=bound, equal_nan=True)
+
+
 @pytest.mark.parametrize("make", [lambda: opt.SGD(lr=0.1, momentum=0.9, weight_decay=1e-4),
                                   lambda: opt.SGD(lr=0.1, momentum=0.9, nesterov=True),
                                   lambda: opt.Adam(lr=0.01), lambda: opt.RMSProp(lr=0.01),

@@ -78,3 +78,21 @@ def test_indices_out_of_range_never_write():
     with pytest.raises(TypeError, match="int64"):
         _core.take(dense, t(np.array([1], np.int32)))
     np.testing.assert_array_equal(np.asarray(dense), np.zeros(5))
+
+
+def test_top_k_ties_go_to_the_lower_index_and_zeros_have_no_sign():
+    # A gradient with more zeros than k (dead ReLUs): the cut falls among equal magnitudes. The lower index wins,
+    # -0.0 and 0.0 being the same magnitude, which is what the GPU's stable radix sort gives (cuda/sparse.cu), so
+    # both devices send the same entries. nth_element alone left the choice among ties to its partitioning.
+    rng = np.random.default_rng(3)
+    x = np.zeros(4000, np.float32)
+    x[rng.choice(4000, 2000, replace=False)] = -0.0
+    big = rng.choice(4000, 40, replace=False)
+    x[big] = rng.uniform(1, 2, 40).astype(np.float32) * rng.choice([-1, 1], 40)
+    k = 1000
+    got = np.asarray(_core.select_significant(t(x), k / x.size, True))
+    zeros = np.setdiff1d(np.arange(x.size), big)
+    np.testing.assert_array_equal(got, np.sort(np.concatenate([big, zeros[:k - big.size]])))
+    # the same rule among equal non-zero magnitudes of both signs
+    y = np.array([2.0, -1.0, 1.0, -2.0, 1.0, -1.0, 0.5], np.float32)
+    np.testing.assert_array_equal(np.asarray(_core.select_significant(t(y), 4 / 7, True)), [0, 1, 2, 3])

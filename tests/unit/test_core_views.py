@@ -523,3 +523,25 @@ def test_kernels_on_empty_tensors_with_huge_sizes():
         e = _core.Tensor(shape, _core.DType.float32, _core.Device("cpu"))
         _core.fill_(e, 1.0)
         assert e.numel == 0 and _core.add(e, e).numel == 0
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=ids(ALL))
+def test_fill_writes_every_element_of_any_view(dtype):
+    # The views tests/gpu/test_gpu_views.py fills on a GPU and compares with this: a column (t[:, 0] = 1.0), a
+    # stepped slice, a transpose, a reversed axis and a broadcast (stride 0) view; the rest of the base untouched.
+    def base():
+        x, t = arange_t((5, 6), np.float64)
+        return x.astype(dtype), _core.Tensor.from_buffer(np.ascontiguousarray(x.astype(dtype)))
+
+    views = [
+        (lambda t: t.select(1, 0), lambda a: a[:, 0]),
+        (lambda t: t.slice(1, 1, 6, 2), lambda a: a[:, 1:6:2]),
+        (lambda t: t.transpose([1, 0]).slice(0, 2, 4, 1), lambda a: a.T[2:4]),
+        (lambda t: t.slice(0, 4, -BIG, -2), lambda a: a[4::-2]),
+        (lambda t: t.select(0, 3).unsqueeze(0).broadcast_to((4, 6)), lambda a: a[3:4]),
+    ]
+    for make_view, numpy_view in views:
+        want, t = base()
+        numpy_view(want)[...] = 1
+        _core.fill_(make_view(t), 1.0)
+        assert_same(t, want)

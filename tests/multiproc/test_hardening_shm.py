@@ -258,6 +258,12 @@ def _mapping(pid, job_pid) -> bool:
 POINTS = [(2, "at_start"), (2, "holder_made"), (2, "rank0_in_rendezvous"), (3, "some_attached"), (2, "all_joined")]
 
 
+def late_by(point: str) -> str:
+    """How long the job's last rank sleeps before dist.init(): until the kill, unless the point is after every
+    rank joined (a loaded machine must not let it join before the point was seen)."""
+    return "0" if point == "all_joined" else "3600"
+
+
 @pytest.mark.parametrize("ranks,point", POINTS, ids=[p for _, p in POINTS])
 def test_singa_run_killed_at_any_point_of_start_up_leaves_no_segment(ranks, point, tmp_path):
     # Under memfd nothing of the job has a name in /dev/shm at any point, and what it has (the memory, the
@@ -265,7 +271,7 @@ def test_singa_run_killed_at_any_point_of_start_up_leaves_no_segment(ranks, poin
     # the segment's name stayed in /dev/shm from rank 0's creation until every rank had joined.)
     env = {**CLEAN, "SINGA_LITE_SHM_TRANSPORT": "memfd"}
     proc = subprocess.Popen([sys.executable, "-m", "singa_lite.run", "-np", str(ranks), "--timeout", "60",
-                             job("hardening_job.py"), "5"], cwd=tmp_path, env=env,
+                             job("hardening_job.py"), late_by(point)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     ranks_pids = []
     try:
@@ -293,7 +299,7 @@ def test_singa_run_killed_in_the_rendezvous_of_a_named_segment_is_swept(tmp_path
     # rank joined: the next holder on the host sweeps what a killed job left there.
     env = {**CLEAN, "SINGA_LITE_SHM_TRANSPORT": "named"}
     proc = subprocess.Popen([sys.executable, "-m", "singa_lite.run", "-np", "2", "--timeout", "60",
-                             job("hardening_job.py"), "5"], cwd=tmp_path, env=env,
+                             job("hardening_job.py"), late_by("rank0_in_rendezvous")], cwd=tmp_path, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
     ranks = []
     try:
@@ -312,7 +318,7 @@ def test_singa_run_killed_in_the_rendezvous_of_a_named_segment_is_swept(tmp_path
 @pytest.mark.parametrize("point", ["rank0_in_rendezvous", "all_joined"])
 def test_a_killed_multiprocessing_job_leaves_no_segment(point, tmp_path):
     env = {**CLEAN, "SINGA_LITE_SHM_TRANSPORT": "memfd"}
-    proc = subprocess.Popen([sys.executable, job("hardening_job.py"), "--mp", "5"], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, job("hardening_job.py"), "--mp", late_by(point)], cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             start_new_session=True)
     everyone = [proc.pid]

@@ -28,22 +28,6 @@ namespace sl::comm {
 
 namespace {
 
-std::string errno_str(int err) { return std::strerror(err); }
-
-// Closes a descriptor when it goes out of scope, unless released.
-struct Fd {
-  int fd = -1;
-  explicit Fd(int f) : fd(f) {}
-  ~Fd() {
-    if (fd >= 0) close(fd);
-  }
-  int release() {
-    const int f = fd;
-    fd = -1;
-    return f;
-  }
-};
-
 uint64_t fnv1a(const std::string& s, uint64_t h) {
   for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
   return h;
@@ -93,6 +77,22 @@ std::string rendezvous_address(const std::string& name) {
 #ifdef __linux__
 
 namespace {
+
+std::string errno_str(int err) { return std::strerror(err); }
+
+// Closes a descriptor when it goes out of scope, unless released.
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  ~Fd() {
+    if (fd >= 0) close(fd);
+  }
+  int release() {
+    const int f = fd;
+    fd = -1;
+    return f;
+  }
+};
 
 socklen_t socket_address(const std::string& name, sockaddr_un* sa) {
   const std::string addr = rendezvous_address(name);
@@ -341,7 +341,13 @@ SegmentServer::SegmentServer(int listen_fd, int memfd, std::string name)
     : listen_fd_(listen_fd), memfd_(memfd), name_(std::move(name)), owner_pid_(getpid()) {}
 void* SegmentServer::run(void*) { return nullptr; }
 void SegmentServer::serve_pending() noexcept {}
-void SegmentServer::stop() noexcept {}
+void SegmentServer::stop() noexcept {
+  for (int* fd : {&listen_fd_, &memfd_, &wake_fd_})
+    if (*fd >= 0) {
+      close(*fd);
+      *fd = -1;
+    }
+}
 
 #endif
 

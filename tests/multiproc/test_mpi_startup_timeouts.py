@@ -73,7 +73,8 @@ def test_mpi_init_at_the_scripts_own_import_of_mpi4py_is_bounded_too():
 
 
 @pytest.mark.parametrize("step, name", [("split_type", "the split into hosts, MPI_Comm_split_type"),
-                                        ("window", "the arrival board's creation, MPI_Win_allocate")])
+                                        ("window", "the arrival board's creation, MPI_Win_allocate")],
+                         ids=["split_type", "window"])
 def test_a_rank_that_never_comes_to_a_blocking_setup_step_is_named(step, name):
     # MPI has no nonblocking split or window creation: rank 0 waited in them forever for a rank stuck before
     proc, out, elapsed, pids = run(f"stall_{step}")
@@ -116,7 +117,8 @@ def test_mpi_finalize_at_exit_does_not_wait_forever_for_a_rank_that_never_ends()
 
 
 @pytest.mark.parametrize("scenario, late", [("nccl_late", "rank 1 never arrived"),
-                                            ("nccl_id_never_made", "rank 0, the root, never sent it")])
+                                            ("nccl_id_never_made", "rank 0, the root, never sent it")],
+                         ids=["nccl_late", "nccl_id_never_made"])
 def test_the_nccl_bootstrap_over_mpi_names_a_rank_that_never_comes(scenario, late):
     proc, out, elapsed, pids = run(scenario)
     said = raised(out)

@@ -17,7 +17,6 @@
 #pragma once
 #include <sys/types.h>
 
-#include <atomic>
 #include <functional>
 #include <string>
 
@@ -48,7 +47,6 @@ class SegmentServer {
   SegmentServer& operator=(const SegmentServer&) = delete;
   // Stops serving and closes the socket: later connections are refused. Idempotent.
   void stop() noexcept;
-  uint32_t served() const { return served_.load(std::memory_order_relaxed); }
 
  private:
   static void* run(void* self);
@@ -58,7 +56,6 @@ class SegmentServer {
   pid_t owner_pid_;  // a forked child has a copy of this object but not the thread
   bool running_ = false;
   unsigned long thread_ = 0;  // pthread_t
-  std::atomic<uint32_t> served_{0};
 };
 
 // What claim() found at the rendezvous address.

@@ -130,8 +130,8 @@ def _init_with_deadline(MPI, rc, timeout: float) -> None:
             rank, size = _launch_rank(os.environ), mpiexec_ranks()
             atexit.register(_exit_failed)
             raise CommError(
-                f"mpi start-up (MPI_Init) on rank {rank} of {size}: not finished after {timeout:g} s. MPI_Init "
-                f"waits for every rank of the job to start MPI, and at least one has not; "
+                f"mpi start-up (MPI_Init) on rank {'?' if rank is None else rank} of {size}: not finished after "
+                f"{timeout:g} s. MPI_Init waits for every rank of the job to start MPI, and at least one has not; "
                 f"{_not_started(rank, size)}. Look at those ranks' output, or raise the timeout (timeout= or "
                 f"SINGA_LITE_COMM_TIMEOUT). MPI cannot be used by this rank any more: it exits with status 1 "
                 f"(caught or not), and mpiexec then ends the others")
@@ -416,8 +416,8 @@ def broadcast_bytes(data: bytes | None, root: int = 0, comm=None, timeout: float
     """Rank `root`'s bytes on every rank of `comm` (default COMM_WORLD): how rank 0's NCCL unique id reaches
     the others in the MPI bootstrap. timeout (default SINGA_LITE_COMM_TIMEOUT, else 300 s) bounds each of its
     two nonblocking broadcasts (the length, then the bytes); on expiry StuckError (the job is aborted at exit)
-    naming the root on the others and, on the root, the ranks that had not received it. A broadcast completes
-    on the root once its data has left, so a receiver that never comes may only be noticed later."""
+    naming the root on the others. A broadcast may complete on the root once its data has left (small data
+    always does), so a receiver that never comes is noticed by the root only in its next collective."""
     timeout = env_timeout() if timeout is None else timeout
     MPI = import_mpi(timeout)
     comm = comm or MPI.COMM_WORLD

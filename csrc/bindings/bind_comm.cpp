@@ -1,5 +1,5 @@
-// The shared-memory communicator as singa_lite._core.ShmComm, and shm_unlink. Every call that may block
-// releases the GIL, so other Python threads (and the rank's own abort()) keep running while it waits.
+// The shared-memory communicator as singa_lite._core.ShmComm, shm_unlink and its transport's helpers. Every
+// call that may block releases the GIL, so other Python threads (and the rank's own abort()) keep running.
 #include <pybind11/stl.h>
 #include <unistd.h>  // pause
 
@@ -63,10 +63,12 @@ void bind_comm(py::module_& m) {
 Collectives among the processes of one host through POSIX shared memory (the CPU 'shm' backend).
 
 Every rank constructs it with the same name ('/' + up to 199 characters, no other '/'), world size
-and slot size; the constructor returns once all ranks have joined. Tensors: CPU, contiguous, float16,
-float32, float64, int32 or int64; results are bitwise identical on all ranks. If ranks pass different
-arguments to a collective, every rank raises the same ValueError. A timeout, a dead or departed peer,
-or abort() on any rank makes every rank raise CommError, now or at its next call.)doc")
+and slot size; the constructor returns once all ranks have joined. The name identifies the rendezvous:
+under the memfd transport (Linux's default) nothing of the job appears in /dev/shm (see shm_transport).
+Tensors: CPU, contiguous, float16, float32, float64, int32 or int64; results are bitwise identical
+on all ranks. If ranks pass different arguments to a collective, every rank raises the same ValueError.
+A timeout, a dead or departed peer, or abort() on any rank makes every rank raise CommError, now or at
+its next call.)doc")
       .def(py::init([](const std::string& name, int rank, int world_size, double timeout, size_t slot_bytes) {
              return std::make_unique<ShmComm>(name, rank, world_size, timeout, slot_bytes, check_python_signals);
            }),
@@ -75,6 +77,8 @@ or abort() on any rank makes every rank raise CommError, now or at its next call
       .def_property_readonly("rank", &ShmComm::rank)
       .def_property_readonly("world_size", &ShmComm::world_size)
       .def_property_readonly("name", &ShmComm::name)
+      .def_property_readonly("transport", [](const ShmComm& c) { return comm::transport_name(c.transport()); },
+                             "'memfd' (no name in /dev/shm, a rendezvous socket) or 'named' (see shm_transport).")
       .def_property("timeout", &ShmComm::timeout, &ShmComm::set_timeout, "Seconds any single wait may last.")
       .def_property_readonly("aborted", &ShmComm::aborted)
       .def_property_readonly("abort_reason", &ShmComm::abort_reason,
@@ -120,6 +124,15 @@ or abort() on any rank makes every rank raise CommError, now or at its next call
 
   m.def("shm_unlink", &comm::shm_unlink_name, py::arg("name"),
         "Removes a shared-memory segment name (cleanup after a failed job); a missing name is fine.");
+  m.def("shm_transport", [] { return comm::transport_name(comm::default_transport()); },
+        "The transport a new ShmComm uses: 'memfd' (Linux's default: the memory never has a name; the segment "
+        "name identifies an abstract-socket rendezvous) or 'named' (a POSIX name in /dev/shm), from "
+        "SINGA_LITE_SHM_TRANSPORT when set. Every rank of a job must use the same.");
+  m.def("shm_rendezvous_address", [](const std::string& name) {
+        comm::validate_name(name, "shm_rendezvous_address");
+        return py::bytes(comm::rendezvous_address(name));
+      }, py::arg("name"),
+        "The abstract Unix socket address (with its leading NUL) of the memfd transport's rendezvous for a name.");
 
   // The mpi backend's hot path (comm/mpi_hot.h); only singa_lite/comm/mpi.py makes one, after checking the ABI.
   using comm::MpiHotPath;

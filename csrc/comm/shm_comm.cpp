@@ -3,6 +3,7 @@
 // send / recv in shm_p2p.cpp.
 #include "comm/shm_comm.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -49,18 +50,20 @@ ShmComm::ShmComm(const std::string& name, int rank, int world_size, double timeo
   const Layout layout = Layout::make(world_size, slot_bytes, "ShmComm");
   SL_CHECK(rank >= 0 && rank < world_size, ValueError, "ShmComm: rank must be in [0, ", world_size, "), got ", rank);
   set_timeout(timeout_s);
+  transport_ = default_transport();
   self_ = self_process();
   owner_pid_ = self_.pid;
   sends_to_.assign(size_t(P_), 0);
   recvs_from_.assign(size_t(P_), 0);
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(timeout_s));
-  seg_ = Segment::attach(name, layout, deadline);
+  seg_ = Segment::attach(name, layout, deadline, transport_, interrupt_check_);
   try {
     join(deadline);
   } catch (...) {
-    // A creator whose rendezvous failed removes the name, so the segment vanishes with its last mapping.
-    if (seg_.created()) shm_unlink(name_.c_str());
+    // A creator whose rendezvous failed removes the name (closes the socket), so that nobody joins a failed
+    // job and the segment vanishes with its last mapping.
+    if (seg_.created()) seg_.release_name();
     seg_.unmap();
     throw;
   }
@@ -98,10 +101,11 @@ void ShmComm::join(Clock::time_point deadline) {
     seg_.wake_all();
     throw;
   }
-  // Every rank has mapped the segment: the name is not needed any more. Without it the memory is freed
-  // when the last process unmaps or dies, whatever happens to the job from here on. The last rank to
-  // join does it (it is the first to know), so no rank has to wait for another to clean up.
-  if (last) shm_unlink(name_.c_str());
+  // Every rank has mapped the segment: the name is not needed any more. A named segment's name is unlinked
+  // by the last rank to join (the first to know, so that no rank waits for another to clean up); the
+  // memfd transport's socket can only be closed by its creator, which has waited for everyone anyway.
+  // From here on nothing of the job has a name: the memory is freed when the last process unmaps or dies.
+  if (seg_.transport() == Transport::kNamed ? last : seg_.created()) seg_.release_name();
 }
 
 ShmComm::~ShmComm() {
@@ -197,6 +201,24 @@ std::string ShmComm::describe_laggard(int q) const {
   return str(describe_rank(q), ", which is inside #", entered, " ", kind, " but behind this rank");
 }
 
+std::string ShmComm::transport_hint() const {
+  // Ranks that use different transports never meet: say so when the other transport's trace is there.
+  if (transport_ == Transport::kMemfd) {
+    const int fd = shm_open(name_.c_str(), O_RDONLY, 0);
+    if (fd >= 0) {
+      ::close(fd);
+      return str("; a segment of this name exists in /dev/shm: some ranks use ", kTransportVar,
+                 "=named, this one memfd; every rank must use the same transport");
+    }
+    return str("; ranks in another network namespace (a container) cannot reach this rendezvous, which is an "
+               "abstract socket: there, set ", kTransportVar, "=named on every rank");
+  }
+  if (rendezvous_listening(name_))
+    return str("; another rank serves this name over the memfd transport while this one uses ", kTransportVar,
+               "=named; every rank must use the same transport");
+  return "";
+}
+
 // ---------------------------------------------------------------- waiting
 
 std::vector<int> ShmComm::awaited(WaitFor kind, int peer) const {
@@ -248,7 +270,7 @@ std::string ShmComm::timeout_reason(const Activity& what, WaitFor kind, int peer
     for (int q = 0; q < P_; ++q)
       if (seg_.rank(q).state.load(std::memory_order_acquire) < kJoined) missing.push_back(q);
     *fix = str("start all ", P_, " processes with the same segment name '", name_, "' and world size; look at the "
-               "output of ", ranks_list(missing), "; ", raise);
+               "output of ", ranks_list(missing), "; ", raise, transport_hint());
     return str(after, ": ", ranks_list(missing), " of ", P_, " did not join segment '", name_, "'");
   }
   if (kind == WaitFor::kPeer) {

@@ -3,9 +3,11 @@
 //
 // Contract:
 // - Every rank constructs it with the same name, world size and slot size; the first one creates the
-//   segment (mode 0600), the others open it; the last rank to join unlinks the name, so the memory
-//   goes away by itself when the last process exits or dies. A failed rendezvous names the ranks that
-//   did not join, and its creator unlinks the name.
+//   segment (mode 0600), the others map it, through one transport (shm_rendezvous.h): memfd (Linux's
+//   default) never gives the memory a name, and the name only identifies a rendezvous socket that the
+//   creator closes once every rank has joined; named puts it in /dev/shm until the last rank to join
+//   unlinks it. Either way the memory goes away by itself when the last process exits or dies. A failed
+//   rendezvous names the ranks that did not join, and its creator removes the name (closes the socket).
 // - Tensors are CPU, contiguous, of dtype float16/float32/float64/int32/int64. Arguments are checked
 //   locally first (ValueError / TypeError, nothing shared is touched); then, after the collective's first
 //   synchronisation, every rank compares what all ranks passed (kind, dtype, element count, root, op):
@@ -71,6 +73,7 @@ class ShmComm {
   int rank() const { return rank_; }
   int world_size() const { return P_; }
   const std::string& name() const { return name_; }
+  Transport transport() const { return transport_; }
 
   void all_reduce(const Tensor& t, CommOp op);                          // in place
   void broadcast(const Tensor& t, int root);                            // in place
@@ -117,6 +120,7 @@ class ShmComm {
   bool find_gone_peer(const std::vector<int>& peers, bool look_at_processes, std::string* reason,
                       std::string* fix) const;
   std::string timeout_reason(const Activity& what, WaitFor kind, int peer, std::string* fix) const;
+  std::string transport_hint() const;  // for a rendezvous that timed out: "; ..." or ""
   // Aborts the job with `reason` and throws CommError "<what>: <reason>; fix: <fix>".
   [[noreturn]] void fail(const Activity& what, const std::string& reason, const std::string& fix);
   [[noreturn]] void throw_aborted(const Activity& what) const;
@@ -139,6 +143,7 @@ class ShmComm {
 
   Segment seg_;
   std::string name_;
+  Transport transport_ = Transport::kMemfd;
   int rank_ = 0;
   int P_ = 1;
   std::atomic<double> timeout_s_{300.0};

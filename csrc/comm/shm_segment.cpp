@@ -13,6 +13,7 @@
 #include <new>
 #include <thread>
 
+#include "comm/shm_rendezvous.h"
 #include "core/errors.h"
 
 namespace sl::comm {
@@ -83,14 +84,27 @@ Segment& Segment::operator=(Segment&& o) noexcept {
     base_ = o.base_;
     layout_ = o.layout_;
     created_ = o.created_;
+    transport_ = o.transport_;
+    name_ = std::move(o.name_);
+    server_ = std::move(o.server_);
     o.base_ = nullptr;
   }
   return *this;
 }
 
 void Segment::unmap() noexcept {
+  server_.reset();  // (normally stopped by release_name already)
   if (base_) munmap(base_, layout_.total);
   base_ = nullptr;
+}
+
+void Segment::release_name() noexcept {
+  if (transport_ == Transport::kNamed) {
+    if (!name_.empty()) shm_unlink(name_.c_str());
+  } else if (server_) {
+    server_->stop();
+    server_.reset();
+  }
 }
 
 namespace {
@@ -180,7 +194,7 @@ char* open_segment(int fd, const std::string& name, const Layout& L, Clock::time
 // A segment this rank did not create must be one that our own user created the way attach() does: owned by
 // our effective uid, mode 0600. Anything else is someone else's name (or a name re-created by another user
 // after our job unlinked it, readable and writable by all): joining it would hand them our data.
-void check_owner(int fd, const std::string& name) {
+void check_owner(int fd, const std::string& name, bool named) {
   struct stat st;
   if (fstat(fd, &st) != 0) {
     const int err = errno;
@@ -193,13 +207,53 @@ void check_owner(int fd, const std::string& name) {
     throw CommError(str("ShmComm: refusing to join shared-memory segment '", name, "': it belongs to uid ",
                         st.st_uid, " with mode ", octal, ", but a segment of this job is created by uid ", geteuid(),
                         " with mode 0600; another user may have created it to join the job. Fix: give every job "
-                        "a fresh name (a new NcclIdHolder), and remove this one if it is yours"));
+                        "a fresh name (a new NcclIdHolder)", named ? ", and remove this one if it is yours" : ""));
   }
 }
 
 }  // namespace
 
-Segment Segment::attach(const std::string& name, const Layout& L, Clock::time_point deadline) {
+Segment Segment::attach(const std::string& name, const Layout& L, Clock::time_point deadline, Transport transport,
+                        const std::function<void()>& interrupt_check) {
+  Segment seg = transport == Transport::kMemfd ? attach_memfd(name, L, deadline, interrupt_check)
+                                               : attach_named(name, L, deadline);
+  seg.transport_ = transport;
+  seg.name_ = name;
+  return seg;
+}
+
+Segment Segment::attach_memfd(const std::string& name, const Layout& L, Clock::time_point deadline,
+                              const std::function<void()>& interrupt_check) {
+  Segment seg;
+  seg.layout_ = L;
+  const Claim c = claim(name, deadline, interrupt_check);
+  if (c.listen_fd >= 0) {
+    int fd = -1;
+    try {
+      fd = create_memfd(name);
+      seg.base_ = create_segment(fd, name, L);
+      seal_size(fd);
+    } catch (...) {
+      if (fd >= 0) close(fd);
+      close(c.listen_fd);  // the others' connections end: they read end-of-file, and bind again
+      throw;
+    }
+    seg.created_ = true;
+    seg.server_ = std::make_unique<SegmentServer>(c.listen_fd, fd, name);  // owns both descriptors now
+    return seg;
+  }
+  try {
+    check_owner(c.segment_fd, name, false);
+    seg.base_ = open_segment(c.segment_fd, name, L, deadline);
+  } catch (...) {
+    close(c.segment_fd);
+    throw;
+  }
+  close(c.segment_fd);  // the mapping keeps the memory
+  return seg;
+}
+
+Segment Segment::attach_named(const std::string& name, const Layout& L, Clock::time_point deadline) {
   Segment seg;
   seg.layout_ = L;
   for (;;) {
@@ -231,7 +285,7 @@ Segment Segment::attach(const std::string& name, const Layout& L, Clock::time_po
                           (err == EACCES ? "; it belongs to another user: pick another name" : "")));
     }
     try {
-      check_owner(fd, name);
+      check_owner(fd, name, true);
       seg.base_ = open_segment(fd, name, L, deadline);
     } catch (...) {
       close(fd);

@@ -1,5 +1,6 @@
-// The POSIX shared-memory segment behind ShmComm: its layout, how a rank creates or opens it, the
-// shared abort state, and the process-liveness test used to notice dead peers.
+// The shared-memory segment behind ShmComm: its layout, how a rank creates or opens it (through one of the
+// transports of shm_rendezvous.h), the shared abort state, and the process-liveness test used to notice
+// dead peers.
 //
 // Layout (offsets from Layout::make; every region starts on a cache line, the data regions on a page):
 //   Header                     magic, parameters, join counter, sync counter, abort state
@@ -14,8 +15,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
+#include "comm/shm_rendezvous.h"
 #include "comm/wait.h"
 
 namespace sl::comm {
@@ -117,16 +121,25 @@ class Segment {
   Segment& operator=(const Segment&) = delete;
   ~Segment() { unmap(); }
 
-  // Creates the segment (shm_open O_CREAT|O_EXCL, mode 0600, space reserved up front) and initialises
-  // its header, or opens the one another rank created and waits until that rank has initialised it.
+  // Creates the segment (space reserved up front, mode 0600) and initialises its header, or maps the one
+  // another rank created, through `transport` (shm_rendezvous.h): memfd: the first rank to claim the
+  // rendezvous of `name` creates it and serves it until release_name(); named: shm_open O_CREAT|O_EXCL,
+  // and an opener waits until the creator has initialised it.
   // Throws CommError on failure or when `deadline` passes; ValueError when the parameters differ from
-  // the creator's. A creator that fails unlinks the name again. An existing segment is joined only when it
-  // belongs to this process's effective uid and has mode 0600 (CommError naming it otherwise).
-  static Segment attach(const std::string& name, const Layout& layout, Clock::time_point deadline);
+  // the creator's. A creator that fails removes the name (or closes the rendezvous) again. A segment is
+  // joined only when it belongs to this process's effective uid and has mode 0600 (CommError naming it
+  // otherwise); under memfd its server must run as this uid too. interrupt_check (may be empty) runs about
+  // every 40 ms while waiting for another rank.
+  static Segment attach(const std::string& name, const Layout& layout, Clock::time_point deadline,
+                        Transport transport, const std::function<void()>& interrupt_check);
 
   bool mapped() const { return base_ != nullptr; }
   bool created() const { return created_; }
+  Transport transport() const { return transport_; }
   const Layout& layout() const { return layout_; }
+  // Ends the rendezvous: the name is not needed once every rank has mapped the segment. named: unlinks it
+  // (any rank may); memfd: the creator stops serving and closes the socket (a no-op on other ranks).
+  void release_name() noexcept;
   void unmap() noexcept;
 
   Header& header() const { return *reinterpret_cast<Header*>(base_); }
@@ -152,9 +165,16 @@ class Segment {
     return base_ + layout_.chans_off + index * layout_.chan_bytes;
   }
 
+  static Segment attach_named(const std::string& name, const Layout& layout, Clock::time_point deadline);
+  static Segment attach_memfd(const std::string& name, const Layout& layout, Clock::time_point deadline,
+                              const std::function<void()>& interrupt_check);
+
   char* base_ = nullptr;
   Layout layout_;
   bool created_ = false;
+  Transport transport_ = Transport::kNamed;
+  std::string name_;
+  std::unique_ptr<SegmentServer> server_;  // memfd, on the creator, until release_name()
 };
 
 // Segment names: '/' followed by 1..199 characters, none of them '/' or NUL. ValueError otherwise.

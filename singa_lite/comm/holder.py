@@ -7,20 +7,28 @@ available, a NCCL unique id for the ``nccl`` backend (``nccl_id``; otherwise Non
 why, so the holder still serves the ``shm`` backend). Creating the id does not initialise CUDA: the parent
 can still fork workers that use the GPU. ``to_string()`` / ``from_string()`` carry it through an environment
 variable (how singa-run hands it to the ranks it starts). Everything stays on this host: the segment is
-owner-only (mode 0600; a rank refuses to join one of another owner or mode) and unlinked once every rank
-joined, and NCCL's bootstrap listens on loopback only (``NCCL_SOCKET_IFNAME=lo`` unless set).
+owner-only (mode 0600; a rank refuses to join one of another owner or mode), and NCCL's bootstrap listens on
+loopback only (``NCCL_SOCKET_IFNAME=lo`` unless set).
+
+On Linux the name never appears in /dev/shm: the segment is an anonymous memfd, and the name only identifies
+the ranks' rendezvous, an abstract Unix socket that the creating rank closes once every rank has joined (it
+serves the memory to processes of our uid only, and a rank refuses a server of another uid; see
+csrc/comm/shm_rendezvous.h). A job killed at any moment, its start-up included, leaves nothing behind. With
+``SINGA_LITE_SHM_TRANSPORT=named`` (and off Linux) the segment has the name in /dev/shm until every rank has
+joined; what follows about stale names concerns that transport (and names left by earlier versions).
 
 Each use of a holder in a process gets a fresh segment name (``take_shm_name()``: the first use
 ``shm_name``, the k-th a name derived from a secret the holder carries but no name shows), so a second
-``dist.init(holder=h, ...)`` never reuses a name another user saw in /dev/shm during the first rendezvous.
+``dist.init(holder=h, ...)`` never reuses a name another user saw during the first rendezvous (in /dev/shm, or
+in /proc/net/unix, which lists the memfd transport's socket).
 The ranks of one job all use their copy the same number of times, so they agree on the name: seed 001's
 pattern (one holder from the parent, one init per process) uses ``shm_name``.
 
 A segment name is ``/singa_lite_<pid>_<start>_<pidns>_<token>``: the pid, start time and pid namespace of
-the process that created the holder. A job killed during its start-up (SIGKILL to singa-run or to a
-multiprocessing job's process group, before every rank had joined) leaves its name behind; the next holder
-created on the host removes such names when they are ours (our uid), follow this pattern, and their creator
-is dead (no process with that pid and start time in our pid namespace): ``sweep_stale_segments()``.
+the process that created the holder. Under the named transport, a job killed during its start-up (SIGKILL to
+singa-run or to a multiprocessing job's process group, before every rank had joined) leaves its name behind;
+the next holder created on the host removes such names when they are ours (our uid), follow this pattern, and
+their creator is dead (no process with that pid and start time in our pid namespace): ``sweep_stale_segments()``.
 """
 from __future__ import annotations
 
@@ -126,8 +134,8 @@ class NcclIdHolder:
         except (_core.CommError, _core.CudaError) as e:  # no NCCL or no GPU here: fine for the shm backend
             self.nccl_error = str(e)
         self._owner_pid = os.getpid()
-        # The ranks unlink the segment once all have joined; if a rank died before that, the parent removes
-        # the name when it exits.
+        # Named segments: the ranks unlink the name once all have joined; if a rank died before that, the parent
+        # removes it when it exits. (memfd segments have no name to remove.)
         atexit.register(self._cleanup)
 
     def take_shm_name(self) -> str:

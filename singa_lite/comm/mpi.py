@@ -15,8 +15,9 @@ timeout; on expiry the ranks that had not entered the operation are read from an
 one-sided MPI window holding each rank's operation count) and named in the ``CommError``. A communicator
 that timed out is broken: at interpreter exit it aborts the MPI job (``MPI_Abort``), as ``MPI_Finalize``
 would otherwise wait forever for the stuck operation. Making the communicator (mpi_setup.py: MPI_Init, every
-rank's arrival, Idup) and closing it (every rank's end on the arrival board before the collective MPI_Win_free,
-see _wait_for_every_close) are bounded by the same timeout: a rank that never comes fails the others there too.
+rank's arrival, Idup, the split into hosts, the window's creation), closing it (every rank's end on the arrival
+board before the collective MPI_Win_free, see _wait_for_every_close) and MPI_Finalize at exit are bounded by the
+same timeout: a rank that never comes fails the others there too, named.
 """
 from __future__ import annotations
 
@@ -31,11 +32,12 @@ import warnings
 import numpy as np
 
 from .. import _core, tensor
-from . import watch
+from . import mpi_setup, watch
 from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator, _check_timeout
 # Start-up, setup and abort helpers (mpi_setup.py); the names that other modules import from here stay here too.
 from .mpi_setup import (ABORT_EXIT_S, ABORT_GRACE_S, MPI_LAUNCH_VARS, abort_at_exit, abort_job,  # noqa: F401
-                        await_setup, import_mpi, join, launched_by_mpiexec, mpiexec_ranks, poll)
+                        abort_on_uncaught_exception, await_setup, broadcast_bytes, import_mpi, join,
+                        launched_by_mpiexec, mpiexec_ranks, poll, unlink_mpich_segments)
 from ..tensor import Tensor
 
 # After a mismatch was found, how long to wait for the mismatched data collectives to end (they were started
@@ -93,63 +95,6 @@ def mpich_abi_library(MPI) -> str | None:
         return None
     paths = [p for p in paths if os.path.basename(p).split(".so.12")[0] == "libmpi"]
     return paths[0] if len(paths) == 1 else None
-
-
-def broadcast_bytes(data: bytes | None, root: int = 0, comm=None) -> bytes:
-    """Rank `root`'s bytes on every rank of `comm` (default COMM_WORLD): how rank 0's NCCL unique id reaches
-    the others in the MPI bootstrap."""
-    MPI = import_mpi()
-    comm = comm or MPI.COMM_WORLD
-    n = np.array([len(data) if comm.rank == root else 0], np.int64)
-    comm.Bcast(n, root=root)
-    buf = np.frombuffer(data, np.uint8).copy() if comm.rank == root else np.empty(int(n[0]), np.uint8)
-    comm.Bcast(buf, root=root)
-    return buf.tobytes()
-
-
-def unlink_mpich_segments() -> list:
-    """Removes the names of the MPICH shared-memory segments this process has mapped (/dev/shm/mpich_shm_*),
-    returning them. MPICH removes them in MPI_Finalize, which a killed job never reaches: without this every
-    killed job leaves its segments in /dev/shm until reboot. Called once every local rank has mapped them (after
-    MPI_Init on every rank), it is harmless: mappings outlive names, nothing opens them by name again, and
-    MPI_Finalize ignores their absence."""
-    removed = []
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split(None, 5)[5].strip() for line in f if " /dev/shm/mpich_shm_" in line}
-    except OSError:  # not Linux: nothing to do
-        return removed
-    for path in sorted(paths):
-        if path.endswith("(deleted)"):
-            continue
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except OSError:  # another rank of this host removed it first, or it is not ours to remove
-            pass
-    return removed
-
-
-def abort_on_uncaught_exception(comm, abort) -> None:
-    """An uncaught exception on one rank ends that rank, while the others wait for it inside a collective and
-    MPI_Finalize (at its exit) would wait for them: the job would hang until the timeout. So, as mpi4py's
-    ``python -m mpi4py`` does, such an exception aborts the job once its traceback is printed (the others
-    print nothing: mpiexec ends them, and the traceback is shown once). comm: the rank's Communicator (mpi, or
-    nccl bootstrapped by MPI); abort: aborts the MPI job (``MPI.COMM_WORLD.Abort``)."""
-    previous = sys.excepthook
-
-    def hook(kind, value, tb):
-        previous(kind, value, tb)
-        if comm.closed or comm.world_size == 1:
-            return
-        watch_name = getattr(comm, "_watch_name", None)
-        if watch_name is not None:
-            watch.tell(watch_name, "reported", comm.rank)
-        print(f"singa_lite: rank {comm.rank} of {comm.world_size} ended with an uncaught {kind.__name__} "
-              f"(above): aborting the MPI job", file=sys.stderr, flush=True)
-        abort_job(abort)
-
-    sys.excepthook = hook
 
 
 class _Mismatch(Exception):
@@ -247,13 +192,16 @@ class MpiCommunicator(Communicator):
             raise
 
     def _set_up(self, MPI, comm, timeout: float) -> None:
-        """The rest of the setup, on our own communicator that every rank has joined (see mpi_setup.join): the steps
-        without a nonblocking form in MPI (split, window creation) run blocking, as every rank is known to be
-        here; those that wait for the others (the last barrier, the watcher's start) are bounded."""
-        local = self._comm.Split_type(MPI.COMM_TYPE_SHARED)
+        """The rest of the setup, on our own communicator that every rank has joined (see mpi_setup.join). Every
+        step is bounded by the timeout: those without a nonblocking form in MPI (the split into hosts, the
+        window's creation) are mpi_setup.bounded steps (a rank that never comes to one is named), the others
+        are nonblocking and polled."""
+        local = mpi_setup.bounded(self._comm, "the split into hosts, MPI_Comm_split_type", timeout,
+                                  lambda: self._comm.Split_type(MPI.COMM_TYPE_SHARED))
         super().__init__(self._comm.rank, self._comm.size, local.rank, local.size, timeout)
         # Every rank's host, so that a timeout can name the host of the ranks that no longer answer.
-        self._hosts = self._comm.allgather(MPI.Get_processor_name())
+        self._hosts = [h.decode(errors="replace") for h in mpi_setup.gather_arrivals(
+            self._comm, "every rank's host name", timeout, MPI.Get_processor_name().encode(), 256)]
         whole_job = comm is None or comm == MPI.COMM_WORLD
         self._types = {tensor.float32: MPI.FLOAT, tensor.float64: MPI.DOUBLE, tensor.int32: MPI.INT32_T,
                        tensor.int64: MPI.INT64_T, tensor.float16: MPI.INT16_T, tensor.bfloat16: MPI.INT16_T}
@@ -272,14 +220,17 @@ class MpiCommunicator(Communicator):
         self._check = None  # (request, kind) of the signature all-gather in flight with the current call
         # The all-gather as a persistent collective (MPI-4): set up once, each call only starts it. That costs
         # ~1 us of this rank's time against ~5 us for a new Iallgather (measured, mpi4py 4.1 and MPICH 5).
-        try:
-            self._check_request = self._comm.Allgather_init(self._slot, self._slots)
-        except (AttributeError, NotImplementedError, MPI.Exception):  # mpi4py < 4 or an MPI-3 library
-            self._check_request = None
         # The arrival board: entry = number of operations this rank has entered.
         # One passive-target epoch for the communicator's lifetime: a rank updates its own entry with a
         # local store + Win_sync, and a timed-out rank reads the others with Get + Flush.
-        self._board = MPI.Win.Allocate(8, 8, comm=self._comm)
+        def create():
+            try:
+                check = self._comm.Allgather_init(self._slot, self._slots)
+            except (AttributeError, NotImplementedError, MPI.Exception):  # mpi4py < 4 or an MPI-3 library
+                check = None
+            return check, MPI.Win.Allocate(8, 8, comm=self._comm)
+        self._check_request, self._board = mpi_setup.bounded(
+            self._comm, "the arrival board's creation, MPI_Win_allocate", timeout, create)
         self._entered = np.frombuffer(self._board.tomemory(), np.int64)
         self._entered[0] = 0
         self._board.Lock_all(MPI.MODE_NOCHECK)
@@ -292,6 +243,9 @@ class MpiCommunicator(Communicator):
                 unlink_mpich_segments()
             self._watch_name = self._start_watcher(local)
             abort_on_uncaught_exception(self, self._comm.Abort)
+            watch_name, rank = self._watch_name, self.rank
+            mpi_setup.arm_exit_guard(MPI, self._comm, timeout, before_abort=None if watch_name is None else
+                                     lambda: watch.tell(watch_name, "reported", rank))
         local.Free()
         self._spin_free = self._own_cpus()  # the C++ wait polls without yielding the CPU (see HOT_SPIN_NS)
         self._hot = self._make_hot_path()
@@ -351,7 +305,12 @@ class MpiCommunicator(Communicator):
             self.barrier()
         except CommError as e:
             raise CommError(f"mpi split: its rendezvous failed: {e}") from e
-        sub = self._comm.Split(0 if member else MPI.UNDEFINED, self.rank)
+        try:  # (every rank is here: the barrier was the arrival)
+            sub = mpi_setup.bounded(self._comm, "split, MPI_Comm_split", self.timeout,
+                                    lambda: self._comm.Split(0 if member else MPI.UNDEFINED, self.rank), arrive=False)
+        except CommError as e:  # a rank stuck in it: MPI_Finalize would wait for it too
+            self._broken = self._stuck = e
+            raise
         if sub == MPI.COMM_NULL:
             return None
         try:
@@ -741,7 +700,16 @@ class MpiCommunicator(Communicator):
         if self._check_request is not None:
             self._check_request.Free()
         self._board.Unlock_all()
-        self._board.Free()
+        if self.world_size > 1:  # collective: bounded, and a rank that never comes to it named
+            try:
+                mpi_setup.bounded(self._comm, "close (MPI_Win_free)", self.timeout, self._board.Free,
+                                  error=mpi_setup.teardown_error, absent="it had closed the communicator but not "
+                                  "come to free it: stuck in between")
+            except CommError as e:
+                self._broken = self._stuck = e
+                raise
+        else:
+            self._board.Free()
         self._comm.Free()
 
     # ----- timeouts

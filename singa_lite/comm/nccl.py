@@ -35,7 +35,7 @@ import numpy as np
 
 from .. import _core, tensor
 from .._wheels import nvidia_lib_dir
-from . import board as host_board
+from . import board as host_board, mpi_setup
 from .communicator import DEFAULT_TIMEOUT, CommError, Communicator, Work
 from .mpi import abort_on_uncaught_exception, broadcast_bytes, import_mpi, launched_by_mpiexec
 
@@ -405,41 +405,62 @@ def _from_holder(holder, rank, world_size, timeout, device) -> NcclCommunicator:
 
 
 def _from_mpi(comm, rank, world_size, timeout, device) -> NcclCommunicator:
-    MPI = import_mpi()
+    MPI = import_mpi(timeout)
     comm = comm or MPI.COMM_WORLD
     for name, given, actual in (("rank", rank, comm.rank), ("world_size", world_size, comm.size)):
         if given is not None and given != actual:
             raise ValueError(f"backend 'nccl' under MPI: {name}={given} disagrees with MPI's {actual}; leave it out")
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    local_rank, local_size = local.rank, local.size
-    local.Free()
-    # Every rank checks that it can run NCCL before any waits in NCCL's rendezvous, so a rank without a GPU
-    # or NCCL makes every rank fail at once, naming it, instead of the others timing out.
-    try:
-        problem = readiness()
-        if not problem:
-            choose_device(device, local_rank, local_size)
-    except (ValueError, TypeError, CommError, CudaError) as e:
-        problem = str(e)
-    every = np.zeros(comm.size, np.int32)
-    comm.Allgather(np.array([1 if problem else 0], np.int32), every)
-    bad = [r for r in range(comm.size) if every[r]]
-    if bad:
-        raise CommError(f"nccl init (rank {comm.rank} of {comm.size}): rank(s) {', '.join(map(str, bad))} cannot use "
-                        f"NCCL" + (f": {problem}" if problem else " (their own errors say why)"))
-    payload = None
-    if comm.rank == 0:  # its failure travels with the broadcast, so that nobody waits for an id that never comes
+
+    def problem(local_rank, local_size) -> str:
         try:
-            payload = b"\x00" + unique_id()
-        except (CommError, CudaError) as e:
-            payload = b"\x01" + str(e).encode()
-    payload = broadcast_bytes(payload, 0, comm)
-    if payload[:1] != b"\x00":
-        raise CommError(f"nccl init: rank 0 could not create the NCCL unique id: {payload[1:].decode()}")
-    result = NcclCommunicator(payload[1:], comm.rank, comm.size, local_rank, local_size, device, timeout)
+            why = readiness()
+            if not why:
+                choose_device(device, local_rank, local_size)
+            return why
+        except (ValueError, TypeError, CommError, CudaError) as e:
+            return str(e)
+    nccl_id, local_rank, local_size = mpi_bootstrap(comm, timeout, problem, unique_id)
+    result = NcclCommunicator(nccl_id, comm.rank, comm.size, local_rank, local_size, device, timeout)
     if comm == MPI.COMM_WORLD:  # the whole job: an uncaught exception on a rank must end it, not hang it
         abort_on_uncaught_exception(result, MPI.COMM_WORLD.Abort)
     return result
+
+
+def mpi_bootstrap(comm, timeout: float, problem, make_id) -> tuple:
+    """The MPI half of the nccl backend's start under mpiexec: (rank 0's unique id, local rank, local size) on
+    every rank of the mpi4py communicator `comm`, each wait bounded by `timeout` (mpi_setup: a rank that never
+    comes to a step is named, and the job is aborted at exit). problem(local_rank, local_size) -> '' or why this
+    rank cannot run NCCL: every rank checks before any waits in NCCL's own rendezvous, so a rank without a GPU or
+    NCCL makes every rank fail at once, naming it, instead of the others timing out there. make_id() -> rank 0's
+    id (CommError / CudaError say why not: that reaches every rank too, with the broadcast)."""
+    MPI = import_mpi(timeout)
+    try:
+        local = mpi_setup.bounded(comm, "the split into hosts, MPI_Comm_split_type", timeout,
+                                  lambda: comm.Split_type(MPI.COMM_TYPE_SHARED))
+        local_rank, local_size = local.rank, local.size
+        local.Free()
+        mine = problem(local_rank, local_size)
+        flags = mpi_setup.gather_arrivals(comm, "every rank's readiness for NCCL", timeout, b"\x01" if mine else b"",
+                                          1)
+        bad = [r for r in range(comm.size) if flags[r]]
+        if bad:
+            raise CommError(f"nccl init (rank {comm.rank} of {comm.size}): rank(s) {', '.join(map(str, bad))} cannot "
+                            f"use NCCL" + (f": {mine}" if mine else " (their own errors say why)"))
+        payload = None
+        if comm.rank == 0:  # its failure travels with the broadcast, so that nobody waits for an id that never comes
+            try:
+                payload = b"\x00" + make_id()
+            except (CommError, CudaError) as e:
+                payload = b"\x01" + str(e).encode()
+        payload = broadcast_bytes(payload, 0, comm, timeout, "nccl init: rank 0's unique id")
+        if comm == MPI.COMM_WORLD:  # the whole job's MPI end is bounded too (every rank got here)
+            mpi_setup.arm_exit_guard(MPI, comm, timeout)
+    except mpi_setup.StuckError as e:  # operations in flight: MPI_Finalize would wait for them for ever
+        mpi_setup.abort_at_exit(MPI, comm.rank, e)
+        raise
+    if payload[:1] != b"\x00":
+        raise CommError(f"nccl init: rank 0 could not create the NCCL unique id: {payload[1:].decode()}")
+    return payload[1:], local_rank, local_size
 
 
 # ---------------------------------------------------------------- teardown

@@ -14,8 +14,10 @@ import glob
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -26,6 +28,7 @@ from singa_lite.comm.shm import ShmCommunicator
 
 from paths import job
 from procs import fork_as, survivors
+from shm_harness import listening_addresses, memfd_links, rendezvous_listening, wait_for_rendezvous
 
 pytestmark = pytest.mark.skipif(not hasattr(_core, "ShmComm") or not os.path.isdir("/dev/shm"),
                                 reason="needs the shm backend and /dev/shm")
@@ -58,6 +61,13 @@ def reap(pid, seconds=30.0):
 
 
 # ---------------------------------------------------------------- attach checks owner and mode
+@pytest.fixture(params=["memfd", "named"])
+def transport(request, monkeypatch):
+    """Each test under each transport (SINGA_LITE_SHM_TRANSPORT; forked children inherit it)."""
+    monkeypatch.setenv("SINGA_LITE_SHM_TRANSPORT", request.param)
+    return request.param
+
+
 def _intruder_segment(uid, mode, name):
     """A child (as `uid`) creates segment `name` as rank 1 of 2, as a real rank would, then sets its mode and
     waits in the rendezvous (30 s). Returns the child's pid once the segment exists."""
@@ -66,8 +76,12 @@ def _intruder_segment(uid, mode, name):
         comm = _core.ShmComm(name, 1, 2, 30.0, 1 << 20)  # blocks until rank 0 joins, or times out
         comm.close()
     pid = fork_as(uid, create)
-    path = "/dev/shm" + name
-    assert wait_for(lambda: os.path.exists(path) and os.stat(path).st_size > 0), "the intruder made no segment"
+    wait_for_rendezvous(name)
+    if _core.shm_transport() == "named":
+        path = "/dev/shm" + name
+    else:  # no name: the memory is reached through the creator's descriptor (root may open any process's)
+        assert wait_for(lambda: memfd_links(pid, name)), "the intruder made no segment"
+        path = memfd_links(pid, name)[0]
     os.chmod(path, mode)  # as the intruder would (root may change any file's mode)
     return pid
 
@@ -75,7 +89,7 @@ def _intruder_segment(uid, mode, name):
 @pytest.mark.parametrize("who,mode", [pytest.param(NOBODY, 0o666, marks=needs_root),
                                       pytest.param(NOBODY, 0o600, marks=needs_root),
                                       (None, 0o666), (None, 0o644)])
-def test_a_segment_of_another_owner_or_mode_is_refused(who, mode):
+def test_a_segment_of_another_owner_or_mode_is_refused(who, mode, transport):
     # Without the check rank 0 joined the intruder's segment (root opens any file), the rendezvous completed
     # and the intruder could read and change rank 0's data.
     name = f"/singa_lite_test_intruder_{os.getpid()}_{time.monotonic_ns()}"
@@ -86,15 +100,17 @@ def test_a_segment_of_another_owner_or_mode_is_refused(who, mode):
             ShmCommunicator(name, 0, 2, timeout=10)
         assert time.monotonic() - t0 < 5  # refused at once, not after a timeout
         text = str(e.value)
-        assert name in text and f"mode {mode:04o}" in text
-        assert f"uid {NOBODY if who else os.geteuid()} " in text
+        assert name in text and f"uid {NOBODY if who else os.geteuid()} " in text
+        # (under memfd another user's server is refused before it hands anything over: its mode is not seen)
+        if transport == "named" or who is None:
+            assert f"mode {mode:04o}" in text
     finally:
         os.kill(pid, signal.SIGKILL)
         reap(pid)
         _core.shm_unlink(name)
 
 
-def test_our_own_segment_is_still_joined():
+def test_our_own_segment_is_still_joined(transport):
     name = f"/singa_lite_test_own_{os.getpid()}_{time.monotonic_ns()}"
     pid = _intruder_segment(None, 0o600, name)
     try:
@@ -103,6 +119,48 @@ def test_our_own_segment_is_still_joined():
         assert reap(pid) == 0
     finally:
         _core.shm_unlink(name)
+
+
+def _fds_received(address: bytes) -> tuple:
+    """Connects to `address` as a client would and returns (bytes, descriptors) of the first message."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(20)
+        s.connect(address)
+        msg, fds, _, _ = socket.recv_fds(s, 16, 4)
+        for fd in fds:
+            os.close(fd)
+        return msg, len(fds)
+
+
+@needs_root
+def test_the_memfd_server_hands_the_segment_to_no_other_user(monkeypatch):
+    # The rendezvous address is listed in /proc/net/unix for anyone to connect to: the creator checks the
+    # client's uid (SO_PEERCRED) and gives another user nothing but end-of-file.
+    monkeypatch.setenv("SINGA_LITE_SHM_TRANSPORT", "memfd")
+    name = f"/singa_lite_test_stranger_{os.getpid()}_{time.monotonic_ns()}"
+    comms = {}
+    creator = threading.Thread(target=lambda: comms.setdefault(0, _core.ShmComm(name, 0, 2, 30.0)))
+    creator.start()
+    try:
+        wait_for_rendezvous(name)
+        address = _core.shm_rendezvous_address(name)
+        r, w = os.pipe()
+
+        def stranger():
+            os.write(w, repr(_fds_received(address)).encode())
+        pid = fork_as(NOBODY, stranger)
+        os.close(w)
+        with os.fdopen(r) as f:
+            got = f.read()
+        assert reap(pid) == 0
+        assert got == "(b'', 0)", got  # end-of-file, no descriptor
+        assert _fds_received(address) == (b"S", 1)  # the same connection from our uid gets the segment
+    finally:
+        comms[1] = _core.ShmComm(name, 1, 2, 30.0)  # completes the rendezvous: the creator stops serving
+        creator.join(30)
+        for c in comms.values():
+            c.close()
+    assert not rendezvous_listening(name)
 
 
 # ---------------------------------------------------------------- a fresh name per use
@@ -154,11 +212,11 @@ def test_a_second_init_with_the_same_holder_avoids_the_listed_name(who):
 
 
 # ---------------------------------------------------------------- killed start-ups leave nothing
-def both_joined(stream) -> bool:
-    """Reads the job's output until both ranks said 'joined <rank>' (two processes writing to one pipe may
-    join their lines) or it ends."""
+def all_joined(stream, n: int) -> bool:
+    """Reads the job's output until every rank said 'joined <rank>' (processes writing to one pipe may join
+    their lines) or it ends."""
     seen = ""
-    while not ("joined 0" in seen and "joined 1" in seen):
+    while not all(f"joined {r}" in seen for r in range(n)):
         line = stream.readline()
         if not line:
             return False
@@ -167,7 +225,10 @@ def both_joined(stream) -> bool:
 
 
 def _ours(pid):
-    return glob.glob(f"/dev/shm/singa_lite_{pid}_*")
+    """The job's traces by the pid of the process that made its holder: names in /dev/shm (named transport), and
+    rendezvous sockets still listening (memfd)."""
+    return glob.glob(f"/dev/shm/singa_lite_{pid}_*") + \
+        [a for a in listening_addresses() if a.startswith(f"@sl_shm/singa_lite_{pid}_")]
 
 
 def _descendants_gone(pids):
@@ -182,35 +243,83 @@ def _children(pid):
         return []
 
 
-@pytest.mark.parametrize("point", ["at_start", "holder_made", "rank0_in_rendezvous", "both_joined"])
-def test_singa_run_killed_at_any_point_of_start_up_leaves_no_segment(point, tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "singa_lite.run", "-np", "2", "--timeout", "60",
-                             job("hardening_job.py"), "5"], cwd=tmp_path, env=CLEAN,
+def _mapping(pid, job_pid) -> bool:
+    """Whether process `pid` has mapped a memfd segment of the job whose holder process is `job_pid`."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return f"/memfd:sl_shm/singa_lite_{job_pid}_" in f.read()
+    except OSError:
+        return False
+
+
+# Where singa-run is killed: before it made the ranks; once they exist (their holder too) but no segment yet;
+# with rank 0 in the rendezvous (memfd: it created the memory and serves it); with some ranks attached and one
+# not (3 ranks, the last one late); and once every rank joined.
+POINTS = [(2, "at_start"), (2, "holder_made"), (2, "rank0_in_rendezvous"), (3, "some_attached"), (2, "all_joined")]
+
+
+def late_by(point: str) -> str:
+    """How long the job's last rank sleeps before dist.init(): until the kill, unless the point is after every
+    rank joined (a loaded machine must not let it join before the point was seen)."""
+    return "0" if point == "all_joined" else "3600"
+
+
+@pytest.mark.parametrize("ranks,point", POINTS, ids=[p for _, p in POINTS])
+def test_singa_run_killed_at_any_point_of_start_up_leaves_no_segment(ranks, point, tmp_path):
+    # Under memfd nothing of the job has a name in /dev/shm at any point, and what it has (the memory, the
+    # rendezvous socket) ends with its processes: nothing is left even before the next job's sweep. (Before,
+    # the segment's name stayed in /dev/shm from rank 0's creation until every rank had joined.)
+    env = {**CLEAN, "SINGA_LITE_SHM_TRANSPORT": "memfd"}
+    proc = subprocess.Popen([sys.executable, "-m", "singa_lite.run", "-np", str(ranks), "--timeout", "60",
+                             job("hardening_job.py"), late_by(point)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    ranks = []
+    ranks_pids = []
     try:
         if point == "holder_made":  # the ranks exist (so the holder does), the segment not yet
-            assert wait_for(lambda: len(_children(proc.pid)) == 2)
+            assert wait_for(lambda: len(_children(proc.pid)) == ranks)
         elif point == "rank0_in_rendezvous":
             assert wait_for(lambda: _ours(proc.pid)), "rank 0 never created the segment"
-        elif point == "both_joined":
-            assert both_joined(proc.stdout)
+        elif point == "some_attached":  # ranks 0 and 1 map the segment, rank 2 sleeps before dist.init()
+            assert wait_for(lambda: sum(_mapping(p, proc.pid) for p in _children(proc.pid)) == ranks - 1), \
+                "ranks 0 and 1 never mapped the segment"
+        elif point == "all_joined":
+            assert all_joined(proc.stdout, ranks)
+        ranks_pids = _children(proc.pid)
+        at_kill = glob.glob(f"/dev/shm/singa_lite_{proc.pid}_*")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert at_kill == []  # never a name in /dev/shm
+    _descendants_gone(ranks_pids)  # the kernel kills the ranks when singa-run dies (PR_SET_PDEATHSIG)
+    assert _ours(proc.pid) == []  # no sweep needed: no holder made since
+
+
+def test_singa_run_killed_in_the_rendezvous_of_a_named_segment_is_swept(tmp_path):
+    # The named transport (SINGA_LITE_SHM_TRANSPORT=named, and off Linux) keeps the name in /dev/shm until every
+    # rank joined: the next holder on the host sweeps what a killed job left there.
+    env = {**CLEAN, "SINGA_LITE_SHM_TRANSPORT": "named"}
+    proc = subprocess.Popen([sys.executable, "-m", "singa_lite.run", "-np", "2", "--timeout", "60",
+                             job("hardening_job.py"), late_by("rank0_in_rendezvous")], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    ranks = []
+    try:
+        assert wait_for(lambda: _ours(proc.pid)), "rank 0 never created the segment"
         ranks = _children(proc.pid)
         left_at_kill = _ours(proc.pid)
     finally:
         proc.kill()
         proc.wait()
-    _descendants_gone(ranks)  # the kernel kills the ranks when singa-run dies (PR_SET_PDEATHSIG)
-    if point == "rank0_in_rendezvous":
-        assert left_at_kill and _ours(proc.pid) == left_at_kill  # what the next start has to clean
+    _descendants_gone(ranks)
+    assert left_at_kill and _ours(proc.pid) == left_at_kill  # what the next start has to clean
     dist.NcclIdHolder()  # the next start on this host
     assert _ours(proc.pid) == []
 
 
-@pytest.mark.parametrize("point", ["rank0_in_rendezvous", "both_joined"])
+@pytest.mark.parametrize("point", ["rank0_in_rendezvous", "all_joined"])
 def test_a_killed_multiprocessing_job_leaves_no_segment(point, tmp_path):
-    proc = subprocess.Popen([sys.executable, job("hardening_job.py"), "--mp", "5"], cwd=tmp_path,
-                            env=CLEAN, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    env = {**CLEAN, "SINGA_LITE_SHM_TRANSPORT": "memfd"}
+    proc = subprocess.Popen([sys.executable, job("hardening_job.py"), "--mp", late_by(point)], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             start_new_session=True)
     everyone = [proc.pid]
     try:
@@ -218,14 +327,14 @@ def test_a_killed_multiprocessing_job_leaves_no_segment(point, tmp_path):
         if point == "rank0_in_rendezvous":
             assert wait_for(lambda: _ours(proc.pid)), "rank 0 never created the segment"
         else:
-            assert both_joined(proc.stdout)
+            assert all_joined(proc.stdout, 2)
         everyone += _children(proc.pid)
+        at_kill = glob.glob(f"/dev/shm/singa_lite_{proc.pid}_*")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the whole job at once: no atexit, no clean-up of any kind
         proc.wait()
     _descendants_gone(everyone)
-    dist.NcclIdHolder()
-    assert _ours(proc.pid) == []
+    assert at_kill == [] and _ours(proc.pid) == []
 
 
 # ---------------------------------------------------------------- what the sweep removes, and what not

@@ -1,10 +1,10 @@
 """A start-up that can be killed at any point, for tests/multiproc/test_hardening_shm.py.
 
-    singa-run -np 2 hardening_job.py DELAY          (ranks from the launcher's environment)
-    python hardening_job.py --mp DELAY              (a multiprocessing parent with an NcclIdHolder)
+    singa-run -np N hardening_job.py DELAY          (ranks from the launcher's environment)
+    python hardening_job.py --mp DELAY              (a multiprocessing parent with an NcclIdHolder, 2 ranks)
 
-Rank 1 sleeps DELAY seconds before dist.init(): until then rank 0 waits in the rendezvous and the segment's
-name is in /dev/shm. Each rank prints 'joined <rank>' once its communicator exists, then sleeps."""
+The last rank sleeps DELAY seconds before dist.init(): until then the others wait in the rendezvous, having
+created or mapped the segment. Each rank prints 'joined <rank>' once its communicator exists, then sleeps."""
 import multiprocessing as mp
 import os
 import sys
@@ -15,9 +15,10 @@ def rank_main(delay, holder=None, rank=None):
     from singa_lite import dist
 
     rank = int(os.environ["RANK"]) if rank is None else rank
-    if rank == 1:
+    world = int(os.environ["WORLD_SIZE"]) if holder is None else 2
+    if rank == world - 1:
         time.sleep(delay)
-    kwargs = {} if holder is None else {"holder": holder, "rank": rank, "world_size": 2}
+    kwargs = {} if holder is None else {"holder": holder, "rank": rank, "world_size": world}
     comm = dist.init(backend="shm", timeout=60, **kwargs)
     print(f"joined {rank}", flush=True)
     time.sleep(60)

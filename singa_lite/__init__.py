@@ -93,4 +93,23 @@ def _calm_numpy_blas() -> None:
 
 _calm_numpy_blas()
 
+
+def _bound_mpi_init_at_import() -> None:
+    # Under mpiexec, a script's own `from mpi4py import MPI` starts MPI at that import, outside any timeout:
+    # comm.mpi_setup installs a hook that makes it the same bounded MPI_Init as dist.init()'s. It is installed
+    # when singa_lite.comm is imported; a script that imports singa_lite alone gets it here (only under mpiexec,
+    # so other processes pay nothing).
+    import os
+
+    if any(v in os.environ for v in _MPI_LAUNCH_VARS):
+        from .comm import mpi_setup  # noqa: F401
+
+
+# mpiexec's variables (comm.mpi_setup.MPI_LAUNCH_VARS, which a test keeps equal): copied here so that a process
+# that is not an MPI rank does not import the communication layer at `import singa_lite`.
+_MPI_LAUNCH_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
+
+
+_bound_mpi_init_at_import()
+
 __all__ = ["build_info", "checkpoint", "CudaError", "device", "tensor", "__version__"]

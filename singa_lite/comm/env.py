@@ -374,9 +374,10 @@ def read(environ=None) -> LaunchEnv:
 
 # ---------------------------------------------------------------- the rendezvous
 def node_identity() -> dict:
-    """What tells this host apart: its name, the kernel's boot id and the device of the /dev/shm it sees. Two
-    ranks may use shared memory together only when all three match (containers or network namespaces with
-    their own host name count as hosts of their own)."""
+    """What tells this host apart: its name, the kernel's boot id, the device of the /dev/shm it sees and its
+    network namespace. Two ranks may use shared memory together only when all four match: containers with
+    their own host name or /dev/shm count as hosts of their own, and so do ranks in another network namespace,
+    which the shm backend's rendezvous (an abstract Unix socket, per network namespace) cannot reach."""
     host = socket.gethostname()
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
@@ -387,7 +388,11 @@ def node_identity() -> dict:
         shm = os.stat("/dev/shm").st_dev
     except OSError:
         shm = -1
-    return {"host": host, "node": f"{host}|{boot}|{shm}"}
+    try:
+        net = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        net = -1
+    return {"host": host, "node": f"{host}|{boot}|{shm}|{net}"}
 
 
 def local_ranks(nodes: list) -> list[tuple[int, int]]:

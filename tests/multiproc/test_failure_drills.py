@@ -49,8 +49,19 @@ def command(launcher, failure, mode):
     return [sys.executable, JOB, launcher, failure, mode, "3"]
 
 
-def watchers() -> list:
-    return processes_running(b"singa_lite/comm/watch.py")
+def watchers(ranks) -> list:
+    """The mpiexec watchers (comm/watch.py) of this job: their command line names the ranks' pids (`<rank>=<pid>`),
+    so another job's watcher on this machine is not mistaken for one left behind."""
+    mine = []
+    for pid in processes_running(b"singa_lite/comm/watch.py"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                words = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(w.endswith(b"=%d" % r) for w in words for r in ranks):
+            mine.append(pid)
+    return mine
 
 
 def drill(launcher, failure, mode="plain"):
@@ -67,7 +78,7 @@ def drill(launcher, failure, mode="plain"):
     out = stdout + stderr
     pids = [int(p) for p in re.findall(r"^pid (\d+)$", out, re.M)]
     assert len(pids) == 3, out
-    assert not survivors(pids, also=watchers), f"rank or watcher processes left behind\n{out}"
+    assert not survivors(pids, also=lambda: watchers(pids)), f"rank or watcher processes left behind\n{out}"
     # The segments the ranks mapped (MPICH's, the shm backend's) and the holder's, named after its creator
     # (the multiprocessing parent, singa-run): not what other jobs on this machine may have at the moment.
     segments = set(re.findall(r"^shm (/dev/shm/\S+)$", out, re.M))

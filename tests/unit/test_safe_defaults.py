@@ -68,3 +68,12 @@ def test_holder_keeps_nccl_bootstrap_on_loopback(monkeypatch):
     monkeypatch.setenv(holder_module.NCCL_IFNAME_VAR, "eth3")  # the user's choice stands
     dist.NcclIdHolder()
     assert os.environ[holder_module.NCCL_IFNAME_VAR] == "eth3"
+
+
+def test_the_package_knows_mpiexecs_variables_as_the_mpi_backend_does():
+    """`import singa_lite` under mpiexec installs the bounded MPI_Init of a script's own mpi4py import; it tells
+    an MPI rank by the same variables as comm.mpi_setup."""
+    import singa_lite
+    from singa_lite.comm import mpi_setup
+
+    assert singa_lite._MPI_LAUNCH_VARS == mpi_setup.MPI_LAUNCH_VARS

@@ -41,6 +41,8 @@ def parse_args(argv=None):
     p.add_argument("--launcher", choices=LAUNCHERS, default="multiprocessing",
                    help="mpi: the script was started by mpiexec; multiprocessing: it starts --world-size ranks")
     p.add_argument("--world-size", type=int, default=2, help="ranks to start (multiprocessing launcher)")
+    p.add_argument("--start-method", choices=("auto", "fork", "spawn"), default="auto",
+                   help="how the multiprocessing launcher starts ranks (auto: fork; the ranks use the CPU)")
     p.add_argument("--m", type=int, default=512, help="rows of A and C")
     p.add_argument("--k", type=int, default=384, help="columns of A, rows of B (the reduction axis)")
     p.add_argument("--n", type=int, default=256, help="columns of B and C")

@@ -74,7 +74,8 @@ def start_method(args) -> str:
     library it imported, a check before the launch); "fork" for CPU ranks, which start faster that way."""
     if args.start_method != "auto":
         return args.start_method
-    gpu = args.device == "cuda" or (args.device == "auto" and device.cuda_maybe_available())
+    wanted = getattr(args, "device", "cpu")  # examples without --device (dist_matmul) run on the CPU
+    gpu = wanted == "cuda" or (wanted == "auto" and device.cuda_maybe_available())
     return "spawn" if gpu else "fork"
 
 

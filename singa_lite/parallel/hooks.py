@@ -1,0 +1,223 @@
+"""Communication hooks: what replaces the plain all-reduce of a bucket of gradients (PyTorch DDP's
+``register_comm_hook``; the bucket a hook gets is :class:`~singa_lite.parallel.bucket.GradBucket`).
+
+A hook is ``hook(state, bucket)``; it returns the bucket's gradients averaged over the ranks, as a flat tensor
+of ``bucket.buffer()``'s shape and dtype (the buffer itself, reduced in place, is fine), or a handle whose
+``wait()`` returns that tensor. Shipped here, each working on every backend (CPU tensors over mpi, shm, tcp;
+GPU tensors over nccl: they use only the communicator's collectives and singa_lite tensor ops)::
+
+    allreduce_hook        the plain average (what DistOpt does without a hook)
+    fp16_compress_hook    the average computed with float16 on the wire (half the bytes)
+    bf16_compress_hook    the same with bfloat16 (float32's range, fewer mantissa bits)
+    powerSGD_hook         low-rank compression with error feedback (Vogels et al., NeurIPS 2019), state:
+                          PowerSGDState(matrix_approximation_rank=1, start_powerSGD_iter=1000, ...)
+
+``state``: None (the hook all-reduces over ``bucket.communicator`` and counts nothing), a Communicator (the
+group to all-reduce over, as PyTorch passes a process group), or a :class:`HookState` (a group, or None for
+the bucket's, plus the byte counters ``bytes_sent`` / ``bytes_plain`` that measurements read), or, for
+``powerSGD_hook``, a :class:`PowerSGDState`.
+
+For the owner of the exchange (DistOpt, a reducer), two entry points::
+
+    state, hook = check_comm_hook(state, hook, "DistOpt.register_comm_hook")   # at registration
+    handle = run_comm_hook(hook, state, bucket)   # per bucket, instead of all_reduce(buf, "avg", async_op=True)
+    handle.wait()                                 # the averaged gradients are in bucket.buffer() now
+
+A handle must be waited for on every rank, in the same order on every rank: a hook's later collectives
+(PowerSGD's second all-reduce) are issued by ``wait()``.
+"""
+from __future__ import annotations
+
+from .. import _core, tensor
+from ..tensor import Tensor
+from .bucket import GradBucket
+
+__all__ = ["HookState", "HookFuture", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
+           "powerSGD_hook", "PowerSGDState", "check_comm_hook", "run_comm_hook"]
+
+
+class HookState:
+    """The state of the plain hooks: the group to all-reduce over and what was sent.
+
+    process_group: a Communicator, or None for each bucket's own (``bucket.communicator``).
+    Counters (per rank, in bytes; a measurement compares them, e.g. against the plain all-reduce):
+    ``bytes_sent``: the payload this rank handed to collectives (a ring all-reduce moves about
+    2 (P-1)/P times that over each rank's link, the same factor for every hook); ``bytes_plain``: what the
+    plain all-reduce of the same buckets would have handed over; ``buckets``: the buckets seen."""
+
+    def __init__(self, process_group=None):
+        if process_group is not None:
+            _check_group(process_group, f"{type(self).__name__}(process_group=...)")
+        self.process_group = process_group
+        self.reset_counters()
+
+    def reset_counters(self) -> None:
+        self.bytes_sent = self.bytes_plain = self.buckets = 0
+
+    @property
+    def compression_rate(self) -> float:
+        """bytes_plain / bytes_sent: how many times fewer bytes than the plain all-reduce (1.0 before any)."""
+        return self.bytes_plain / self.bytes_sent if self.bytes_sent else 1.0
+
+    def _group(self, bucket):
+        return self.process_group if self.process_group is not None else bucket.communicator
+
+    def _count(self, sent: int, plain: int) -> None:
+        self.bytes_sent += int(sent)
+        self.bytes_plain += int(plain)
+        self.buckets += 1
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(bytes_sent={self.bytes_sent}, bytes_plain={self.bytes_plain}, "
+                f"buckets={self.buckets})")
+
+
+class HookFuture:
+    """A hook's handle: ``wait()`` runs the rest of the hook's work once (waiting on its collectives, issuing
+    the later ones) and returns the averaged flat tensor; later calls return the same tensor, or raise the
+    same error."""
+
+    __slots__ = ("_finish", "_result", "_error", "_done")
+
+    def __init__(self, finish):
+        self._finish, self._result, self._error, self._done = finish, None, None, False
+
+    @classmethod
+    def completed(cls, result) -> HookFuture:
+        """A handle whose wait() returns `result` (a hook that finished its work synchronously)."""
+        fut = cls(None)
+        fut._result, fut._done = result, True
+        return fut
+
+    def done(self) -> bool:
+        """Whether wait() has run (successfully or not)."""
+        return self._done
+
+    def wait(self):
+        if not self._done:
+            finish, self._finish = self._finish, None
+            try:
+                self._result = finish()
+            except BaseException as e:  # kept: a second wait() must not issue the collectives again
+                self._error = e
+                raise
+            finally:
+                self._done = True
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+# ----------------------------------------------------------------------------------------- the plain hooks
+def allreduce_hook(state, bucket: GradBucket):
+    """The average over the ranks of the bucket, in place in its buffer; returns the collective's handle
+    (``wait()`` gives the buffer). PyTorch's ``default_hooks.allreduce_hook``."""
+    group, counter = _resolve_state(state, bucket, "allreduce_hook")
+    buf = bucket.buffer()
+    if counter is not None:
+        counter._count(buf.memsize(), buf.memsize())
+    return group.all_reduce(buf, "avg", async_op=True)
+
+
+def fp16_compress_hook(state, bucket: GradBucket):
+    """The average computed on a float16 copy of the bucket (half of float32's bytes), cast back into the
+    buffer. Every backend's "avg" of 16-bit floats divides before it sums, or sums in float32 (shm), so the
+    exchange overflows only where the averaged values do; gradients beyond float16's range (65504) do not
+    survive the cast: use bf16_compress_hook for those. PyTorch's ``default_hooks.fp16_compress_hook``."""
+    return _compress_hook(state, bucket, tensor.float16, "fp16_compress_hook")
+
+
+def bf16_compress_hook(state, bucket: GradBucket):
+    """The average computed on a bfloat16 copy of the bucket (float32's range, 8 bits of mantissa), cast back
+    into the buffer. PyTorch's ``default_hooks.bf16_compress_hook``."""
+    return _compress_hook(state, bucket, tensor.bfloat16, "bf16_compress_hook")
+
+
+def _compress_hook(state, bucket, dtype, who: str):
+    group, counter = _resolve_state(state, bucket, who)
+    buf = bucket.buffer()
+    if not buf.dtype.is_floating:
+        raise TypeError(f"{who}: the bucket holds {buf.dtype.name} gradients; a 16-bit float compression "
+                        f"needs floating gradients (use allreduce_hook)")
+    wire = buf.as_type(dtype)  # a copy, or the buffer itself when it already has the dtype
+    if counter is not None:
+        counter._count(wire.memsize(), buf.memsize())
+    work = group.all_reduce(wire, "avg", async_op=True)
+
+    def finish():
+        work.wait()
+        if wire is not buf:
+            _core.copy_(buf.data, wire.data)  # casts back, on the buffer's device
+        return buf
+    return HookFuture(finish)
+
+
+# ----------------------------------------------------------------------------------------- for the owner
+def check_comm_hook(state, hook, who: str = "register_comm_hook"):
+    """(state, hook) once checked: hook callable, state None, a Communicator or a HookState; a clear error
+    otherwise (at registration, not at the first step)."""
+    if not callable(hook):
+        swapped = " (the arguments are (state, hook): were they swapped?)" if callable(state) else ""
+        raise TypeError(f"{who}: hook must be a callable hook(state, bucket), got {type(hook).__name__}"
+                        f"{swapped}; e.g. singa_lite.parallel.hooks.powerSGD_hook")
+    if hook is powerSGD_hook and not isinstance(state, PowerSGDState):
+        raise TypeError(f"{who}: powerSGD_hook needs a PowerSGDState as its state, got "
+                        f"{type(state).__name__}; e.g. PowerSGDState(matrix_approximation_rank=2)")
+    if state is not None and not isinstance(state, HookState) and hook in (allreduce_hook, fp16_compress_hook,
+                                                                              bf16_compress_hook):
+        _check_group(state, who + ": state")
+    return state, hook
+
+
+def run_comm_hook(hook, state, bucket: GradBucket) -> HookFuture:
+    """Calls hook(state, bucket) and returns a handle whose wait() checks what the hook produced (a flat
+    tensor of the buffer's size, dtype and device) and leaves it in bucket.buffer() (copied there when the
+    hook returned another tensor); wait() returns the buffer."""
+    result = hook(state, bucket)
+    name = getattr(hook, "__name__", type(hook).__name__)
+
+    def finish():
+        out = result.wait() if hasattr(result, "wait") and not isinstance(result, (Tensor, _core.Tensor)) \
+            else result
+        return _into_buffer(out, bucket, name)
+    return HookFuture(finish)
+
+
+def _into_buffer(out, bucket: GradBucket, name: str):
+    buf = bucket.buffer()
+    if isinstance(out, Tensor):
+        raw = out.data
+    elif isinstance(out, _core.Tensor):
+        raw = out
+    else:
+        raise TypeError(f"comm hook {name}: must return the averaged flat tensor (or a handle whose wait() "
+                        f"returns it), got {type(out).__name__}")
+    if raw is buf.data:
+        return buf
+    if raw.numel != buf.size() or raw.dtype != buf.dtype or raw.device != buf.data.device:
+        raise ValueError(f"comm hook {name}: returned a tensor of {raw.numel} {raw.dtype.name} elements on "
+                         f"{raw.device}; the bucket's buffer has {buf.size()} {buf.dtype.name} elements on "
+                         f"{buf.data.device} (a hook returns the averaged buffer, same size, dtype and device)")
+    _core.copy_(buf.data, raw.reshape(list(buf.shape)))
+    return buf
+
+
+def _check_group(group, who: str) -> None:
+    if not (callable(getattr(group, "all_reduce", None)) and hasattr(group, "world_size")):
+        raise TypeError(f"{who}: expected a Communicator (singa_lite.comm.init(), or DistOpt's "
+                        f".communicator) or None for the bucket's own, got {type(group).__name__}")
+
+
+def _resolve_state(state, bucket, who: str):
+    """(communicator, HookState or None) for a plain hook's state."""
+    if not isinstance(bucket, GradBucket):
+        raise TypeError(f"{who}: expected a parallel.bucket.GradBucket, got {type(bucket).__name__}")
+    if state is None:
+        return bucket.communicator, None
+    if isinstance(state, HookState):
+        return state._group(bucket), state
+    _check_group(state, f"{who}: state")
+    return state, None
+
+
+from .powersgd import PowerSGDState, powerSGD_hook  # noqa: E402 - powersgd builds on the helpers above

@@ -1,7 +1,7 @@
 """Scenarios for the communication hooks (singa_lite.parallel.hooks / powersgd) on real communicators: each
 takes a Communicator, builds GradBuckets itself (as a reducer does) and checks the hooks against numpy
 references computed from *every* rank's buffer (each rank can compute them: the buffers are deterministic
-functions of the rank and the step). Run by tests/multiproc/test_comm_hooks.py on shm and tcp, and by
+functions of the rank and the step). Run by tests/multiproc/test_comm_hooks_dist.py on shm and tcp, and by
 jobs/comm_hooks_job.py under mpiexec.
 
 `run_tcp` / `run_shm` start the ranks (forked processes joined by a TcpCommunicator, or the shm backend with a
@@ -111,8 +111,7 @@ def check_plain_hooks(comm):
             assert state.bytes_sent == state.bytes_plain == 4 * n and state.buckets == 1, state
 
     every = [np.random.default_rng(q).standard_normal(n).astype(np.float32) * 3 for q in range(P)]
-    for hook, np_dtype, rel in ((hooks.fp16_compress_hook, np.float16, 2.0 ** -10),
-                                (hooks.bf16_compress_hook, None, 2.0 ** -7)):
+    for hook, rel in ((hooks.fp16_compress_hook, 2.0 ** -10), (hooks.bf16_compress_hook, 2.0 ** -7)):
         state = hooks.HookState()
         b = bucket(3, every[r], ps, comm)
         out = numpy_of(hooks.run_comm_hook(hook, state, b).wait())
@@ -180,7 +179,7 @@ class NumpyPowerSGD:
             self.q = [flat[qo:qo + m * r].reshape(m, r) for _, _, m, r, qo in self.matrices]
         else:
             self.q = [np_orthogonalize(q, self.eps) for q in self.q]
-        for i, (o, n, m, r, _) in enumerate(self.matrices):
+        for i, (o, n, m, _, _) in enumerate(self.matrices):
             p = np_orthogonalize(sum(ms[k][i] @ self.q[i] for k in range(self.world)), self.eps)
             self.q[i] = sum(ms[k][i].T @ p for k in range(self.world)) / self.world
             approx = p @ self.q[i].T
@@ -284,7 +283,7 @@ def least_squares(comm, hook, state, steps=300, lr=0.05, seed=0):
     ps = [tensor.Tensor(data=W.astype(np.float32), stores_grad=True), tensor.Tensor(data=b.astype(np.float32),
                                                                                      stores_grad=True)]
     losses = []
-    for step in range(steps):
+    for _ in range(steps):
         err = Xs @ W + b - Ys
         gW, gb = Xs.T @ err / len(Xs), err.mean(0)
         flat = np.concatenate([gW.reshape(-1), gb]).astype(np.float32)

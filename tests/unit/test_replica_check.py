@@ -1,7 +1,7 @@
 """The replica check's single-process parts (singa_lite.parallel.replica_check): argument checks with clear
 errors, the digests (stable, sensitive to one ulp, to shapes and to the optimizer state; GPU-free dtypes and
 views), the no-op between multiples of `every`, and a one-rank check. Several ranks:
-tests/multiproc/test_replica_check.py."""
+tests/multiproc/test_replica_check_dist.py."""
 import numpy as np
 import pytest
 

@@ -1,6 +1,6 @@
 """Scenarios for the replica check (singa_lite.parallel.replica_check) on real communicators: identical
 replicas pass; a parameter or a momentum buffer nudged by one ulp on one rank is named, with the rank, on every
-rank. Run by tests/multiproc/test_replica_check.py (tcp, shm) and jobs/comm_hooks_job.py (mpi)."""
+rank. Run by tests/multiproc/test_replica_check_dist.py (tcp, shm) and jobs/comm_hooks_job.py (mpi)."""
 from __future__ import annotations
 
 import numpy as np

@@ -30,7 +30,6 @@ import json
 import os
 import select
 import socket
-import ssl
 import struct
 import sys
 import threading
@@ -40,7 +39,7 @@ import weakref
 import numpy as np
 
 from .. import tensor
-from . import auth
+from . import auth, tls
 from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator
 from .mpi import _array, _bf16_to_f32, _f32_to_bf16
 
@@ -74,7 +73,8 @@ class _Peer:
     def __init__(self, rank: int, address: str, sock: socket.socket, hostname: str = "?"):
         self.rank, self.address, self.sock, self.hostname = rank, address, sock, hostname
         self.fd = sock.fileno()
-        self.tls = isinstance(sock, ssl.SSLSocket)  # no sendmsg; decrypted bytes may wait inside it (pending)
+        self.tls = tls.is_tls(sock)  # no sendmsg; decrypted bytes may wait inside it (pending)
+        self.retry = tls.retryable(sock)  # would-block, in TLS's words too
         self.out: collections.deque = collections.deque()
         self.want = None  # memoryview being received into
         self.got = 0
@@ -102,7 +102,7 @@ class _Peer:
         while self.want is not None:
             try:
                 k = self.sock.recv_into(self.want[self.got:self.got + _RECV_CHUNK])
-            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            except self.retry:
                 return
             except OSError as e:
                 raise _PeerLost(self, f"broke the connection ({e.strerror or e})") from None
@@ -117,7 +117,7 @@ class _Peer:
             try:  # everything queued in one system call (a header and its data: one TCP segment when small)
                 n = self.sock.sendmsg(list(self.out)[:_IOV_MAX]) if len(self.out) > 1 and not self.tls else \
                     self.sock.send(self.out[0])
-            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            except self.retry:
                 return
             except OSError as e:
                 raise _PeerLost(self, f"broke the connection ({e.strerror or e})") from None

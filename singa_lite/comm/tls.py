@@ -27,11 +27,15 @@ from __future__ import annotations
 
 import os
 import socket
-import ssl
 import stat
+import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .communicator import CommError
+
+if TYPE_CHECKING:  # ssl costs a few ms to import: only a job with TLS on loads it (settings)
+    import ssl
 
 TLS_VAR = "SINGA_LITE_TLS"
 CERT_VAR = "SINGA_LITE_TLS_CERT"
@@ -56,6 +60,7 @@ class Tls:
 
     def connect(self, sock: socket.socket, timeout: float, where: str) -> ssl.SSLSocket:
         """The client side of the TLS handshake; CommError naming `where` when it fails."""
+        import ssl
         sock.settimeout(timeout)
         try:
             return self.client.wrap_socket(sock, server_hostname=None)
@@ -69,9 +74,23 @@ class Tls:
 def binding(sock) -> bytes:
     """The TLS channel's tls-unique binding (b"" for a plain socket): both ends see the same bytes, a relay
     between two TLS sessions does not."""
-    if isinstance(sock, ssl.SSLSocket):
+    if is_tls(sock):
         return sock.get_channel_binding("tls-unique") or b""
     return b""
+
+
+def is_tls(sock) -> bool:
+    """Whether sock is a TLS socket (without importing ssl: if no one has, no socket can be one)."""
+    ssl = sys.modules.get("ssl")
+    return ssl is not None and isinstance(sock, ssl.SSLSocket)
+
+
+def retryable(sock) -> tuple:
+    """The exceptions that mean "try again when the socket is ready" for a nonblocking sock."""
+    if is_tls(sock):
+        ssl = sys.modules["ssl"]
+        return BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError
+    return BlockingIOError, InterruptedError
 
 
 def settings(environ=None) -> Tls | None:
@@ -88,6 +107,7 @@ def settings(environ=None) -> Tls | None:
         raise ValueError(f"{TLS_VAR}=1 needs {CERT_VAR} and {KEY_VAR} (PEM files; one pair may serve every rank). "
                          f"Make them with: {_MAKE_ONE}")
     _check_private(key)
+    import ssl
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     for ctx in (server, client):

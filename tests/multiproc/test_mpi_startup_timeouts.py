@@ -15,7 +15,7 @@ import pytest
 from test_dist_mpi import mpiexec
 
 from paths import job
-from procs import survivors
+from procs import describe_tree, survivors
 
 JOB = job("mpi_startup_job.py")
 TIMEOUT = 3  # SINGA_LITE_COMM_TIMEOUT for the job
@@ -24,9 +24,17 @@ SLACK = 12  # start-up of the interpreters, the board's query, the abort's grace
 
 def run(scenario: str, n: int = 2, limit: float = 60):
     start = time.monotonic()
-    proc = subprocess.run([mpiexec(), "-n", str(n), sys.executable, JOB, scenario], capture_output=True, text=True,
-                          timeout=limit, env={**os.environ, "SINGA_LITE_COMM_TIMEOUT": str(TIMEOUT)})
-    out = proc.stdout + proc.stderr
+    env = {**os.environ, "SINGA_LITE_COMM_TIMEOUT": str(TIMEOUT)}
+    proc = subprocess.Popen([mpiexec(), "-n", str(n), sys.executable, JOB, scenario], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        stdout, stderr = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:  # what every process of the job was doing, for the report, then the end
+        tree = describe_tree(proc.pid)
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"mpiexec did not end within {limit} s; its processes then:\n{tree}\n{stdout}{stderr}")
+    out = stdout + stderr
     pids = [int(p) for p in re.findall(r"PID \d+ (\d+)", out)]
     assert len(pids) == n, out
     return proc, out, time.monotonic() - start, pids

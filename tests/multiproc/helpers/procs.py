@@ -50,3 +50,41 @@ def fork_as(uid, fn) -> int:
         finally:
             os._exit(code)
     return pid
+
+
+def describe_tree(root: int) -> str:
+    """A report of `root` and its descendants (state, kernel wait channel, ignored signals, command line) for a
+    test whose job did not end: what each process was doing when the test gave up on it."""
+    children = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(pid))
+        except (OSError, ValueError, IndexError):
+            pass
+    lines, todo = [], [(root, 0)]
+    while todo:
+        pid, depth = todo.pop()
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                status = dict(line.split(":", 1) for line in f if ":" in line)
+            with open(f"/proc/{pid}/wchan") as f:
+                wchan = f.read().strip() or "-"
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            threads = []
+            for tid in sorted(os.listdir(f"/proc/{pid}/task")):
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                        name = f.read().strip()
+                    with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                        threads.append(f"{name}:{f.read().strip() or '-'}")
+                except OSError:
+                    pass
+            lines.append(f"{'  ' * depth}{pid} {status.get('State', '?').strip()} wchan={wchan} "
+                         f"SigIgn={status.get('SigIgn', '?').strip()} threads=[{', '.join(threads)}] {cmd}")
+        except OSError as e:
+            lines.append(f"{'  ' * depth}{pid} gone ({e.strerror})")
+        todo.extend((c, depth + 1) for c in sorted(children.get(pid, []), reverse=True))
+    return "\n".join(lines)

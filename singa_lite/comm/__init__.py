@@ -42,7 +42,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator, Work
+from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CollectiveMismatch, CommError, Communicator, Work
 from .holder import NcclIdHolder
 from . import env
 from .mpi import broadcast_bytes, launched_by_mpiexec, mpiexec_ranks
@@ -51,8 +51,8 @@ BACKENDS = ("mpi", "shm", "nccl", "tcp")
 HOLDER_VAR = "SINGA_LITE_HOLDER"  # set by singa-run: the holder's to_string()
 _launched = None  # the communicator a rank made from its launcher's environment (see init)
 
-__all__ = ["init", "Communicator", "CommError", "NcclIdHolder", "Work", "broadcast_bytes", "BACKENDS",
-           "REDUCE_OPS", "DTYPES", "DEFAULT_TIMEOUT", "default_timeout", "launched_by_singa_run",
+__all__ = ["init", "Communicator", "CommError", "CollectiveMismatch", "NcclIdHolder", "Work", "broadcast_bytes",
+           "BACKENDS", "REDUCE_OPS", "DTYPES", "DEFAULT_TIMEOUT", "default_timeout", "launched_by_singa_run",
            "launched_by_mpiexec", "from_launcher"]
 
 

@@ -23,6 +23,9 @@ from ..tensor import Tensor
 
 CTensor = _core.Tensor
 CommError = _core.CommError  # a RuntimeError subclass, raised by the C++ backends too
+# The ranks called a collective with different arguments: every backend raises this one type (a ValueError, as
+# before it existed), on every rank alike. Defined by the bindings (csrc/comm/mismatch.h): shm's C++ raises it.
+CollectiveMismatch = _core.CollectiveMismatch
 
 REDUCE_OPS = ("sum", "avg", "max", "min", "prod")
 # New dtypes go at the end: the mpi backend's call signature sends a dtype's index in this tuple.

@@ -33,7 +33,8 @@ import numpy as np
 
 from .. import _core, tensor
 from . import mpi_setup, watch
-from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator, _check_timeout
+from .communicator import (DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CollectiveMismatch, CommError, Communicator,
+                           _check_timeout)
 # Start-up, setup and abort helpers (mpi_setup.py); the names that other modules import from here stay here too.
 from .mpi_setup import (ABORT_EXIT_S, ABORT_GRACE_S, MPI_LAUNCH_VARS, abort_at_exit, abort_job,  # noqa: F401
                         abort_on_uncaught_exception, await_setup, broadcast_bytes, import_mpi, join,
@@ -98,7 +99,7 @@ def mpich_abi_library(MPI) -> str | None:
 
 
 class _Mismatch(Exception):
-    """The ranks' call signatures differ (raised to the caller as ValueError)."""
+    """The ranks' call signatures differ (raised to the caller as CollectiveMismatch)."""
 
     def __init__(self, message: str, paired: bool):
         super().__init__(message)
@@ -158,9 +159,9 @@ class MpiCommunicator(Communicator):
     shared-memory split (the ranks on this host).
 
     verify (default True): check that all ranks made the same call (operation, dtype, size, root, op, and the
-    call's number), raising ValueError on every rank, naming what each passed, when they did not. Mismatched
-    collectives are undefined in MPI: without the check a rank may get garbage and carry on (all_reduce of
-    ten float32 against a barrier returned -1.6e29). The check is a small all-gather of each rank's call
+    call's number), raising CollectiveMismatch (a ValueError) on every rank, naming what each passed, when they
+    did not. Mismatched collectives are undefined in MPI: without the check a rank may get garbage and carry on
+    (all_reduce of ten float32 against a barrier returned -1.6e29). The check is a small all-gather of each rank's call
     signature started together with the data collective (both in flight at once, so the check adds little
     latency), and it is completed and compared before the result is handed back. After a mismatch the
     communicator stays usable when every rank called the same kind of collective and the data collectives
@@ -337,8 +338,8 @@ class MpiCommunicator(Communicator):
     def _enter(self, kind: str, t=None, root: int = -1, op: str = "", payload=None) -> None:
         """Counts the operation on the arrival board, then starts the check that every rank called the same
         collective with the same dtype, size, root and op (see ``verify``): mismatched calls are undefined
-        behaviour in MPI (garbage, a hang or a truncated message), so they raise ValueError on every rank.
-        The check's all-gather is only started here: the hook starts its data collective right after, and
+        behaviour in MPI (garbage, a hang or a truncated message), so they raise CollectiveMismatch (a ValueError) on
+        every rank. The check's all-gather is only started here: the hook starts its data collective right after, and
         _complete() finishes and compares the check before it finishes the data."""
         if self._hot is not None and payload is None:
             check = self.verify is not False
@@ -406,7 +407,7 @@ class MpiCommunicator(Communicator):
         when one is in flight (see _enter): one polling loop for both (each Test drives all of MPI's progress),
         the check's verdict taken as soon as it is done. On a mismatch the data collective, started together
         with the check, is given MISMATCH_DRAIN_S to end when every rank called the same kind of collective
-        (its result is garbage; the tensor's contents are undefined): then ValueError on every rank (the
+        (its result is garbage; the tensor's contents are undefined): then CollectiveMismatch on every rank (the
         signatures are the same on every rank, so every rank sees the mismatch). The communicator is broken
         when the kinds differ or the data collective did not end."""
         if self._hot is not None:  # polls in C++ with the GIL released: on the background thread too
@@ -448,7 +449,7 @@ class MpiCommunicator(Communicator):
         if not (mismatch.paired and self._drain(request)):
             self._broken = CommError(f"mpi communicator of rank {self.rank}: unusable after a mismatched call whose "
                                      f"data collectives did not pair up ({mismatch})")
-        raise ValueError(str(mismatch))
+        raise CollectiveMismatch(str(mismatch))
 
     def _drain(self, request) -> bool:
         """Whether a (mismatched) request ended within MISMATCH_DRAIN_S; MPI's own errors count as ended."""
@@ -538,7 +539,7 @@ class MpiCommunicator(Communicator):
         if not (mismatch.paired and drain()):
             self._broken = CommError(f"mpi communicator of rank {self.rank}: unusable after a mismatched call whose "
                                      f"data collectives did not pair up ({mismatch})")
-        raise ValueError(str(mismatch))
+        raise CollectiveMismatch(str(mismatch))
 
     def _all_reduce(self, t, op):
         if self._hot is not None and self._hot_all_reduce(t, op):
@@ -570,7 +571,7 @@ class MpiCommunicator(Communicator):
             if not mismatch.paired:  # some rank started a data collective that nothing here pairs with
                 self._broken = CommError(f"mpi communicator of rank {self.rank}: unusable after a mismatched call "
                                          f"whose data collectives did not pair up ({mismatch})")
-            raise ValueError(str(mismatch))
+            raise CollectiveMismatch(str(mismatch))
         self._reduce_fused_rows(t, op)
 
     def _fused_rows(self, a: np.ndarray):

@@ -9,9 +9,9 @@ own key prefix, counted in the store, so a long-lived store can serve several in
 
 Every collective starts with a header exchange over the mesh: each rank sends every other its call's
 signature (operation, dtype, element count, root, op, call number). The ranks compare them before any data
-moves, so a mismatched call (another size, dtype, op or collective) raises ValueError on every rank naming
-what each rank passed, and the communicator stays usable. Small all-reduces (up to FUSE_BYTES) carry their
-data in the header and are reduced locally in rank order (float16 and bfloat16 in float32, rounded once),
+moves, so a mismatched call (another size, dtype, op or collective) raises CollectiveMismatch (a ValueError) on
+every rank naming what each rank passed, and the communicator stays usable. Small all-reduces (up to FUSE_BYTES)
+carry their data in the header and are reduced locally in rank order (float16 and bfloat16 in float32, rounded once),
 so they cost one exchange. Larger ones are a ring: reduce-scatter then all-gather, each rank sending and
 receiving 2 (P - 1) / P of the tensor, reduced in place with numpy on views of the tensor's memory.
 
@@ -41,7 +41,7 @@ import numpy as np
 
 from .. import tensor
 from . import auth
-from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator
+from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CollectiveMismatch, CommError, Communicator
 from .mpi import _array, _bf16_to_f32, _f32_to_bf16
 
 FUSE_BYTES = 64 << 10  # all-reduces up to this size travel inside the header exchange
@@ -467,7 +467,7 @@ class TcpCommunicator(Communicator):
     def _header_exchange(self, kind, t=None, root=-1, op="", payload: memoryview | None = None,
                          payload_to=None) -> dict:
         """Sends every peer this call's signature (with payload to all peers, or only to rank payload_to),
-        receives theirs; ValueError on every rank when they differ. Returns {rank: payload received}."""
+        receives theirs; CollectiveMismatch on every rank when they differ. Returns {rank: payload received}."""
         self._seq += 1
         deadline = time.monotonic() + self.timeout
         mine = self._signature(kind, t, root, op)
@@ -481,7 +481,7 @@ class TcpCommunicator(Communicator):
             self._read_header(p, lambda p, h, sigs=sigs, got=got: self._on_collective(p, h, sigs, got))
         self._pump(kind, deadline)
         if any(s != mine for s in sigs.values()):
-            raise ValueError(self._mismatch(sigs))
+            raise CollectiveMismatch(self._mismatch(sigs))
         return got
 
     def _read_header(self, p: _Peer, on_collective, again: bool = True) -> None:

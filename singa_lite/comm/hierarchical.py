@@ -38,6 +38,7 @@ from __future__ import annotations
 import socket
 
 from .. import _core, tensor
+from . import averaging
 from .communicator import CommError, Communicator
 from .holder import new_shm_name, sweep_stale_segments
 from .shm import ShmCommunicator
@@ -85,9 +86,8 @@ class HierarchicalCommunicator(Communicator):
                          async_op)
 
     def _all_reduce(self, t, op):
-        half = t.dtype in (tensor.float16, tensor.bfloat16)
-        if op == "avg" and half:  # divided first, so that the sum cannot overflow where the mean does not
-            _core.div_scalar(t, float(self.world_size), out=t)
+        if op == "avg":  # the parts' sums round at every step: the rule of comm/averaging.py
+            averaging.before_sum(t, self.world_size)
         summing = "sum" if op == "avg" else op
         try:
             if self.sharded:
@@ -103,8 +103,8 @@ class HierarchicalCommunicator(Communicator):
                 except CommError:
                     pass
             raise
-        if op == "avg" and not half:
-            _core.div_scalar(t, float(self.world_size), out=t)
+        if op == "avg":
+            averaging.after_sum(t, self.world_size)
 
     def _leader(self, t, op):
         if self.intra.world_size > 1:

@@ -32,7 +32,8 @@ import warnings
 import numpy as np
 
 from .. import _core, tensor
-from . import mpi_setup, watch
+from . import averaging, mpi_setup, watch
+from ._arrays import array as _array, bf16_to_f32 as _bf16_to_f32, f32_to_bf16 as _f32_to_bf16
 from .communicator import (DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CollectiveMismatch, CommError, Communicator,
                            _check_timeout)
 # Start-up, setup and abort helpers (mpi_setup.py); the names that other modules import from here stay here too.
@@ -116,21 +117,6 @@ def _fp16_op(MPI, name: str):
     return MPI.Op.Create(combine, commute=True)
 
 
-def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 bit patterns (uint16) -> their float32 values, exactly."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def _f32_to_bf16(x: np.ndarray) -> np.ndarray:
-    """float32 values -> bfloat16 bit patterns, rounded to nearest even (nan stays a quiet nan), as the core."""
-    b = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    out = ((b + np.uint32(0x7FFF) + ((b >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
-    nan = (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
-    if nan.any():
-        out[nan] = ((b[nan] >> 16) | np.uint32(0x40)).astype(np.uint16)
-    return out
-
-
 def _bf16_op(MPI, name: str):
     ufunc = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[name]
 
@@ -139,16 +125,6 @@ def _bf16_op(MPI, name: str):
         b = np.frombuffer(inoutbuf, np.uint16)
         b[...] = _f32_to_bf16(ufunc(_bf16_to_f32(a), _bf16_to_f32(b)))
     return MPI.Op.Create(combine, commute=True)
-
-
-def _array(t) -> np.ndarray:
-    """A numpy view of a contiguous CPU tensor's memory; bfloat16, which numpy lacks, as its uint16 bits."""
-    if t.dtype != tensor.bfloat16:
-        return np.asarray(t)
-    if t.numel == 0:
-        return np.zeros(list(t.shape), np.uint16)
-    buf = (ctypes.c_uint16 * t.numel).from_address(t.data_ptr)
-    return np.frombuffer(buf, np.uint16).reshape(list(t.shape))
 
 
 _HALF = (tensor.float16, tensor.bfloat16)
@@ -482,15 +458,6 @@ class MpiCommunicator(Communicator):
             else:  # (without it: no faster at 4 KiB, and 0.21x raw at 64 KiB once on the loaded machine)
                 os.sched_yield()  # with more ranks than cores, let the rank we wait for run
 
-    @staticmethod
-    def _prescale_avg(t, n: int) -> None:
-        # Divide before summing: a float16 sum of P values can overflow where their mean does not.
-        if t.dtype == tensor.bfloat16:
-            _core.div_scalar(t, float(n), out=t)  # in float32, rounded once
-            return
-        a = np.asarray(t)
-        a[...] = (a.astype(np.float32) / n).astype(a.dtype)
-
     # ----- hooks
     def all_reduce(self, t, op: str = "sum", async_op: bool = False):
         # The common call (in line, on a contiguous CPU tensor) straight to the C++ hot path, past the generic
@@ -551,11 +518,11 @@ class MpiCommunicator(Communicator):
         # elements, 2 ranks: 22-35 ms against 37-52 ms gathered and reduced in C++, on a shared 2-core machine).
         if t.dtype == tensor.float16 and op in ("sum", "avg") and self.world_size <= FP16_GATHER_MAX_RANKS:
             return self._all_reduce_fp16_by_gather(t, op)
-        if op == "avg" and t.dtype in _HALF:
-            self._prescale_avg(t, self.world_size)
+        if op == "avg":  # MPI's sum rounds at every step: the rule of comm/averaging.py
+            averaging.before_sum(t, self.world_size)
         self._complete(self._comm.Iallreduce(self._MPI.IN_PLACE, self._buf(t), op=self._op(op, t.dtype)), "all_reduce")
-        if op == "avg" and t.dtype not in _HALF:
-            np.asarray(t)[...] /= self.world_size
+        if op == "avg":
+            averaging.after_sum(t, self.world_size)
 
     def _all_reduce_fused(self, t, op):
         """A small all_reduce inside the signature check's all-gather (see FUSE_BYTES): one collective, then
@@ -617,14 +584,14 @@ class MpiCommunicator(Communicator):
     def _reduce(self, t, root, op):
         self._enter("reduce", t, root, op)
         src = t
-        if op == "avg" and t.dtype in _HALF:  # a prescaled copy goes; t itself stays as it was
+        if op == "avg" and averaging.divides_before_summing(t.dtype):  # a divided copy goes; t stays as it was
             src = t.clone()
-            self._prescale_avg(src, self.world_size)
+            averaging.before_sum(src, self.world_size)
         if self.rank == root:
             send = self._MPI.IN_PLACE if src is t else self._buf(src)
             self._complete(self._comm.Ireduce(send, self._buf(t), op=self._op(op, t.dtype), root=root), "reduce")
-            if op == "avg" and t.dtype not in _HALF:
-                np.asarray(t)[...] /= self.world_size
+            if op == "avg":
+                averaging.after_sum(t, self.world_size)
         else:
             self._complete(self._comm.Ireduce(self._buf(src), None, op=self._op(op, t.dtype), root=root), "reduce")
 
@@ -635,13 +602,13 @@ class MpiCommunicator(Communicator):
     def _reduce_scatter(self, out, t, op):
         self._enter("reduce_scatter", t, op=op)
         src = t
-        if op == "avg" and t.dtype in _HALF:
+        if op == "avg" and averaging.divides_before_summing(t.dtype):  # the caller's input stays as it was
             src = t.clone()
-            self._prescale_avg(src, self.world_size)
+            averaging.before_sum(src, self.world_size)
         self._complete(self._comm.Ireduce_scatter_block(self._buf(src, out.numel), self._buf(out),
                                                         op=self._op(op, t.dtype)), "reduce_scatter")
-        if op == "avg" and t.dtype not in _HALF:
-            np.asarray(out)[...] /= self.world_size
+        if op == "avg":
+            averaging.after_sum(out, self.world_size)
 
     def _gather(self, out, t, root):
         self._enter("gather", t, root)

@@ -42,7 +42,8 @@ import numpy as np
 from .. import tensor
 from . import auth
 from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CollectiveMismatch, CommError, Communicator
-from .mpi import _array, _bf16_to_f32, _f32_to_bf16
+from . import averaging
+from ._arrays import array as _array, bf16_to_f32 as _bf16_to_f32, f32_to_bf16 as _f32_to_bf16
 
 FUSE_BYTES = 64 << 10  # all-reduces up to this size travel inside the header exchange
 # header of every message on a connection: magic, kind, dtype, root, op or tag, call number, count, payload bytes
@@ -594,17 +595,14 @@ class TcpCommunicator(Communicator):
             rows[q] = a.reshape(-1) if q == self.rank else np.frombuffer(got[q], a.dtype)
         return rows
 
-    def _prescale(self, a: np.ndarray, dtype) -> None:
-        """Divides before summing (avg of float16 / bfloat16): their sum of P values may overflow."""
-        with np.errstate(over="ignore", invalid="ignore"):
-            if dtype == tensor.bfloat16:
-                a[...] = _f32_to_bf16(_bf16_to_f32(a) / self.world_size)
-            else:
-                a[...] = (a.astype(np.float32) / self.world_size).astype(a.dtype)
+    def _before_sum(self, a: np.ndarray, dtype, op: str) -> None:
+        """The ring's sum rounds at every step: an "avg" follows comm/averaging.py's rule."""
+        if op == "avg":
+            averaging.before_sum(a, self.world_size, dtype)
 
     def _finish_avg(self, a: np.ndarray, dtype, op: str) -> None:
-        if op == "avg" and dtype not in _HALF:
-            a /= self.world_size
+        if op == "avg":
+            averaging.after_sum(a, self.world_size, dtype)
 
     def _bounds(self, n: int, P: int | None = None) -> list:
         P = P or self.world_size
@@ -620,8 +618,7 @@ class TcpCommunicator(Communicator):
             a[...] = self._reduce_rows(self._gathered_rows(a, got), op, t.dtype)
             return
         self._header_exchange("all_reduce", t, op=op)
-        if op == "avg" and t.dtype in _HALF:
-            self._prescale(a, t.dtype)
+        self._before_sum(a, t.dtype, op)
         bounds = self._bounds(a.size)
         self._ring_reduce_scatter(a, bounds, "sum" if op == "avg" else op, t.dtype == tensor.bfloat16,
                                   "all_reduce")
@@ -652,8 +649,7 @@ class TcpCommunicator(Communicator):
             return
         self._header_exchange("reduce", t, root, op)
         work = a if self.rank == root else a.copy()  # the other ranks' tensors stay as they were
-        if op == "avg" and t.dtype in _HALF:
-            self._prescale(work, t.dtype)
+        self._before_sum(work, t.dtype, op)
         bounds = self._bounds(work.size)
         self._ring_reduce_scatter(work, bounds, "sum" if op == "avg" else op, bf16, "reduce")
         mine = work[bounds[self.rank]:bounds[self.rank + 1]]
@@ -674,8 +670,7 @@ class TcpCommunicator(Communicator):
         a, o = _array(t).reshape(-1), _array(out).reshape(-1)
         self._header_exchange("reduce_scatter", t, op=op)
         work = a.copy()  # the input is the caller's tensor
-        if op == "avg" and t.dtype in _HALF:
-            self._prescale(work, t.dtype)
+        self._before_sum(work, t.dtype, op)
         bounds = self._bounds(work.size)
         if self.world_size > 1:
             self._ring_reduce_scatter(work, bounds, "sum" if op == "avg" else op, t.dtype == tensor.bfloat16,

@@ -142,9 +142,19 @@ class Communicator:
 
     Every operation has a timeout (``timeout``, seconds); on expiry, or when a rank dies or aborts, the
     surviving ranks raise ``CommError`` naming the ranks concerned, and the communicator is unusable after.
+    When the ranks' calls of a collective differ (shape, dtype, op, root or operation), every rank raises
+    ``CollectiveMismatch`` (a ValueError).
+
+    ``backend`` is the backend's name, for people. Code that must decide what a communicator can do reads its
+    capabilities instead: ``device_kind``, ``spans_hosts``, ``routes_across_hosts``, ``keeps_store``.
     """
 
     backend = "?"
+    # ----- capabilities (class attributes; compare these, not backend names)
+    device_kind = "cpu"  # the memory its collectives move: "cpu" or "cuda"
+    spans_hosts = True  # its ranks may run on several hosts (False: shm, one host's shared memory)
+    routes_across_hosts = False  # it arranges cross-host traffic itself (NCCL's rings and trees, hierarchical)
+    keeps_store = False  # it keeps using its rendezvous store after its creation (tcp: addresses, failure reports)
     # True: the backend's calls time out by themselves (they raise CommError); waiters on asynchronous work
     # then allow a grace period for that error. False: only the waiter's timeout ends a stuck operation.
     _times_out_itself = True
@@ -325,7 +335,7 @@ class Communicator:
     def _on_timeout(self, name: str) -> CommError:
         return CommError(f"{self.backend} {name} (rank {self.rank}): not finished after {self.timeout} s")
     def _check_device(self, raw: CTensor, what: str) -> None:
-        if raw.device.kind != "cpu":
+        if raw.device.kind != self.device_kind:
             raise ValueError(f"{what}: the {self.backend} backend moves CPU tensors, got one on {raw.device}; "
                              f"use the nccl backend for GPU tensors or move it with to_host()")
 

@@ -54,6 +54,7 @@ class HierarchicalCommunicator(Communicator):
     sharded=False: inter is the leaders' (local rank 0 of each host) communicator on a leader, None elsewhere."""
 
     backend = "hierarchical"
+    routes_across_hosts = True  # it is the arrangement of cross-host traffic itself
 
     def __init__(self, world: Communicator, intra: Communicator, inter: Communicator | None, hosts: int,
                  sharded: bool = False):
@@ -187,9 +188,9 @@ def create(world: Communicator, form: str = "leader") -> Communicator:
         return world
     if not isinstance(world, Communicator):
         raise TypeError(f"hierarchical.create: expected a Communicator (dist.init()), got {type(world).__name__}")
-    if world.backend in ("shm", "nccl"):  # one host; NCCL builds rings and trees across hosts by itself
+    if not world.spans_hosts or world.routes_across_hosts:  # shm: one host; nccl: its own rings and trees
         return world
-    if world.backend not in ("mpi", "tcp"):
+    if not hasattr(world, "split") or world.device_kind != "cpu":  # the cross-host communicators are split off
         raise ValueError(f"hierarchical all-reduce runs over the mpi backend (ranks started by mpiexec) or the tcp "
                          f"backend (singa-run, torchrun, Slurm), got backend {world.backend!r}; use "
                          f"hierarchical=False with it")

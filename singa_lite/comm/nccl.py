@@ -182,6 +182,8 @@ class NcclCommunicator(Communicator):
     """
 
     backend = "nccl"
+    device_kind = "cuda"
+    routes_across_hosts = True  # NCCL builds its own rings and trees across hosts
     _times_out_itself = True
 
     def __init__(self, unique_id: bytes, rank: int, world_size: int, local_rank: int | None = None,

@@ -13,6 +13,7 @@ DEFAULT_SLOT_BYTES = 1 << 20  # per-rank staging buffer in the segment; collecti
 
 class ShmCommunicator(Communicator):
     backend = "shm"
+    spans_hosts = False  # one host's shared memory
 
     def __init__(self, name: str, rank: int, world_size: int, timeout: float = DEFAULT_TIMEOUT,
                  slot_bytes: int = DEFAULT_SLOT_BYTES):

@@ -157,6 +157,7 @@ class TcpCommunicator(Communicator):
     """
 
     backend = "tcp"
+    keeps_store = True
 
     def __init__(self, store, rank: int, world_size: int, local_rank: int = 0, local_size: int = 1,
                  timeout: float = DEFAULT_TIMEOUT, host: str | None = None, prefix: str | None = None,

@@ -55,6 +55,7 @@ class HierarchicalCommunicator(Communicator):
 
     backend = "hierarchical"
     routes_across_hosts = True  # it is the arrangement of cross-host traffic itself
+    supports_groups = True
 
     def __init__(self, world: Communicator, intra: Communicator, inter: Communicator | None, hosts: int,
                  sharded: bool = False):
@@ -164,6 +165,15 @@ class HierarchicalCommunicator(Communicator):
     def recv(self, t, src: int, tag: int = 0, async_op: bool = False):
         return self.world.recv(t, src, tag, async_op)
 
+    def _new_group(self, ranks: list, timeout: float) -> "Communicator | None":
+        """new_group of a hierarchical communicator: a flat group of the world's backend (world.new_group, with
+        its checks and timeouts), made hierarchical again by create() where its members span several hosts
+        (always the leader form: the sharded one needs as many members on every host)."""
+        flat = self.world.new_group(ranks, timeout)
+        if not flat.is_member:
+            return None
+        return create(flat)
+
     def _abort(self, reason):
         for c in self._parts():
             c.abort(reason)
@@ -190,7 +200,7 @@ def create(world: Communicator, form: str = "leader") -> Communicator:
         raise TypeError(f"hierarchical.create: expected a Communicator (dist.init()), got {type(world).__name__}")
     if not world.spans_hosts or world.routes_across_hosts:  # shm: one host; nccl: its own rings and trees
         return world
-    if not hasattr(world, "split") or world.device_kind != "cpu":  # the cross-host communicators are split off
+    if not world.supports_groups or world.device_kind != "cpu":
         raise ValueError(f"hierarchical all-reduce runs over the mpi backend (ranks started by mpiexec) or the tcp "
                          f"backend (singa-run, torchrun, Slurm), got backend {world.backend!r}; use "
                          f"hierarchical=False with it")

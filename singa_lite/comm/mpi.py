@@ -272,26 +272,30 @@ class MpiCommunicator(Communicator):
             cpus = os.cpu_count() or 1
         return self.local_size <= cpus
 
-    def split(self, member: bool) -> "MpiCommunicator | None":
-        """Collective: a new communicator of the ranks that pass member=True, in this one's rank order (with
-        this one's timeout and check); None on the others."""
+    supports_groups = True
+
+    def _new_group(self, ranks: list, timeout: float) -> "MpiCommunicator | None":
+        """new_group's MPI_Comm_split (key: the place in `ranks`), with this communicator's check."""
         MPI = self._MPI
-        # MPI has no nonblocking split: a checked, timed barrier first (it names a rank that never comes, and
+        # MPI has no nonblocking split: a checked, timed exchange first (it names a rank that never comes, and
         # one that called another collective instead), so that Split only starts once every rank is there.
         try:
-            self.barrier()
+            self._agree_on_group(ranks)
         except CommError as e:
-            raise CommError(f"mpi split: its rendezvous failed: {e}") from e
-        try:  # (every rank is here: the barrier was the arrival)
-            sub = mpi_setup.bounded(self._comm, "split, MPI_Comm_split", self.timeout,
-                                    lambda: self._comm.Split(0 if member else MPI.UNDEFINED, self.rank), arrive=False)
+            raise CommError(f"mpi new_group: its rendezvous failed: {e}") from e
+        member = self.rank in ranks
+        try:  # (every rank is here: the exchange was the arrival)
+            sub = mpi_setup.bounded(self._comm, "new_group, MPI_Comm_split", self.timeout,
+                                    lambda: self._comm.Split(0 if member else MPI.UNDEFINED,
+                                                             ranks.index(self.rank) if member else self.rank),
+                                    arrive=False)
         except CommError as e:  # a rank stuck in it: MPI_Finalize would wait for it too
             self._broken = self._stuck = e
             raise
         if sub == MPI.COMM_NULL:
             return None
         try:
-            return MpiCommunicator(comm=sub, timeout=self.timeout, verify=self.verify)
+            return MpiCommunicator(comm=sub, timeout=timeout, verify=self.verify)
         finally:
             sub.Free()  # the new communicator works on its own Dup
 
@@ -471,8 +475,15 @@ class MpiCommunicator(Communicator):
                         if self._hot_all_reduce(raw, op):
                             return t
                     except CommError as e:
-                        self._broken = e
-                        raise
+                        self._broken = self._in_parent_terms(e)
+                        if self._broken is e:
+                            raise
+                        raise self._broken from None
+                    except CollectiveMismatch as e:
+                        noted = self._in_parent_terms(e)
+                        if noted is e:
+                            raise
+                        raise noted from None
         return super().all_reduce(t, op, async_op)
 
     def _hot_all_reduce(self, t, op: str) -> bool:

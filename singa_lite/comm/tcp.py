@@ -157,7 +157,6 @@ class TcpCommunicator(Communicator):
     """
 
     backend = "tcp"
-    keeps_store = True
 
     def __init__(self, store, rank: int, world_size: int, local_rank: int = 0, local_size: int = 1,
                  timeout: float = DEFAULT_TIMEOUT, host: str | None = None, prefix: str | None = None,
@@ -174,7 +173,7 @@ class TcpCommunicator(Communicator):
                              f"local_size={local_size}")
         super().__init__(rank, world_size, local_rank, local_size, timeout)
         self._store = store
-        self._host = host  # as given (None: found from the store connection); split() passes it on
+        self._host = host  # as given (None: found from the store connection); new_group() passes it on
         self._single_host = single_host
         self._credentials = credentials or getattr(store, "credentials", None) or auth.credentials(
             single_host=bool(single_host))
@@ -201,18 +200,19 @@ class TcpCommunicator(Communicator):
             p.sock.setblocking(False)
         _exits.watch(self)
 
-    def split(self, member: bool) -> "TcpCommunicator | None":
-        """Collective: a new communicator of the ranks that pass member=True, in this one's rank order, meeting
-        on this one's store under keys of its own (with this one's timeout); None on the others. Its local ranks
-        count the members on each host (by host name)."""
-        every = self.all_gather_object((bool(member), socket.gethostname()))
+    supports_groups = True
+    keeps_store = True
+
+    def _new_group(self, ranks: list, timeout: float) -> "TcpCommunicator | None":
+        """new_group's mesh: the members meet on this communicator's store under keys of their own. Its local
+        ranks count the members on each host (by host name)."""
+        hosts = self._agree_on_group(ranks, socket.gethostname())
         self._splits += 1
-        if not member:
+        if self.rank not in ranks:
             return None
-        ranks = [r for r, (m, _) in enumerate(every) if m]
-        here = [r for r in ranks if every[r][1] == every[self.rank][1]]
+        here = [r for r in ranks if hosts[r] == hosts[self.rank]]
         return TcpCommunicator(self._store, ranks.index(self.rank), len(ranks), here.index(self.rank), len(here),
-                               timeout=self.timeout, host=self._host, prefix=f"{self._prefix}/split{self._splits}",
+                               timeout=timeout, host=self._host, prefix=f"{self._prefix}/split{self._splits}",
                                single_host=self._single_host, credentials=self._credentials)
 
     # ----- bootstrap

@@ -274,6 +274,16 @@ class MpiCommunicator(Communicator):
 
     supports_groups = True
 
+    def split(self, member: bool) -> "MpiCommunicator | None":
+        """Collective: a group (new_group) of the ranks that pass member=True, in this one's rank order (with this
+        one's timeout and check); None on the others. A checked, timed barrier comes first, so that a rank that
+        never comes is named as split's."""
+        try:
+            self.barrier()
+        except CommError as e:
+            raise CommError(f"mpi split: its rendezvous failed: {e}") from e
+        return super().split(member)
+
     def _new_group(self, ranks: list, timeout: float) -> "MpiCommunicator | None":
         """new_group's MPI_Comm_split (key: the place in `ranks`), with this communicator's check."""
         MPI = self._MPI

@@ -6,6 +6,7 @@
 #include <exception>  // std::uncaught_exceptions
 
 #include "bindings/binders.h"
+#include "comm/mismatch.h"
 #include "comm/mpi_hot.h"
 #include "comm/shm_comm.h"
 #include "core/errors.h"
@@ -58,6 +59,22 @@ ReleaseGilForDaemon::~ReleaseGilForDaemon() noexcept(false) {
 bool on_python_main_thread() { return PyThread_get_thread_ident() == main_thread_ident; }
 
 void bind_comm(py::module_& m) {
+  // CollectiveMismatch: a ValueError subclass, so that `except ValueError` still catches it. Translators run
+  // in the reverse order of registration: this one comes before bind_errors' ValueError.
+  static py::handle mismatch(PyErr_NewExceptionWithDoc(
+      "singa_lite._core.CollectiveMismatch",
+      "The ranks called a collective with different arguments (operation, dtype, element count, root or op). "
+      "Every rank raises it alike, naming what each rank passed; the communicator stays usable where the "
+      "backend says so. Every backend raises this type (singa_lite.comm.CollectiveMismatch).",
+      PyExc_ValueError, nullptr));
+  m.attr("CollectiveMismatch") = mismatch;
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const comm::CollectiveMismatch& e) {
+      PyErr_SetString(mismatch.ptr(), e.what());
+    }
+  });
   main_thread_ident = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   py::class_<ShmComm>(m, "ShmComm", R"doc(
 Collectives among the processes of one host through POSIX shared memory (the CPU 'shm' backend).

@@ -9,6 +9,7 @@
 
 #include <cmath>
 
+#include "comm/mismatch.h"
 #include "core/errors.h"
 
 namespace sl::comm {
@@ -375,7 +376,7 @@ void ShmComm::check_descriptors(const Op& op) const {
   }
   if (diffs.empty()) return;
   // Every rank reads the same descriptors, so every rank throws this same error and stays in step.
-  throw ValueError(str(op.what.op, ": arguments differ across ranks (collective #", op.what.number, "): ", diffs,
+  throw CollectiveMismatch(str(op.what.op, ": arguments differ across ranks (collective #", op.what.number, "): ", diffs,
                        ", but rank 0 passed ", describe_desc(d0),
                        "; every rank must make the same collective call with the same dtype, element count, "
                        "root and op"));

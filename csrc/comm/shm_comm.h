@@ -11,8 +11,8 @@
 // - Tensors are CPU, contiguous, of dtype float16/float32/float64/int32/int64. Arguments are checked
 //   locally first (ValueError / TypeError, nothing shared is touched); then, after the collective's first
 //   synchronisation, every rank compares what all ranks passed (kind, dtype, element count, root, op):
-//   if any differ, every rank raises the same ValueError naming the ranks, no data is exchanged, and
-//   the communicator stays usable.
+//   if any differ, every rank raises the same CollectiveMismatch (comm/mismatch.h, a ValueError) naming the
+//   ranks, no data is exchanged, and the communicator stays usable.
 // - Results are bitwise identical on every rank: each element is reduced once, over ranks 0..P-1 in
 //   that order (see shm_reduce.h).
 // - Nothing blocks forever: every wait ends after timeout() seconds; a peer that dies, or that closes its

@@ -42,7 +42,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator, Work
+from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CollectiveMismatch, CommError, Communicator, Work
 from .holder import NcclIdHolder
 from . import env
 from .mpi import broadcast_bytes, launched_by_mpiexec, mpiexec_ranks
@@ -50,10 +50,11 @@ from .mpi import broadcast_bytes, launched_by_mpiexec, mpiexec_ranks
 BACKENDS = ("mpi", "shm", "nccl", "tcp")
 HOLDER_VAR = "SINGA_LITE_HOLDER"  # set by singa-run: the holder's to_string()
 _launched = None  # the communicator a rank made from its launcher's environment (see init)
+_latest = None  # the communicator the latest init() returned: new_group's default
 
-__all__ = ["init", "Communicator", "CommError", "NcclIdHolder", "Work", "broadcast_bytes", "BACKENDS",
-           "REDUCE_OPS", "DTYPES", "DEFAULT_TIMEOUT", "default_timeout", "launched_by_singa_run",
-           "launched_by_mpiexec", "from_launcher"]
+__all__ = ["init", "Communicator", "CommError", "CollectiveMismatch", "NcclIdHolder", "Work", "broadcast_bytes",
+           "BACKENDS", "REDUCE_OPS", "DTYPES", "DEFAULT_TIMEOUT", "default_timeout", "launched_by_singa_run",
+           "launched_by_mpiexec", "from_launcher", "new_group"]
 
 
 def default_timeout() -> float:
@@ -124,15 +125,38 @@ def init(backend: str | None = None, holder: NcclIdHolder | None = None, rank: i
         how = "env"
     else:
         how = None if explicit else env.detect()
+    global _latest
     if how == "singa-run":
-        return _once(backend, "singa-run rank", lambda: _create(backend, *from_launcher(), timeout, options,
-                                                                launched=True))
-    if how in ("env", "torchrun", "slurm"):
+        _latest = _once(backend, "singa-run rank", lambda: _create(backend, *from_launcher(), timeout, options,
+                                                                   launched=True))
+    elif how in ("env", "torchrun", "slurm"):
         launch = env.read() if how == "env" else env.read_torchrun() if how == "torchrun" else env.read_slurm()
         chosen = default_timeout() if timeout is None else timeout
-        return _once(backend, "rank started by " + launch.launcher,
-                     lambda: env.rendezvous(launch, backend, chosen, **options))
-    return _share_cores(_create(backend, holder, rank, world_size, timeout, options))
+        _latest = _once(backend, "rank started by " + launch.launcher,
+                        lambda: env.rendezvous(launch, backend, chosen, **options))
+    else:
+        _latest = _share_cores(_create(backend, holder, rank, world_size, timeout, options))
+    return _latest
+
+
+def new_group(ranks, timeout: float | None = None, communicator: Communicator | None = None) -> Communicator:
+    """A communicator of some ranks, as torch.distributed.new_group: ``communicator.new_group(ranks, timeout)``
+    (see Communicator.new_group), by default on the communicator the latest ``init()`` of this process returned
+    (``DistOpt(opt)`` calls init too). Collective: every rank calls it with the same ranks, also those not in the
+    group, who get a placeholder whose every use raises ValueError (``group.is_member`` is False).
+
+        world = dist.init()
+        group = dist.new_group([0, 2])
+        if group.is_member:
+            sgd = opt.DistOpt(opt.SGD(lr=0.1), communicator=group)   # trains among ranks 0 and 2
+    """
+    comm = communicator if communicator is not None else _latest
+    if comm is None:
+        raise ValueError("dist.new_group: no communicator yet: call dist.init() first (every rank), or pass "
+                         "communicator=")
+    if not isinstance(comm, Communicator):
+        raise TypeError(f"dist.new_group: communicator must be a dist.Communicator, got {type(comm).__name__}")
+    return comm.new_group(ranks, timeout)
 
 
 def _once(backend, who: str, make) -> Communicator:

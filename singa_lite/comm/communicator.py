@@ -15,6 +15,7 @@ import json
 import queue
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from ..tensor import Tensor
 
 CTensor = _core.Tensor
 CommError = _core.CommError  # a RuntimeError subclass, raised by the C++ backends too
+# The ranks called a collective with different arguments: every backend raises this one type (a ValueError, as
+# before it existed), on every rank alike. Defined by the bindings (csrc/comm/mismatch.h): shm's C++ raises it.
+CollectiveMismatch = _core.CollectiveMismatch
 
 REDUCE_OPS = ("sum", "avg", "max", "min", "prod")
 # New dtypes go at the end: the mpi backend's call signature sends a dtype's index in this tuple.
@@ -139,12 +143,29 @@ class Communicator:
 
     Every operation has a timeout (``timeout``, seconds); on expiry, or when a rank dies or aborts, the
     surviving ranks raise ``CommError`` naming the ranks concerned, and the communicator is unusable after.
+    When the ranks' calls of a collective differ (shape, dtype, op, root or operation), every rank raises
+    ``CollectiveMismatch`` (a ValueError).
+
+    ``new_group(ranks)`` makes a communicator of some of the ranks (see there).
+
+    ``backend`` is the backend's name, for people. Code that must decide what a communicator can do reads its
+    capabilities instead: ``device_kind``, ``spans_hosts``, ``routes_across_hosts``, ``supports_groups``,
+    ``keeps_store``, ``is_member``.
     """
 
     backend = "?"
+    # ----- capabilities (class attributes; compare these, not backend names)
+    device_kind = "cpu"  # the memory its collectives move: "cpu" or "cuda"
+    spans_hosts = True  # its ranks may run on several hosts (False: shm, one host's shared memory)
+    routes_across_hosts = False  # it arranges cross-host traffic itself (NCCL's rings and trees, hierarchical)
+    supports_groups = False  # new_group() works
+    keeps_store = False  # it keeps using its rendezvous store after its creation (tcp: addresses, failure reports)
+    is_member = True  # False only for what new_group returns on a rank outside the group
     # True: the backend's calls time out by themselves (they raise CommError); waiters on asynchronous work
     # then allow a grace period for that error. False: only the waiter's timeout ends a stuck operation.
     _times_out_itself = True
+    _parent_ranks = None  # on a group: its members as ranks of the communicator it was made from
+    _closed_because = None  # why close() was called for the user (its parent was closed), for later errors
 
     def __init__(self, rank: int, world_size: int, local_rank: int, local_size: int, timeout: float):
         self._rank, self._world_size = int(rank), int(world_size)
@@ -153,6 +174,9 @@ class Communicator:
         self._runner = _Runner(f"{self.backend}-rank{rank}")
         self._broken = None  # the CommError that made this communicator unusable
         self.closed = False
+        # The groups new_group made from this one (weak references), in the order made: closed with it, the latest
+        # first, in the same order on every rank (closing may be collective: mpi).
+        self._groups = []
 
     # ----- who we are
     @property
@@ -182,6 +206,12 @@ class Communicator:
     def timeout(self, seconds: float) -> None:
         self._timeout = _check_timeout(seconds)
         self._timeout_changed()
+
+    @property
+    def ranks(self) -> list:
+        """On a group made by new_group: its members as ranks of the communicator it was made from, in group rank
+        order (group rank i is ranks[i] there). Otherwise [0, 1, ..., world_size - 1]."""
+        return list(self._parent_ranks) if self._parent_ranks is not None else list(range(self.world_size))
 
     def __repr__(self):
         return (f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size}, "
@@ -293,17 +323,108 @@ class Communicator:
         gathered = np.asarray(self.all_gather(self._bytes_tensor(data, int(sizes.max()))))
         return [_decode(gathered[r].tobytes()[:int(sizes[r])]) for r in range(self.world_size)]
 
+    # ----- process groups
+    def new_group(self, ranks, timeout: float | None = None) -> "Communicator":
+        """A communicator of some of this one's ranks, as torch.distributed.new_group.
+
+        Collective: every rank of this communicator calls it, with the same `ranks`, those not listed too.
+        ranks: the members, distinct ranks of this communicator; the group numbers them in this order (group rank
+        i is this communicator's rank ranks[i]; ``group.ranks`` gives the list back). timeout: the group's
+        (default: this communicator's). On a member: a communicator of the same backend with every collective,
+        checks and timeouts, usable with ``DistOpt(opt, communicator=group)``; errors about a group's ranks add
+        which of this communicator's ranks they are. On a rank not listed: a placeholder (``is_member`` False)
+        whose every use raises ValueError saying so. Closing this communicator closes its groups (their later
+        use raises CommError saying why). Ranks that differ across callers raise CollectiveMismatch on every
+        rank; a bad list (empty, repeated or out of range ranks, not ints) raises ValueError."""
+        if self._broken is not None:
+            raise self._broken
+        who = f"{self.backend} new_group (rank {self.rank} of {self.world_size})"
+        members = check_group_ranks(ranks, self.world_size, who)
+        chosen = self.timeout if timeout is None else _check_timeout(timeout)
+        if not self.supports_groups:
+            raise ValueError(f"{who}: the {type(self).__name__} communicator cannot make groups")
+        group = self._new_group(members, chosen)
+        if self.rank not in members:
+            return NonMember(self, members)
+        group._parent_ranks = members
+        self._groups = [g for g in self._groups if g() is not None] + [weakref.ref(group)]
+        return group
+
+    def split(self, member: bool) -> "Communicator | None":
+        """Collective: a group (see new_group) of the ranks that pass member=True, in this communicator's rank
+        order; None on the others."""
+        members = [r for r, m in enumerate(self.all_gather_object(bool(member))) if m]
+        if not members:
+            return None
+        group = self.new_group(members)
+        return group if group.is_member else None
+
+    def _new_group(self, ranks: list, timeout: float) -> "Communicator | None":
+        """Backend hook of new_group (ranks checked): the members' communicator, None on the other ranks."""
+        raise NotImplementedError
+
+    def _agree_on_group(self, ranks: list, mine=None) -> list:
+        """The first step of _new_group on every backend: every rank's `mine` (JSON data), in rank order, once
+        the ranks are known to have passed the same group (CollectiveMismatch on every rank otherwise)."""
+        every = self.all_gather_object([ranks, mine])
+        differ = [r for r, (theirs, _) in enumerate(every) if theirs != every[0][0]]
+        if differ:
+            raise CollectiveMismatch(
+                f"{self.backend} new_group: the ranks passed different groups: rank 0 passed {every[0][0]}; "
+                + "; ".join(f"rank {r} passed {every[r][0]}" for r in differ)
+                + ". Every rank calls new_group with the same ranks, also the ranks not in the group")
+        return [m for _, m in every]
+
+    def _in_parent_terms(self, error: Exception) -> Exception:
+        """On a group: `error` (about group ranks) with which ranks of the parent communicator they are."""
+        if self._parent_ranks is None or getattr(error, "_group_noted", False):
+            return error
+        pairs = ", ".join(f"{i} = {r}" for i, r in enumerate(self._parent_ranks))
+        noted = type(error)(f"{error} [this {self.backend} communicator is a group of ranks {self._parent_ranks} "
+                            f"of the communicator new_group made it from; group rank = rank there: {pairs}]")
+        noted._group_noted = True
+        return noted
+
     # ----- failure handling
     def abort(self, reason: str = "aborted by the user") -> None:
-        """Makes every rank's current and future operations raise CommError with this reason."""
+        """Makes every rank's current and future operations raise CommError with this reason, those of the groups
+        made from this communicator too."""
         self._abort(str(reason))
+        for ref in reversed(getattr(self, "_groups", ())):
+            group = ref()
+            if group is not None and not group.closed:
+                try:
+                    group.abort(reason)
+                except CommError:
+                    pass
 
     def close(self) -> None:
-        """Releases the backend's resources; later operations raise CommError."""
+        """Releases the backend's resources, and those of the groups made from this communicator; later
+        operations raise CommError."""
+        failed = self._close_groups()
         if self._broken is None:  # a communicator that failed is not torn down (MPI could block in it)
-            self._broken = CommError(f"{self.backend} communicator of rank {self.rank}: used after close()")
+            why = f" ({self._closed_because})" if self._closed_because else ""
+            self._broken = CommError(f"{self.backend} communicator of rank {self.rank}: used after close(){why}")
             self.closed = True
             self._close()
+        if failed is not None:
+            raise failed
+
+    def _close_groups(self):
+        """Closes the groups made from this communicator (a group outliving it could not report a dead rank
+        through it); returns the first CommError one raised (the others are closed all the same)."""
+        failed = None
+        for ref in reversed(getattr(self, "_groups", ())):
+            group = ref()
+            if group is None or group.closed:
+                continue
+            group._closed_because = (f"it is a group of the {self.backend} communicator of rank {self.rank}, "
+                                     f"which was closed")
+            try:
+                group.close()
+            except CommError as e:
+                failed = failed or e
+        return failed
 
     # ----- hooks for backends (contiguous raw tensors, checked; blocking)
     def _all_reduce(self, t, op): raise NotImplementedError
@@ -322,7 +443,7 @@ class Communicator:
     def _on_timeout(self, name: str) -> CommError:
         return CommError(f"{self.backend} {name} (rank {self.rank}): not finished after {self.timeout} s")
     def _check_device(self, raw: CTensor, what: str) -> None:
-        if raw.device.kind != "cpu":
+        if raw.device.kind != self.device_kind:
             raise ValueError(f"{what}: the {self.backend} backend moves CPU tensors, got one on {raw.device}; "
                              f"use the nccl backend for GPU tensors or move it with to_host()")
 
@@ -340,15 +461,22 @@ class Communicator:
     def _expired(self, name: str) -> CommError:
         """A waiter's timeout expired on an operation still running: the communicator is unusable now."""
         if self._broken is None:
-            self._broken = self._on_timeout(name)
+            self._broken = self._in_parent_terms(self._on_timeout(name))
         return self._broken
 
     def _guard(self, fn):
         try:
             return fn()
         except CommError as e:
-            self._broken = e
-            raise
+            self._broken = self._in_parent_terms(e)
+            if self._broken is e:
+                raise
+            raise self._broken from None
+        except CollectiveMismatch as e:
+            noted = self._in_parent_terms(e)
+            if noted is e:
+                raise
+            raise noted from None
 
     def _check_tensor(self, t, what: str) -> CTensor:
         raw = raw_tensor(t, what)
@@ -400,6 +528,67 @@ class Communicator:
         padded = np.zeros(max((size + 3) // 4, 1), np.int32)
         padded.view(np.uint8)[:len(data)] = np.frombuffer(data, np.uint8)
         return CTensor.from_buffer(padded)
+
+
+class NonMember(Communicator):
+    """What new_group returns on a rank outside the group: every use raises ValueError saying so (only
+    ``is_member``, ``ranks``, ``backend``, ``closed`` and ``close()``, which does nothing, answer)."""
+
+    is_member = False
+    _ANSWERS = frozenset({"is_member", "ranks", "backend", "closed", "close", "_info", "_error"})
+
+    def __init__(self, parent: Communicator, ranks: list):  # no super().__init__: there is nothing to run
+        object.__setattr__(self, "_info", (parent.backend, parent.rank, list(ranks)))
+
+    def __getattribute__(self, name):
+        if name in NonMember._ANSWERS or (name.startswith("__") and name.endswith("__")):
+            return object.__getattribute__(self, name)
+        raise object.__getattribute__(self, "_error")(name)
+
+    def _error(self, name: str) -> ValueError:
+        backend, rank, ranks = object.__getattribute__(self, "_info")
+        return ValueError(f"rank {rank} is not in the group {ranks}; only its members may use it (this rank used "
+                          f"its {name!r}). Every rank calls new_group, but only the ranks listed use what it "
+                          f"returns: test group.is_member first")
+
+    @property
+    def ranks(self) -> list:
+        return list(object.__getattribute__(self, "_info")[2])
+
+    @property
+    def backend(self) -> str:
+        return object.__getattribute__(self, "_info")[0]
+
+    closed = False
+
+    def close(self) -> None:
+        pass
+
+    def __repr__(self):
+        backend, rank, ranks = object.__getattribute__(self, "_info")
+        return f"NonMember(backend={backend!r}, rank={rank}, group={ranks})"
+
+
+def check_group_ranks(ranks, world_size: int, who: str) -> list:
+    """`ranks` as a list of ints: a non-empty sequence of distinct ranks in [0, world_size); ValueError saying
+    what is wrong otherwise."""
+    if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
+        raise ValueError(f"{who}: ranks must be a list of ranks, e.g. [0, 2], got {ranks!r}")
+    given = list(ranks)
+    if not given:
+        raise ValueError(f"{who}: ranks must name at least one rank, got {ranks!r}")
+    for r in given:
+        if not isinstance(r, (int, np.integer)) or isinstance(r, bool):
+            raise ValueError(f"{who}: ranks must be ints, got {r!r} ({type(r).__name__}) in {given!r}")
+    members = [int(r) for r in given]
+    outside = [r for r in members if not 0 <= r < world_size]
+    if outside:
+        raise ValueError(f"{who}: ranks must be in [0, {world_size}) (this communicator has {world_size} ranks), got "
+                         f"{outside[0]} in {members}")
+    twice = sorted({r for r in members if members.count(r) > 1})
+    if twice:
+        raise ValueError(f"{who}: ranks must be distinct, got {twice[0]} more than once in {members}")
+    return members
 
 
 def _check_timeout(seconds) -> float:

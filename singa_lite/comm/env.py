@@ -509,8 +509,8 @@ def rendezvous(launch: LaunchEnv, backend: str | None = None, timeout: float = 3
     except BaseException:
         store.close()
         raise
-    if comm.backend == "tcp":
-        return comm  # it keeps the store (its peers' addresses, failure reports)
+    if comm.keeps_store:
+        return comm  # tcp keeps the store (its peers' addresses, failure reports)
     if launch.rank == 0:
         # Rank 0 serves for as long as its communicator lives, as torch's store does: stopping at once could
         # cut off a rank whose last reply is still on its way.

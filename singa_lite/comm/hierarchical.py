@@ -38,6 +38,7 @@ from __future__ import annotations
 import socket
 
 from .. import _core, tensor
+from . import averaging
 from .communicator import CommError, Communicator
 from .holder import new_shm_name, sweep_stale_segments
 from .shm import ShmCommunicator
@@ -53,6 +54,8 @@ class HierarchicalCommunicator(Communicator):
     sharded=False: inter is the leaders' (local rank 0 of each host) communicator on a leader, None elsewhere."""
 
     backend = "hierarchical"
+    routes_across_hosts = True  # it is the arrangement of cross-host traffic itself
+    supports_groups = True
 
     def __init__(self, world: Communicator, intra: Communicator, inter: Communicator | None, hosts: int,
                  sharded: bool = False):
@@ -85,9 +88,8 @@ class HierarchicalCommunicator(Communicator):
                          async_op)
 
     def _all_reduce(self, t, op):
-        half = t.dtype in (tensor.float16, tensor.bfloat16)
-        if op == "avg" and half:  # divided first, so that the sum cannot overflow where the mean does not
-            _core.div_scalar(t, float(self.world_size), out=t)
+        if op == "avg":  # the parts' sums round at every step: the rule of comm/averaging.py
+            averaging.before_sum(t, self.world_size)
         summing = "sum" if op == "avg" else op
         try:
             if self.sharded:
@@ -103,8 +105,8 @@ class HierarchicalCommunicator(Communicator):
                 except CommError:
                     pass
             raise
-        if op == "avg" and not half:
-            _core.div_scalar(t, float(self.world_size), out=t)
+        if op == "avg":
+            averaging.after_sum(t, self.world_size)
 
     def _leader(self, t, op):
         if self.intra.world_size > 1:
@@ -163,6 +165,15 @@ class HierarchicalCommunicator(Communicator):
     def recv(self, t, src: int, tag: int = 0, async_op: bool = False):
         return self.world.recv(t, src, tag, async_op)
 
+    def _new_group(self, ranks: list, timeout: float) -> "Communicator | None":
+        """new_group of a hierarchical communicator: a flat group of the world's backend (world.new_group, with
+        its checks and timeouts), made hierarchical again by create() where its members span several hosts
+        (always the leader form: the sharded one needs as many members on every host)."""
+        flat = self.world.new_group(ranks, timeout)
+        if not flat.is_member:
+            return None
+        return create(flat)
+
     def _abort(self, reason):
         for c in self._parts():
             c.abort(reason)
@@ -187,9 +198,9 @@ def create(world: Communicator, form: str = "leader") -> Communicator:
         return world
     if not isinstance(world, Communicator):
         raise TypeError(f"hierarchical.create: expected a Communicator (dist.init()), got {type(world).__name__}")
-    if world.backend in ("shm", "nccl"):  # one host; NCCL builds rings and trees across hosts by itself
+    if not world.spans_hosts or world.routes_across_hosts:  # shm: one host; nccl: its own rings and trees
         return world
-    if world.backend not in ("mpi", "tcp"):
+    if not world.supports_groups or world.device_kind != "cpu":
         raise ValueError(f"hierarchical all-reduce runs over the mpi backend (ranks started by mpiexec) or the tcp "
                          f"backend (singa-run, torchrun, Slurm), got backend {world.backend!r}; use "
                          f"hierarchical=False with it")

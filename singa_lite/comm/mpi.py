@@ -32,8 +32,10 @@ import warnings
 import numpy as np
 
 from .. import _core, tensor
-from . import mpi_setup, watch
-from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator, _check_timeout
+from . import averaging, mpi_setup, watch
+from ._arrays import array as _array, bf16_to_f32 as _bf16_to_f32, f32_to_bf16 as _f32_to_bf16
+from .communicator import (DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CollectiveMismatch, CommError, Communicator,
+                           _check_timeout)
 # Start-up, setup and abort helpers (mpi_setup.py); the names that other modules import from here stay here too.
 from .mpi_setup import (ABORT_EXIT_S, ABORT_GRACE_S, MPI_LAUNCH_VARS, abort_at_exit, abort_job,  # noqa: F401
                         abort_on_uncaught_exception, await_setup, broadcast_bytes, import_mpi, join,
@@ -98,7 +100,7 @@ def mpich_abi_library(MPI) -> str | None:
 
 
 class _Mismatch(Exception):
-    """The ranks' call signatures differ (raised to the caller as ValueError)."""
+    """The ranks' call signatures differ (raised to the caller as CollectiveMismatch)."""
 
     def __init__(self, message: str, paired: bool):
         super().__init__(message)
@@ -115,21 +117,6 @@ def _fp16_op(MPI, name: str):
     return MPI.Op.Create(combine, commute=True)
 
 
-def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 bit patterns (uint16) -> their float32 values, exactly."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def _f32_to_bf16(x: np.ndarray) -> np.ndarray:
-    """float32 values -> bfloat16 bit patterns, rounded to nearest even (nan stays a quiet nan), as the core."""
-    b = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    out = ((b + np.uint32(0x7FFF) + ((b >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
-    nan = (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
-    if nan.any():
-        out[nan] = ((b[nan] >> 16) | np.uint32(0x40)).astype(np.uint16)
-    return out
-
-
 def _bf16_op(MPI, name: str):
     ufunc = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[name]
 
@@ -140,16 +127,6 @@ def _bf16_op(MPI, name: str):
     return MPI.Op.Create(combine, commute=True)
 
 
-def _array(t) -> np.ndarray:
-    """A numpy view of a contiguous CPU tensor's memory; bfloat16, which numpy lacks, as its uint16 bits."""
-    if t.dtype != tensor.bfloat16:
-        return np.asarray(t)
-    if t.numel == 0:
-        return np.zeros(list(t.shape), np.uint16)
-    buf = (ctypes.c_uint16 * t.numel).from_address(t.data_ptr)
-    return np.frombuffer(buf, np.uint16).reshape(list(t.shape))
-
-
 _HALF = (tensor.float16, tensor.bfloat16)
 
 
@@ -158,9 +135,9 @@ class MpiCommunicator(Communicator):
     shared-memory split (the ranks on this host).
 
     verify (default True): check that all ranks made the same call (operation, dtype, size, root, op, and the
-    call's number), raising ValueError on every rank, naming what each passed, when they did not. Mismatched
-    collectives are undefined in MPI: without the check a rank may get garbage and carry on (all_reduce of
-    ten float32 against a barrier returned -1.6e29). The check is a small all-gather of each rank's call
+    call's number), raising CollectiveMismatch (a ValueError) on every rank, naming what each passed, when they
+    did not. Mismatched collectives are undefined in MPI: without the check a rank may get garbage and carry on
+    (all_reduce of ten float32 against a barrier returned -1.6e29). The check is a small all-gather of each rank's call
     signature started together with the data collective (both in flight at once, so the check adds little
     latency), and it is completed and compared before the result is handed back. After a mismatch the
     communicator stays usable when every rank called the same kind of collective and the data collectives
@@ -295,26 +272,40 @@ class MpiCommunicator(Communicator):
             cpus = os.cpu_count() or 1
         return self.local_size <= cpus
 
+    supports_groups = True
+
     def split(self, member: bool) -> "MpiCommunicator | None":
-        """Collective: a new communicator of the ranks that pass member=True, in this one's rank order (with
-        this one's timeout and check); None on the others."""
-        MPI = self._MPI
-        # MPI has no nonblocking split: a checked, timed barrier first (it names a rank that never comes, and
-        # one that called another collective instead), so that Split only starts once every rank is there.
+        """Collective: a group (new_group) of the ranks that pass member=True, in this one's rank order (with this
+        one's timeout and check); None on the others. A checked, timed barrier comes first, so that a rank that
+        never comes is named as split's."""
         try:
             self.barrier()
         except CommError as e:
             raise CommError(f"mpi split: its rendezvous failed: {e}") from e
-        try:  # (every rank is here: the barrier was the arrival)
-            sub = mpi_setup.bounded(self._comm, "split, MPI_Comm_split", self.timeout,
-                                    lambda: self._comm.Split(0 if member else MPI.UNDEFINED, self.rank), arrive=False)
+        return super().split(member)
+
+    def _new_group(self, ranks: list, timeout: float) -> "MpiCommunicator | None":
+        """new_group's MPI_Comm_split (key: the place in `ranks`), with this communicator's check."""
+        MPI = self._MPI
+        # MPI has no nonblocking split: a checked, timed exchange first (it names a rank that never comes, and
+        # one that called another collective instead), so that Split only starts once every rank is there.
+        try:
+            self._agree_on_group(ranks)
+        except CommError as e:
+            raise CommError(f"mpi new_group: its rendezvous failed: {e}") from e
+        member = self.rank in ranks
+        try:  # (every rank is here: the exchange was the arrival)
+            sub = mpi_setup.bounded(self._comm, "new_group, MPI_Comm_split", self.timeout,
+                                    lambda: self._comm.Split(0 if member else MPI.UNDEFINED,
+                                                             ranks.index(self.rank) if member else self.rank),
+                                    arrive=False)
         except CommError as e:  # a rank stuck in it: MPI_Finalize would wait for it too
             self._broken = self._stuck = e
             raise
         if sub == MPI.COMM_NULL:
             return None
         try:
-            return MpiCommunicator(comm=sub, timeout=self.timeout, verify=self.verify)
+            return MpiCommunicator(comm=sub, timeout=timeout, verify=self.verify)
         finally:
             sub.Free()  # the new communicator works on its own Dup
 
@@ -337,8 +328,8 @@ class MpiCommunicator(Communicator):
     def _enter(self, kind: str, t=None, root: int = -1, op: str = "", payload=None) -> None:
         """Counts the operation on the arrival board, then starts the check that every rank called the same
         collective with the same dtype, size, root and op (see ``verify``): mismatched calls are undefined
-        behaviour in MPI (garbage, a hang or a truncated message), so they raise ValueError on every rank.
-        The check's all-gather is only started here: the hook starts its data collective right after, and
+        behaviour in MPI (garbage, a hang or a truncated message), so they raise CollectiveMismatch (a ValueError) on
+        every rank. The check's all-gather is only started here: the hook starts its data collective right after, and
         _complete() finishes and compares the check before it finishes the data."""
         if self._hot is not None and payload is None:
             check = self.verify is not False
@@ -406,7 +397,7 @@ class MpiCommunicator(Communicator):
         when one is in flight (see _enter): one polling loop for both (each Test drives all of MPI's progress),
         the check's verdict taken as soon as it is done. On a mismatch the data collective, started together
         with the check, is given MISMATCH_DRAIN_S to end when every rank called the same kind of collective
-        (its result is garbage; the tensor's contents are undefined): then ValueError on every rank (the
+        (its result is garbage; the tensor's contents are undefined): then CollectiveMismatch on every rank (the
         signatures are the same on every rank, so every rank sees the mismatch). The communicator is broken
         when the kinds differ or the data collective did not end."""
         if self._hot is not None:  # polls in C++ with the GIL released: on the background thread too
@@ -448,7 +439,7 @@ class MpiCommunicator(Communicator):
         if not (mismatch.paired and self._drain(request)):
             self._broken = CommError(f"mpi communicator of rank {self.rank}: unusable after a mismatched call whose "
                                      f"data collectives did not pair up ({mismatch})")
-        raise ValueError(str(mismatch))
+        raise CollectiveMismatch(str(mismatch))
 
     def _drain(self, request) -> bool:
         """Whether a (mismatched) request ended within MISMATCH_DRAIN_S; MPI's own errors count as ended."""
@@ -481,15 +472,6 @@ class MpiCommunicator(Communicator):
             else:  # (without it: no faster at 4 KiB, and 0.21x raw at 64 KiB once on the loaded machine)
                 os.sched_yield()  # with more ranks than cores, let the rank we wait for run
 
-    @staticmethod
-    def _prescale_avg(t, n: int) -> None:
-        # Divide before summing: a float16 sum of P values can overflow where their mean does not.
-        if t.dtype == tensor.bfloat16:
-            _core.div_scalar(t, float(n), out=t)  # in float32, rounded once
-            return
-        a = np.asarray(t)
-        a[...] = (a.astype(np.float32) / n).astype(a.dtype)
-
     # ----- hooks
     def all_reduce(self, t, op: str = "sum", async_op: bool = False):
         # The common call (in line, on a contiguous CPU tensor) straight to the C++ hot path, past the generic
@@ -503,8 +485,15 @@ class MpiCommunicator(Communicator):
                         if self._hot_all_reduce(raw, op):
                             return t
                     except CommError as e:
-                        self._broken = e
-                        raise
+                        self._broken = self._in_parent_terms(e)
+                        if self._broken is e:
+                            raise
+                        raise self._broken from None
+                    except CollectiveMismatch as e:
+                        noted = self._in_parent_terms(e)
+                        if noted is e:
+                            raise
+                        raise noted from None
         return super().all_reduce(t, op, async_op)
 
     def _hot_all_reduce(self, t, op: str) -> bool:
@@ -538,7 +527,7 @@ class MpiCommunicator(Communicator):
         if not (mismatch.paired and drain()):
             self._broken = CommError(f"mpi communicator of rank {self.rank}: unusable after a mismatched call whose "
                                      f"data collectives did not pair up ({mismatch})")
-        raise ValueError(str(mismatch))
+        raise CollectiveMismatch(str(mismatch))
 
     def _all_reduce(self, t, op):
         if self._hot is not None and self._hot_all_reduce(t, op):
@@ -550,11 +539,11 @@ class MpiCommunicator(Communicator):
         # elements, 2 ranks: 22-35 ms against 37-52 ms gathered and reduced in C++, on a shared 2-core machine).
         if t.dtype == tensor.float16 and op in ("sum", "avg") and self.world_size <= FP16_GATHER_MAX_RANKS:
             return self._all_reduce_fp16_by_gather(t, op)
-        if op == "avg" and t.dtype in _HALF:
-            self._prescale_avg(t, self.world_size)
+        if op == "avg":  # MPI's sum rounds at every step: the rule of comm/averaging.py
+            averaging.before_sum(t, self.world_size)
         self._complete(self._comm.Iallreduce(self._MPI.IN_PLACE, self._buf(t), op=self._op(op, t.dtype)), "all_reduce")
-        if op == "avg" and t.dtype not in _HALF:
-            np.asarray(t)[...] /= self.world_size
+        if op == "avg":
+            averaging.after_sum(t, self.world_size)
 
     def _all_reduce_fused(self, t, op):
         """A small all_reduce inside the signature check's all-gather (see FUSE_BYTES): one collective, then
@@ -570,7 +559,7 @@ class MpiCommunicator(Communicator):
             if not mismatch.paired:  # some rank started a data collective that nothing here pairs with
                 self._broken = CommError(f"mpi communicator of rank {self.rank}: unusable after a mismatched call "
                                          f"whose data collectives did not pair up ({mismatch})")
-            raise ValueError(str(mismatch))
+            raise CollectiveMismatch(str(mismatch))
         self._reduce_fused_rows(t, op)
 
     def _fused_rows(self, a: np.ndarray):
@@ -616,14 +605,14 @@ class MpiCommunicator(Communicator):
     def _reduce(self, t, root, op):
         self._enter("reduce", t, root, op)
         src = t
-        if op == "avg" and t.dtype in _HALF:  # a prescaled copy goes; t itself stays as it was
+        if op == "avg" and averaging.divides_before_summing(t.dtype):  # a divided copy goes; t stays as it was
             src = t.clone()
-            self._prescale_avg(src, self.world_size)
+            averaging.before_sum(src, self.world_size)
         if self.rank == root:
             send = self._MPI.IN_PLACE if src is t else self._buf(src)
             self._complete(self._comm.Ireduce(send, self._buf(t), op=self._op(op, t.dtype), root=root), "reduce")
-            if op == "avg" and t.dtype not in _HALF:
-                np.asarray(t)[...] /= self.world_size
+            if op == "avg":
+                averaging.after_sum(t, self.world_size)
         else:
             self._complete(self._comm.Ireduce(self._buf(src), None, op=self._op(op, t.dtype), root=root), "reduce")
 
@@ -634,13 +623,13 @@ class MpiCommunicator(Communicator):
     def _reduce_scatter(self, out, t, op):
         self._enter("reduce_scatter", t, op=op)
         src = t
-        if op == "avg" and t.dtype in _HALF:
+        if op == "avg" and averaging.divides_before_summing(t.dtype):  # the caller's input stays as it was
             src = t.clone()
-            self._prescale_avg(src, self.world_size)
+            averaging.before_sum(src, self.world_size)
         self._complete(self._comm.Ireduce_scatter_block(self._buf(src, out.numel), self._buf(out),
                                                         op=self._op(op, t.dtype)), "reduce_scatter")
-        if op == "avg" and t.dtype not in _HALF:
-            np.asarray(out)[...] /= self.world_size
+        if op == "avg":
+            averaging.after_sum(out, self.world_size)
 
     def _gather(self, out, t, root):
         self._enter("gather", t, root)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import socket
 import sys
 import threading
 import time
@@ -182,6 +183,9 @@ class NcclCommunicator(Communicator):
     """
 
     backend = "nccl"
+    device_kind = "cuda"
+    routes_across_hosts = True  # NCCL builds its own rings and trees across hosts
+    supports_groups = True
     _times_out_itself = True
 
     def __init__(self, unique_id: bytes, rank: int, world_size: int, local_rank: int | None = None,
@@ -348,6 +352,30 @@ class NcclCommunicator(Communicator):
 
     def _timeout_changed(self):
         self._comm.timeout = self.timeout
+
+    def _new_group(self, ranks: list, timeout: float) -> "NcclCommunicator | None":
+        """new_group's NCCL communicator: the group's first member creates a new unique id, which reaches the
+        others through this communicator (with every rank's host, for the group's local ranks); the members then
+        join it with ncclCommInitRank on this communicator's GPU. (ncclCommSplit would need NCCL 2.18; this
+        works with any NCCL the backend loads.) A first member that cannot create the id makes every member
+        raise CommError saying why."""
+        first = ranks[0]
+        made, problem = None, ""
+        if self.rank == first:
+            try:
+                made = unique_id().hex()
+            except (CommError, CudaError) as e:
+                problem = str(e)
+        every = self._agree_on_group(ranks, [socket.gethostname(), made, problem])
+        if self.rank not in ranks:
+            return None
+        _, made, problem = every[first]
+        if made is None:
+            raise CommError(f"nccl new_group (rank {self.rank}): rank {first}, the group's first member, could not "
+                            f"create its NCCL unique id: {problem}")
+        here = [r for r in ranks if every[r][0] == every[self.rank][0]]
+        return NcclCommunicator(bytes.fromhex(made), ranks.index(self.rank), len(ranks), here.index(self.rank),
+                                len(here), device=self.device, timeout=timeout)
 
 
 def choose_device(device, local_rank: int, local_size: int):

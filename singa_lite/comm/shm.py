@@ -1,7 +1,8 @@
 """The ``shm`` backend: CPU tensors, ranks on one host started by multiprocessing or singa-run.
 
 The collectives are C++ (csrc/comm/shm_comm.cpp) over one shared-memory segment named by the
-NcclIdHolder; they time out by themselves, detect dead ranks, and release the GIL while they run.
+NcclIdHolder; they time out by themselves, detect dead ranks, and release the GIL while they run. A group
+(new_group) has a segment of its own.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ DEFAULT_SLOT_BYTES = 1 << 20  # per-rank staging buffer in the segment; collecti
 
 class ShmCommunicator(Communicator):
     backend = "shm"
+    spans_hosts = False  # one host's shared memory
+    supports_groups = True
 
     def __init__(self, name: str, rank: int, world_size: int, timeout: float = DEFAULT_TIMEOUT,
                  slot_bytes: int = DEFAULT_SLOT_BYTES):
@@ -23,7 +26,32 @@ class ShmCommunicator(Communicator):
             raise ValueError(f"shm communicator: need 0 <= rank < world_size, got rank={rank}, "
                              f"world_size={world_size}")
         super().__init__(rank, world_size, rank, world_size, timeout)  # one host: local == global
-        self._comm = _core.ShmComm(name, rank, world_size, self.timeout, int(slot_bytes))
+        self._slot_bytes = int(slot_bytes)
+        self._comm = _core.ShmComm(name, rank, world_size, self.timeout, self._slot_bytes)
+
+    def _new_group(self, ranks: list, timeout: float) -> "ShmCommunicator | None":
+        """new_group's segment: a new one among the members, as safe as this one's. Its first member makes an
+        unguessable, owner-only name (holder.new_shm_name) and the others learn it through this communicator
+        (whose segment only this job's ranks share); the segment itself is made and served by the C++
+        rendezvous, to processes of this uid only (csrc/comm/shm_rendezvous.h)."""
+        from .holder import new_shm_name, sweep_stale_segments
+
+        name = None
+        if self.rank == ranks[0]:
+            sweep_stale_segments()  # what killed jobs left (the named transport), as a holder does
+            name = new_shm_name()
+        names = self._agree_on_group(ranks, name)
+        if self.rank not in ranks:
+            return None
+        name = names[ranks[0]]
+        try:
+            return ShmCommunicator(name, ranks.index(self.rank), len(ranks), timeout=timeout,
+                                   slot_bytes=self._slot_bytes)
+        except BaseException:
+            unlink = getattr(_core, "shm_unlink", None)
+            if unlink is not None:  # the named transport: a member that never joined leaves the name behind
+                unlink(name)
+            raise
 
     def _timeout_changed(self):
         self._comm.timeout = self.timeout

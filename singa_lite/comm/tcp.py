@@ -9,9 +9,9 @@ own key prefix, counted in the store, so a long-lived store can serve several in
 
 Every collective starts with a header exchange over the mesh: each rank sends every other its call's
 signature (operation, dtype, element count, root, op, call number). The ranks compare them before any data
-moves, so a mismatched call (another size, dtype, op or collective) raises ValueError on every rank naming
-what each rank passed, and the communicator stays usable. Small all-reduces (up to FUSE_BYTES) carry their
-data in the header and are reduced locally in rank order (float16 and bfloat16 in float32, rounded once),
+moves, so a mismatched call (another size, dtype, op or collective) raises CollectiveMismatch (a ValueError) on
+every rank naming what each rank passed, and the communicator stays usable. Small all-reduces (up to FUSE_BYTES)
+carry their data in the header and are reduced locally in rank order (float16 and bfloat16 in float32, rounded once),
 so they cost one exchange. Larger ones are a ring: reduce-scatter then all-gather, each rank sending and
 receiving 2 (P - 1) / P of the tensor, reduced in place with numpy on views of the tensor's memory.
 
@@ -39,9 +39,9 @@ import weakref
 import numpy as np
 
 from .. import tensor
-from . import auth, tls
-from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CommError, Communicator
-from .mpi import _array, _bf16_to_f32, _f32_to_bf16
+from . import auth, averaging, tls
+from ._arrays import array as _array, bf16_to_f32 as _bf16_to_f32, f32_to_bf16 as _f32_to_bf16
+from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CollectiveMismatch, CommError, Communicator
 
 FUSE_BYTES = 64 << 10  # all-reduces up to this size travel inside the header exchange
 # header of every message on a connection: magic, kind, dtype, root, op or tag, call number, count, payload bytes
@@ -172,7 +172,7 @@ class TcpCommunicator(Communicator):
                              f"local_size={local_size}")
         super().__init__(rank, world_size, local_rank, local_size, timeout)
         self._store = store
-        self._host = host  # as given (None: found from the store connection); split() passes it on
+        self._host = host  # as given (None: found from the store connection); new_group() passes it on
         self._single_host = single_host
         self._credentials = credentials or getattr(store, "credentials", None) or auth.credentials(
             single_host=bool(single_host))
@@ -199,18 +199,19 @@ class TcpCommunicator(Communicator):
             p.sock.setblocking(False)
         _exits.watch(self)
 
-    def split(self, member: bool) -> "TcpCommunicator | None":
-        """Collective: a new communicator of the ranks that pass member=True, in this one's rank order, meeting
-        on this one's store under keys of its own (with this one's timeout); None on the others. Its local ranks
-        count the members on each host (by host name)."""
-        every = self.all_gather_object((bool(member), socket.gethostname()))
+    supports_groups = True
+    keeps_store = True
+
+    def _new_group(self, ranks: list, timeout: float) -> "TcpCommunicator | None":
+        """new_group's mesh: the members meet on this communicator's store under keys of their own. Its local
+        ranks count the members on each host (by host name)."""
+        hosts = self._agree_on_group(ranks, socket.gethostname())
         self._splits += 1
-        if not member:
+        if self.rank not in ranks:
             return None
-        ranks = [r for r, (m, _) in enumerate(every) if m]
-        here = [r for r in ranks if every[r][1] == every[self.rank][1]]
+        here = [r for r in ranks if hosts[r] == hosts[self.rank]]
         return TcpCommunicator(self._store, ranks.index(self.rank), len(ranks), here.index(self.rank), len(here),
-                               timeout=self.timeout, host=self._host, prefix=f"{self._prefix}/split{self._splits}",
+                               timeout=timeout, host=self._host, prefix=f"{self._prefix}/split{self._splits}",
                                single_host=self._single_host, credentials=self._credentials)
 
     # ----- bootstrap
@@ -467,7 +468,7 @@ class TcpCommunicator(Communicator):
     def _header_exchange(self, kind, t=None, root=-1, op="", payload: memoryview | None = None,
                          payload_to=None) -> dict:
         """Sends every peer this call's signature (with payload to all peers, or only to rank payload_to),
-        receives theirs; ValueError on every rank when they differ. Returns {rank: payload received}."""
+        receives theirs; CollectiveMismatch on every rank when they differ. Returns {rank: payload received}."""
         self._seq += 1
         deadline = time.monotonic() + self.timeout
         mine = self._signature(kind, t, root, op)
@@ -481,7 +482,7 @@ class TcpCommunicator(Communicator):
             self._read_header(p, lambda p, h, sigs=sigs, got=got: self._on_collective(p, h, sigs, got))
         self._pump(kind, deadline)
         if any(s != mine for s in sigs.values()):
-            raise ValueError(self._mismatch(sigs))
+            raise CollectiveMismatch(self._mismatch(sigs))
         return got
 
     def _read_header(self, p: _Peer, on_collective, again: bool = True) -> None:
@@ -594,17 +595,14 @@ class TcpCommunicator(Communicator):
             rows[q] = a.reshape(-1) if q == self.rank else np.frombuffer(got[q], a.dtype)
         return rows
 
-    def _prescale(self, a: np.ndarray, dtype) -> None:
-        """Divides before summing (avg of float16 / bfloat16): their sum of P values may overflow."""
-        with np.errstate(over="ignore", invalid="ignore"):
-            if dtype == tensor.bfloat16:
-                a[...] = _f32_to_bf16(_bf16_to_f32(a) / self.world_size)
-            else:
-                a[...] = (a.astype(np.float32) / self.world_size).astype(a.dtype)
+    def _before_sum(self, a: np.ndarray, dtype, op: str) -> None:
+        """The ring's sum rounds at every step: an "avg" follows comm/averaging.py's rule."""
+        if op == "avg":
+            averaging.before_sum(a, self.world_size, dtype)
 
     def _finish_avg(self, a: np.ndarray, dtype, op: str) -> None:
-        if op == "avg" and dtype not in _HALF:
-            a /= self.world_size
+        if op == "avg":
+            averaging.after_sum(a, self.world_size, dtype)
 
     def _bounds(self, n: int, P: int | None = None) -> list:
         P = P or self.world_size
@@ -620,8 +618,7 @@ class TcpCommunicator(Communicator):
             a[...] = self._reduce_rows(self._gathered_rows(a, got), op, t.dtype)
             return
         self._header_exchange("all_reduce", t, op=op)
-        if op == "avg" and t.dtype in _HALF:
-            self._prescale(a, t.dtype)
+        self._before_sum(a, t.dtype, op)
         bounds = self._bounds(a.size)
         self._ring_reduce_scatter(a, bounds, "sum" if op == "avg" else op, t.dtype == tensor.bfloat16,
                                   "all_reduce")
@@ -652,8 +649,7 @@ class TcpCommunicator(Communicator):
             return
         self._header_exchange("reduce", t, root, op)
         work = a if self.rank == root else a.copy()  # the other ranks' tensors stay as they were
-        if op == "avg" and t.dtype in _HALF:
-            self._prescale(work, t.dtype)
+        self._before_sum(work, t.dtype, op)
         bounds = self._bounds(work.size)
         self._ring_reduce_scatter(work, bounds, "sum" if op == "avg" else op, bf16, "reduce")
         mine = work[bounds[self.rank]:bounds[self.rank + 1]]
@@ -674,8 +670,7 @@ class TcpCommunicator(Communicator):
         a, o = _array(t).reshape(-1), _array(out).reshape(-1)
         self._header_exchange("reduce_scatter", t, op=op)
         work = a.copy()  # the input is the caller's tensor
-        if op == "avg" and t.dtype in _HALF:
-            self._prescale(work, t.dtype)
+        self._before_sum(work, t.dtype, op)
         bounds = self._bounds(work.size)
         if self.world_size > 1:
             self._ring_reduce_scatter(work, bounds, "sum" if op == "avg" else op, t.dtype == tensor.bfloat16,

@@ -345,8 +345,8 @@ def user_line() -> str:
 
 
 def is_mismatch(error: Exception) -> bool:
-    """Whether `error` is a communicator's report that the ranks' calls differ (shm: "arguments differ across
-    ranks"; mpi: "the ranks' calls do not match"; tcp: "the ranks made different collective calls"), raised on
-    every rank alike."""
-    text = str(error) if isinstance(error, ValueError) else ""
-    return any(words in text for words in ("differ across ranks", "calls do not match", "different collective calls"))
+    """Whether `error` is a communicator's report that the ranks' calls differ: the CollectiveMismatch every
+    backend raises, on every rank alike."""
+    from ..comm.communicator import CollectiveMismatch  # (here: only this function's body is changed)
+
+    return isinstance(error, CollectiveMismatch)

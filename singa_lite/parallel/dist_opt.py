@@ -47,7 +47,7 @@ import numbers
 
 import numpy as np
 
-from .. import _core, tensor
+from .. import _core, autograd, tensor  # noqa: F401  (autograd: scripts patch backward through this module)
 from ..comm.communicator import raw_tensor
 from ..opt import SGD, Optimizer
 from ..tensor import Tensor

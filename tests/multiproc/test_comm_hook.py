@@ -18,6 +18,7 @@ from dist_cases import run_ranks  # noqa: E402
     ("a_hook_that_all_reduces_gives_plain_distopts_parameters", 3),
     ("the_hook_is_what_reduces", 2),
     ("ddp_and_data_parallel_take_a_hook", 2),
+    ("join_with_a_hook", 3),
     ("misuse_is_refused", 2),
 ])
 def test_scenario(name, world_size):

@@ -134,6 +134,27 @@ def scenario_ddp_and_data_parallel_take_a_hook(comm):
     return "ok"
 
 
+def scenario_join_with_a_hook(comm):
+    # uneven inputs: a rank out of data answers through the same hook (with zeros), so the parameters are those
+    # of plain DistOpt under join(), and the hook is called on every rank for every pass
+    steps = [3 + 2 * q for q in range(comm.world_size)]
+
+    def run(hook, calls=None):
+        params = make_params(0)
+        dopt = opt.DistOpt(make_opt("sgd"), communicator=comm)
+        if hook is not None:
+            dopt.register_comm_hook(calls, hook)
+        with dopt.join():
+            for step in range(steps[comm.rank]):
+                dopt.backward_and_update(shard_loss(comm, params, step), threshold=150)
+        return values(params)
+
+    calls = []
+    same(run(all_reduce_hook, calls), run(None), "join() with a hook")
+    assert sum(1 for c in calls if c[1]) == max(steps), calls  # one last bucket per pass, answered passes too
+    return "ok"
+
+
 def scenario_misuse_is_refused(comm):
     params = make_params(0)
     dopt = opt.DistOpt(opt.SGD(lr=0.1), communicator=comm)
@@ -188,6 +209,7 @@ SCENARIOS = {
         scenario_a_hook_that_all_reduces_gives_plain_distopts_parameters,
     "the_hook_is_what_reduces": scenario_the_hook_is_what_reduces,
     "ddp_and_data_parallel_take_a_hook": scenario_ddp_and_data_parallel_take_a_hook,
+    "join_with_a_hook": scenario_join_with_a_hook,
     "misuse_is_refused": scenario_misuse_is_refused,
 }
 

@@ -241,7 +241,8 @@ class Fuser:
             self._forget(entry)  # never started: nothing to wait for
             raise
         self._index += 1
-        trace = self._traced_launch("bucket", t0, region.nbytes) if timeline._active is not None else None
+        what = "bucket" if isinstance(entry, _Bucket) else "tensor"
+        trace = self._traced_launch(what, t0, region.nbytes) if timeline._active is not None else None
         if isinstance(entry, _Bucket):
             entry.work, entry.trace = work, trace
         else:

@@ -141,6 +141,8 @@ class Reducer:
     def backward(self, loss, threshold: int, wire=None, clip=None) -> PendingStep:
         """The backward pass from `loss`, each gradient queued for the exchange as it comes; the open step."""
         self.require_no_open_step("backward")
+        if wire is not None:  # refused at every pass, not only at those that exchange
+            self.refuse_with_hook(f"backward_and_update_half (a {wire.name} exchange)")
         acc = self.accumulator
         self._passes += 1
         if not acc.next_pass_syncs():  # gradient accumulation: nothing leaves this rank

@@ -340,8 +340,10 @@ def _mean_buffers(per_rank: list) -> dict:
 def _own(dist_states, sampler, rng, position) -> dict:
     """The parts that belong to one rank."""
     own = {"generators": {str(d): list(d.get_rng_state()) for d in _devices()}}
-    if dist_states is not None:  # residuals are keyed by tuples of parameter names: stored as a list
-        own["residuals"] = [{"names": list(k), "values": np.asarray(v)} for k, v in dist_states["residuals"].items()]
+    if dist_states is not None:  # the sparse exchange's state, as it lays it out for a file
+        from .parallel.exchange import SparseExchange
+
+        own["residuals"] = SparseExchange.entries(dist_states["residuals"])
     if sampler is not None:
         s = sampler.state_dict()
         if position is not None:
@@ -665,18 +667,18 @@ def _resharded_own(rank_file, saved: int, dist, sampler, where: str) -> dict:
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: {e}") from None
     if dist is not None:
-        sums, dtypes, count = {}, {}, 0
+        from .parallel.exchange import SparseExchange
+
+        per_rank = []
         for r in range(saved):
-            for entry in (first if r == 0 else rank_file(r)).get("residuals", []):
-                if not isinstance(entry, dict) or not isinstance(entry.get("values"), np.ndarray):
-                    raise CheckpointError(f"{where}: malformed residuals entry (rank {r})")
-                key = tuple(entry.get("names", ()))
-                if key in sums and sums[key].shape != entry["values"].shape:
-                    raise CheckpointError(f"{where}: the ranks' residuals of {list(key)} differ in shape")
-                sums[key] = sums.get(key, 0) + entry["values"].astype(np.float64)
-                dtypes[key] = entry["values"].dtype
-            count += 1
-        own["residuals"] = [{"names": list(k), "values": (v / count).astype(dtypes[k])} for k, v in sums.items()]
+            entries = (first if r == 0 else rank_file(r)).get("residuals", [])
+            if not SparseExchange.check_entries(entries):
+                raise CheckpointError(f"{where}: malformed residuals entry (rank {r})")
+            per_rank.append(entries)
+        try:
+            own["residuals"] = SparseExchange.merge_entries(per_rank)
+        except ValueError as e:
+            raise CheckpointError(f"{where}: {e}") from None
     return own
 
 
@@ -747,9 +749,10 @@ def _check_against(path, where, staged, model, dist, plain, sampler, rng) -> Non
                     raise CheckpointError(f"{path}: optimizer state {slot}[{k!r}] has shape {tuple(a.shape)}, "
                                           f"the parameter {tuple(params[k].shape)}")
     if dist is not None:
-        for r in own.get("residuals", []):
-            if not isinstance(r, dict) or not isinstance(r.get("values"), np.ndarray):
-                raise CheckpointError(f"{where}: malformed residuals entry")
+        from .parallel.exchange import SparseExchange
+
+        if not SparseExchange.check_entries(own.get("residuals", [])):
+            raise CheckpointError(f"{where}: malformed residuals entry")
     if sampler is not None:
         if not isinstance(own.get("sampler"), dict):
             raise CheckpointError(f"{where}: holds no sampler state, but a sampler was given to load")
@@ -788,7 +791,9 @@ def _apply(staged, model, dist, plain, sampler, rng, comm, path) -> None:
         error = None
         try:
             if dist is not None:
-                residuals = {tuple(r["names"]): r["values"] for r in own.get("residuals", [])}
+                from .parallel.exchange import SparseExchange
+
+                residuals = SparseExchange.from_entries(own.get("residuals", []))
                 # synced as saved: resumed replicas start as they were, since broadcasting rank 0's parameters at
                 # the first step would undo per-rank states (partial updates) the uninterrupted run keeps.
                 dist.set_states({"opt": state["optimizer"], "partial": state["distopt"]["partial"],

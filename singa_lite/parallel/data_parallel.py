@@ -20,6 +20,9 @@ Every rank must run the same backward passes (same model, same loss): the hooks 
 bucket in the order gradients become final, which is then the same on every rank. Do not combine with
 DistOpt, which averages the gradients again.
 
+The buckets are the reducer's (reducer.py, shared with DistOpt), so ``register_comm_hook(state, hook)``
+replaces their all-reduce here as it does there (see DistOpt.register_comm_hook).
+
 Clipping by the global norm works on what backward yields, since those gradients are already averaged and
 the same on every rank (clip.py)::
 
@@ -35,7 +38,8 @@ Gradient accumulation, buffers and uneven inputs are DistOpt's (``backward_passe
 from __future__ import annotations
 
 from . import fusion, replicas
-from .fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD, Fuser
+from .fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD
+from .reducer import Reducer
 
 __all__ = ["DataParallel", "MyDP"]
 
@@ -81,9 +85,12 @@ class DataParallel:
                 named.append((name, p))
         self._named = named
         replicas.broadcast_parameters(communicator, named, root, who="DataParallel")
-        self._fuser = Fuser(communicator, int(buffSize), op="avg")  # a pass per backward: begin at its first hook
+        # no optimizer: the reducer only exchanges here; a pass per backward, begun at its first hook
+        self._reducer = Reducer(communicator, None, int(buffSize), first_bucket=self.first_bucket,
+                                who="DataParallel")
+        self._exchange = None  # the pass under way
         # each hook knows its parameter's name: when the ranks' buckets differ, the error names what a rank skipped
-        self._handles = [p.register_hook(lambda grad, name=name: self._hook(grad, name)) for name, p in named]
+        self._handles = [p.register_hook(lambda grad, name=name, p=p: self._hook(grad, name, p)) for name, p in named]
 
     # ----- the model's face
     @property
@@ -113,6 +120,11 @@ class DataParallel:
         return replicas.check_parameter_closeness(self.communicator, self._named, rtol, atol,
                                                   who="DataParallel.check_parameter_closeness")
 
+    def register_comm_hook(self, state, hook) -> None:
+        """``hook(state, bucket)`` reduces each bucket instead of the plain averaged all-reduce (once, before
+        the first backward pass); see DistOpt.register_comm_hook."""
+        self._reducer.register_comm_hook(state, hook)
+
     def remove_hooks(self) -> None:
         """Unregisters the hooks (after completing an exchange in progress): gradients stay local."""
         self._finish()
@@ -121,20 +133,21 @@ class DataParallel:
         self._handles = []
 
     # ----- the exchange
-    def _hook(self, grad, name=None):
+    def _hook(self, grad, name=None, param=None):
         """A gradient is final: queue it for the averaged all-reduce; the engine waits before yielding it."""
-        if not self._fuser.in_pass:  # the first gradient of a backward pass
-            self._fuser.begin(self.threshold, self.first_bucket)
-        self._fuser.push(grad.data, name)
+        if self._exchange is None or not self._exchange.in_pass:  # the first gradient of a backward pass
+            self._exchange = self._reducer.begin_pass(self.threshold)
+        self._exchange.push(grad.data, name, param)
         return _Averaged(self, grad)
 
     def _finish(self) -> None:
         """Sends the open bucket and waits for every bucket; results are written back into the gradients."""
-        if self._fuser.in_pass:
+        x = self._exchange
+        if x is not None and x.in_pass:
             try:
-                self._fuser.finish()
+                x.finish()
             except ValueError as e:  # the ranks' buckets differ: name the parameters a rank skipped
-                explained = self._fuser.explain(e, "DataParallel", [n for n, _ in self._named])
+                explained = x.explain(e, "DataParallel", [n for n, _ in self._named])
                 if explained is e:
                     raise
                 raise explained from e

@@ -342,6 +342,11 @@ class DistributedOptimizer:
 
     zero_grad = reset_grad
 
+    def register_comm_hook(self, state, hook) -> None:
+        """``hook(state, bucket)`` reduces each bucket of the exchange instead of the plain all-reduce (once,
+        before the first backward); see DistOpt.register_comm_hook."""
+        self._dist.register_comm_hook(state, hook)
+
     def no_sync(self):
         """Backward passes inside only accumulate gradients on this rank (see DistOpt.no_sync)."""
         return self._dist.no_sync()

@@ -5,21 +5,13 @@ averages gradients (or parameters) over the ranks of a Communicator, on any back
     sgd = opt.DistOpt(sgd, nccl_id=holder, gpu_num=r, gpu_per_node=n)  # multiprocessing, as seed 001
     sgd.backward_and_update(loss)
 
-Four ways to synchronise, as SINGA (and, for the first, its two phases, to work between them):
-
-- ``backward_and_update``: gradients averaged in fused buckets while backward runs (each bucket's
-  all-reduce starts as soon as it is full and overlaps the rest of the backward pass; the first bucket of
-  a step is sent once it holds ``first_bucket`` elements, so that even a model smaller than ``threshold``
-  starts communicating before its backward pass ends);
-- ``backward_and_update_half``: the same with float16 on the wire; each rank divides by the world size
-  *before* the sum, so the exchange cannot overflow where float32 would not; optional clipping;
-- ``backward_and_partial_update``: every rank updates with its own gradients, then one partition of the
-  parameter *values* is averaged per call, round robin (``average_parameters()`` averages all of them);
-- ``backward_and_sparse_update``: only the significant gradient entries are exchanged (|g| >= spars, or the
-  exact top ``ceil(spars * n)`` magnitudes with ``topK=True``), as (index, value) pairs gathered from every
-  rank, each divided by the world size, then summed (16-bit values in float32), so the average cannot
-  overflow where the ranks' values do not; with ``corr=True`` what was not sent is kept as a residual and
-  added next time.
+Four ways to synchronise, as SINGA, each an exchange strategy (parallel/exchange.py, which details them):
+``backward_and_update`` (fused buckets averaged while backward runs; the first bucket leaves at ``first_bucket``
+elements), ``backward_and_update_half`` (the same in float16 / bfloat16, divided before the sum),
+``backward_and_partial_update`` (local updates, then one partition of parameter values averaged per call) and
+``backward_and_sparse_update`` (significant entries only, with residuals). ``register_comm_hook(state, hook)``
+lets a user's hook reduce the buckets of the first, as PyTorch DDP's. The step itself (buckets, overlap,
+accumulation, the finiteness vote, the update) is the reducer's (parallel/reducer.py); this class is its face.
 
 ``backward_and_update`` is two phases, public so that a step can read or change the averaged gradients
 before they are applied (every rank makes the same calls)::
@@ -51,57 +43,31 @@ overflow.
 from __future__ import annotations
 
 import contextlib
-import math
 import numbers
-import os
-import sys
-import warnings
 
 import numpy as np
 
-from .. import _core, autograd, tensor
+from .. import _core, autograd, tensor  # noqa: F401  (autograd: scripts patch backward through this module)
+from ..comm.communicator import raw_tensor
 from ..opt import SGD, Optimizer
-from ..raw import from_host, to_host, zeros
 from ..tensor import Tensor
 from . import buffers, replicas
-from .accumulate import Accumulator, check_passes
-from ..comm.communicator import raw_tensor
+from .accumulate import check_passes
+from .exchange import SparseExchange, check_spars, wire_dtype
+from .fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD, check_first_bucket, check_threshold
 from .join import Join
+from .lowlevel import SingaCalls
 from .pending import PendingStep
-from . import fusion
-from .fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD, Fuser, check_first_bucket, check_threshold
+from .reducer import Reducer, all_finite as _all_finite  # noqa: F401  (_all_finite: its old home)
 
-CTensor = _core.Tensor
 __all__ = ["DistOpt", "PendingStep", "DEFAULT_THRESHOLD", "DEFAULT_FIRST_BUCKET"]
 
 
-def _raw(t, what: str) -> CTensor:
+def _raw(t, what: str) -> _core.Tensor:
     return raw_tensor(t, f"DistOpt.{what}")
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_CPU = _core.Device("cpu")
-
-
-def _user_stacklevel() -> int:
-    """The stacklevel that makes a warning point at the caller's nearest frame outside singa_lite (the user's
-    training step, however deep inside the package the warning was raised)."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-def _all_finite(t: CTensor) -> bool:
-    """Whether every element is finite: x * 0 is 0 for a finite x and nan for inf or nan, and a sum of zeros
-    cannot overflow, so the sum is nan exactly when some element is not finite. 60 us for 400k floats on one
-    core, where max(abs(x)) took 320 us (the max reduction does not vectorise as the sum does)."""
-    if t.numel == 0:
-        return True
-    return math.isfinite(float(to_host(_core.sum(_core.mul_scalar(t, 0.0)))))
-
-
-class DistOpt:
+class DistOpt(SingaCalls):
     """Wraps `opt` (default ``SGD()``) for data-parallel training.
 
     nccl_id: None for the MPI bootstrap (``mpiexec``); the parent's ``NcclIdHolder`` for processes started
@@ -166,19 +132,11 @@ class DistOpt:
         self.world_size = communicator.world_size
         self.global_rank = self.rank_in_global = communicator.rank
         self.local_rank = self.rank_in_local = communicator.local_rank
-        self.skipped_steps = 0
-        self.partial = 0  # SINGA's name: which parameter partition the next partial update averages
-        self._residuals = {}  # parameter name -> CTensor: sparse error feedback
-        self._synced = False  # rank 0's parameters broadcast and the models compared (first step)
-        self._params = []  # (name, param) of the last step, in backward order
-        self._reference = None  # the parameter names every rank had at the first step (to explain mismatches)
-        self._fusers = {}
-        self._pending = None  # the PendingStep that backward() left open
-        self._accum = Accumulator(backward_passes_per_step, average_accumulated)  # gradient accumulation
-        self._join = None  # the Join of a `with join():` block under way (parallel/join.py)
-        self._user = Fuser(communicator, self.buffSize, op="sum")  # SINGA's low-level calls sum
-        self._user_half = Fuser(communicator, self.buffSize, wire_dtype=tensor.float16, op="avg",
-                                scale=float(self.world_size))
+        # the step itself, from backward to the update (reducer.py); this class is SINGA's face of it
+        self.reducer = Reducer(communicator, self.opt, self.buffSize, first_bucket=self.first_bucket,
+                               overlap=self.overlap, on_nonfinite=on_nonfinite,
+                               passes_per_step=backward_passes_per_step, average_accumulated=average_accumulated)
+        self._init_singa_calls(communicator, self.buffSize)
 
     def __repr__(self):
         return (f"DistOpt({type(self.opt).__name__}, rank {self.global_rank} of {self.world_size}, "
@@ -200,6 +158,35 @@ class DistOpt:
             raise ValueError(f"DistOpt.backward_and_update_half: clip_Value must be > 0, got {clip_Value!r}")
         self.backward(loss, threshold, half=dtype, clip=clip_Value if clipping else None).finish()
 
+    def backward_and_partial_update(self, loss, threshold=DEFAULT_THRESHOLD) -> None:
+        """Local update with local gradients, then one partition of parameter values averaged (round robin;
+        partitions hold about `threshold` elements)."""
+        threshold = self._threshold(threshold)
+        r = self.reducer
+        triples = r.local_step("backward_and_partial_update", loss)
+        if triples is None:
+            return
+        r.apply(triples)
+        r.partial.average_next([p for _, p, _ in triples], threshold, r.average_values)
+
+    def backward_and_sparse_update(self, loss, threshold=DEFAULT_THRESHOLD, spars=0.05, topK=False,
+                                   corr=True) -> None:
+        """Only significant gradient entries are exchanged: |g| >= spars, or with topK=True the largest
+        ceil(spars * n) magnitudes of each fused group; corr=True keeps what was not sent as a residual."""
+        threshold = self._threshold(threshold)
+        spars = check_spars(spars, topK)
+        r = self.reducer
+        triples = r.local_step("backward_and_sparse_update", loss)
+        if triples is None:
+            return
+        residuals = r.sparse.exchange(triples, threshold, spars, bool(topK), bool(corr))
+        # Each rank's gradients were finite (local_step), but a residual added to them can overflow: the
+        # averages are checked too, and only a step applied everywhere keeps its new residuals.
+        if not r.finite_everywhere([g.data for _, _, g in triples]):
+            return
+        r.sparse.commit(residuals)
+        r.apply(triples)
+
     # ----- the fused step in two phases
     def backward(self, loss, threshold=DEFAULT_THRESHOLD, *, half: bool = False, clip=None) -> "PendingStep":
         """The backward pass from `loss`, each gradient queued for the averaged all-reduce as it comes (a
@@ -215,123 +202,14 @@ class DistOpt:
         returns a step whose ``accumulating`` is True: synchronize() gives no pairs, finish() adds the pass's
         gradients to this rank's sums, discard() drops them. The pass that exchanges adds the sums to its
         gradients as they come (discarding it drops the sums too)."""
-        self._require_no_open_step("backward")
+        self.reducer.require_no_open_step("backward")
         threshold = self._threshold(threshold)
-        wire = _wire_dtype(half)
-        loss = self._scaled(loss)
+        wire = wire_dtype(half)
         if clip is not None:
             if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not clip > 0:
                 raise ValueError(f"DistOpt.backward: clip must be None or a bound > 0, got {clip!r}")
             clip = float(clip)
-        acc = self._accum
-        if not acc.next_pass_syncs():  # gradient accumulation: nothing leaves this rank
-            triples = []
-            for p, g in autograd.backward(loss):
-                if clip is not None:
-                    _core.clip(g.data, -clip, clip, out=g.data)
-                triples.append((self.opt._name_of(p), p, g))
-            self._first_step(triples)
-            self._pending = PendingStep(self, None, triples)
-            return self._pending
-        fuser = self._fuser(wire)
-        triples = []
-        overlap = self._synced and self.overlap  # the first step compares the models before any exchange
-        join, scale = self._join, None
-        if join is not None:  # uneven inputs: how many ranks still train decides the divisor
-            scale = join.factor(join.vote(True))
-        fuser.begin(threshold, self.first_bucket)
-        gradients = autograd.backward(loss)
-        try:
-            for p, g in gradients:
-                if clip is not None:
-                    _core.clip(g.data, -clip, clip, out=g.data)
-                name = self.opt._name_of(p)
-                acc.merge(name, g.data)  # the sums of earlier passes, when accumulating (else nothing)
-                triples.append((name, p, g))
-                if overlap:
-                    fuser.push(g.data, name)
-            if not acc.empty:  # parameters the earlier passes reached and this one did not
-                for extra in acc.leftovers({n for n, _, _ in triples}):
-                    triples.append(extra)
-                    if overlap:
-                        fuser.push(extra[2].data, extra[0])
-            if not overlap:
-                self._first_step(triples)
-                for name, _, g in triples:
-                    fuser.push(g.data, name)
-        except BaseException as e:
-            fuser.cancel()  # the next backward starts a new pass; nothing here may block on a collective
-            if not fusion.is_mismatch(e):
-                raise
-            # The ranks' buckets differ (met while a full buffer waited for its buckets): the rest of the pass
-            # gives the names of every parameter with a gradient, which explain() names the missing ones from.
-            names = [n for n, _, _ in triples] + [self.opt._name_of(p) for p, _ in gradients]
-            explained = fuser.explain(e, "DistOpt", self._reference, names)
-            if explained is e:
-                raise
-            raise explained from e
-        acc.clear()
-        if overlap:
-            self._params = [(n, p) for n, p, _ in triples]
-        if join is not None:
-            join.record(threshold, self.first_bucket, half, triples)
-        self._pending = PendingStep(self, fuser, triples, scale, joined=join is not None)
-        return self._pending
-
-    def join(self, divide_by_initial_world_size: bool = False) -> Join:
-        """A context for uneven inputs: a rank whose data ran out leaves the block and keeps answering the
-        others' exchanges with zeros until every rank has left (see parallel/join.py)::
-
-            with sgd.join():
-                for x, y in my_shard:          # shards of different lengths
-                    sgd.backward_and_update(loss_fn(model(x), y))
-
-        The gradients of a pass are averaged over the ranks that contributed to it (or over the world size
-        with divide_by_initial_world_size=True). Every rank enters the block and makes at least one
-        exchanging pass in it."""
-        return Join(self, divide_by_initial_world_size)
-
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Backward passes inside accumulate their gradients on this rank and exchange nothing; the first
-        pass after the block that reaches backward_passes_per_step exchanges everything gathered (PyTorch
-        DDP's ``no_sync``; every rank must do the same passes)::
-
-            with sgd.no_sync():
-                for x, y in micro_batches[:-1]:
-                    sgd.backward_and_update(loss_fn(model(x), y))   # accumulates only
-            sgd.backward_and_update(loss_fn(model(x_last), y_last))  # exchanges, then one update
-        """
-        self._accum.no_sync_depth += 1
-        try:
-            yield self
-        finally:
-            self._accum.no_sync_depth -= 1
-
-    @property
-    def backward_passes_per_step(self) -> int:
-        return self._accum.passes_per_step
-
-    @property
-    def accumulated_passes(self) -> int:
-        """Backward passes gathered on this rank since the last exchange."""
-        return self._accum.passes
-
-    def _gather_passes(self, triples):
-        """Gradient accumulation for the partial and sparse modes (whose gradients are all computed before
-        anything is sent): None when this pass only accumulates, else the gradients with the sums merged."""
-        acc = self._accum
-        if not acc.next_pass_syncs():
-            self._first_step(triples)
-            acc.add(triples)
-            return None
-        if acc.empty:
-            return triples
-        for name, _, g in triples:
-            acc.merge(name, g.data)
-        triples = triples + acc.leftovers({n for n, _, _ in triples})
-        acc.clear()
-        return triples
+        return self.reducer.backward(loss, threshold, wire, clip)
 
     def synchronize(self) -> list:
         """Waits for the exchange of the step ``backward`` left open; returns its averaged gradients as
@@ -349,91 +227,77 @@ class DistOpt:
 
     def discard(self) -> None:
         """Drops the step ``backward`` left open, its exchange completed (nothing when none is open)."""
-        if self._pending is not None:
-            self._pending.discard()
+        if self.reducer.pending is not None:
+            self.reducer.pending.discard()
 
     @property
     def pending(self) -> "PendingStep | None":
         """The step ``backward`` left open, or None."""
-        return self._pending
+        return self.reducer.pending
 
     def _open_step(self, what: str) -> "PendingStep":
-        if self._pending is None:
+        if self.reducer.pending is None:
             raise RuntimeError(f"DistOpt.{what}: no step is open; call backward(loss) first (or "
                                f"backward_and_update(loss), which does both phases)")
-        return self._pending
+        return self.reducer.pending
 
-    def _refuse_in_join(self, what: str) -> None:
-        if self._join is not None:
-            raise RuntimeError(f"DistOpt.{what}: not supported inside a join() block (a rank out of data answers "
-                               f"the fused exchange only); use backward_and_update or the two-phase step there")
+    # ----- what crosses the wire
+    def register_comm_hook(self, state, hook) -> None:
+        """PyTorch DDP's seam: ``hook(state, bucket)`` reduces each bucket of the fused exchange instead of the
+        plain all-reduce. bucket is a :class:`parallel.bucket.GradBucket` (``buffer()`` the flat gradients,
+        ``parameters()``, ``index()``, ``is_last()``, ``communicator``); the hook returns the bucket averaged
+        over the ranks (a tensor of the buffer's shape and dtype, the buffer itself reduced in place allowed)
+        or a handle whose ``wait()`` returns it. Buckets still overlap backward: each is handed to the hook as
+        soon as the next gradient shows whether it is the last one; the handles are waited for at
+        synchronize(). The finiteness vote, join() and accumulation work on what the hook returns.
 
-    def _require_no_accumulation(self, what: str) -> None:
-        if not self._accum.empty:
-            raise RuntimeError(f"DistOpt.{what}: {self._accum.passes} backward pass(es) of gradient accumulation "
-                               f"are gathered and not yet exchanged; call it after the pass that updates (every "
-                               f"{self._accum.passes_per_step} passes, or the first one after no_sync())")
+        Once, before the first backward pass. The hook replaces the plain (full-precision) exchange of
+        backward_and_update / backward; backward_and_update_half, the partial and the sparse updates choose
+        the wire themselves and raise RuntimeError while a hook is registered. SINGA's low-level calls
+        (all_reduce, fused_all_reduce...) and parameter averaging stay plain."""
+        self.reducer.register_comm_hook(state, hook)
 
-    def _require_no_open_step(self, what: str) -> None:
-        if self._pending is not None:
-            raise RuntimeError(f"DistOpt.{what}: the step of the previous backward() is still open; apply it "
-                               f"with finish() / step(), or drop it with discard(), first")
+    # ----- training features: uneven inputs, gradient accumulation
+    def join(self, divide_by_initial_world_size: bool = False) -> Join:
+        """A context for uneven inputs: a rank whose data ran out leaves the block and keeps answering the
+        others' exchanges with zeros until every rank has left (see parallel/join.py)::
 
-    # ----- the other steps
-    def _local_step(self, who: str, loss):
-        """The common start of the modes that update from this rank's own gradients (partial, sparse): the
-        pass's (name, param, grad) triples once the accumulated passes are gathered, the first step's model
-        check done and every rank's gradients finite; None when there is nothing to apply (a pass that only
-        accumulates, or a step skipped on every rank). Checked before anything changes: a NaN below the
-        threshold would never be sent but would stay in a residual, and a step skipped on some ranks only
-        would leave the replicas apart."""
-        self._require_no_open_step(who)
-        self._refuse_in_join(who)
-        triples = self._gather_passes(self._local_gradients(loss))
-        if triples is None:
-            return None
-        self._first_step(triples)
-        if not self._finite_everywhere([g.data for _, _, g in triples], local=True):
-            return None
-        return triples
+            with sgd.join():
+                for x, y in my_shard:          # shards of different lengths
+                    sgd.backward_and_update(loss_fn(model(x), y))
 
-    def backward_and_partial_update(self, loss, threshold=DEFAULT_THRESHOLD) -> None:
-        """Local update with local gradients, then one partition of parameter values averaged (round robin;
-        partitions hold about `threshold` elements)."""
-        threshold = self._threshold(threshold)
-        triples = self._local_step("backward_and_partial_update", loss)
-        if triples is None:
-            return
-        self._apply(triples)
-        parts = _partitions([p for _, p, _ in triples], threshold, size=lambda p: p.data.numel)
-        if parts:
-            self._average_values(parts[self.partial % len(parts)], threshold)
-            self.partial = (self.partial + 1) % len(parts)
+        The gradients of a pass are averaged over the ranks that contributed to it (or over the world size
+        with divide_by_initial_world_size=True). Every rank enters the block and makes at least one
+        exchanging pass in it."""
+        return Join(self.reducer, divide_by_initial_world_size)
 
-    def backward_and_sparse_update(self, loss, threshold=DEFAULT_THRESHOLD, spars=0.05, topK=False,
-                                   corr=True) -> None:
-        """Only significant gradient entries are exchanged: |g| >= spars, or with topK=True the largest
-        ceil(spars * n) magnitudes of each fused group; corr=True keeps what was not sent as a residual."""
-        threshold = self._threshold(threshold)
-        spars = _check_spars(spars, topK)
-        triples = self._local_step("backward_and_sparse_update", loss)
-        if triples is None:
-            return
-        residuals = [self._sparse_group([g.data for _, _, g in group], [n for n, _, _ in group], spars,
-                                        bool(topK), bool(corr), average=True)
-                     for group in _partitions(triples, threshold, size=lambda tr: tr[2].data.numel)]
-        # Each rank's gradients were finite (_local_step), but a residual added to them can overflow: the
-        # averages are checked too, and only a step applied everywhere keeps its new residuals.
-        if not self._finite_everywhere([g.data for _, _, g in triples]):
-            return
-        for key, res in residuals:
-            if key is not None:
-                self._residuals[key] = res
-        self._apply(triples)
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate their gradients on this rank and exchange nothing; the first
+        pass after the block that reaches backward_passes_per_step exchanges everything gathered (PyTorch
+        DDP's ``no_sync``; every rank must do the same passes)::
 
-    # ----- SINGA's lower-level calls (raw tensors accepted; results are sums, update() divides)
-    # They complete before returning (their results are final, so scripts that scale the result right after
-    # the call, as seed 001's parameter synchronisation does, are correct); wait() is kept for SINGA's API.
+            with sgd.no_sync():
+                for x, y in micro_batches[:-1]:
+                    sgd.backward_and_update(loss_fn(model(x), y))   # accumulates only
+            sgd.backward_and_update(loss_fn(model(x_last), y_last))  # exchanges, then one update
+        """
+        self.reducer.accumulator.no_sync_depth += 1
+        try:
+            yield self
+        finally:
+            self.reducer.accumulator.no_sync_depth -= 1
+
+    @property
+    def backward_passes_per_step(self) -> int:
+        return self.reducer.accumulator.passes_per_step
+
+    @property
+    def accumulated_passes(self) -> int:
+        """Backward passes gathered on this rank since the last exchange."""
+        return self.reducer.accumulator.passes
+
+    # ----- SINGA's lower-level calls: lowlevel.py, and this one
     def update(self, param, grad) -> None:
         """grad /= world_size, then the wrapped optimizer's update (SINGA's DistOpt.update)."""
         g = _raw(grad, "update")
@@ -441,67 +305,20 @@ class DistOpt:
         p = param if isinstance(param, Tensor) else Tensor(data=param, requires_grad=False)
         self.opt.apply(self.opt._name_of(p), p, g)
 
-    def all_reduce(self, t) -> None:
-        """Sums t over the ranks, in place."""
-        self._user.send_alone(_raw(t, "all_reduce"))
-        self._user.wait()
-
-    def fused_all_reduce(self, tensors, send=True) -> None:
-        """Copies the tensors into the fusion buffer; with send=True sums everything it holds over the ranks
-        and writes the results back into the tensors (those of earlier send=False calls included)."""
-        for t in tensors:
-            self._user.add(_raw(t, "fused_all_reduce"))
-        if send:
-            self._user.wait()
-
-    def all_reduce_half(self, t) -> None:
-        """As all_reduce with float16 on the wire (divided by the world size before the sum, multiplied back
-        after it, so the float16 exchange cannot overflow where the float32 sum does not)."""
-        self._user_half.send_alone(_raw(t, "all_reduce_half"))
-        self._user_half.wait()
-
-    def fused_all_reduce_half(self, tensors, send=True) -> None:
-        for t in tensors:
-            self._user_half.add(_raw(t, "fused_all_reduce_half"))
-        if send:
-            self._user_half.wait()
-
-    def sparsification(self, t, accumulation, spars, topK) -> None:
-        """Sparse sum of t over the ranks, in place; accumulation (None or a tensor like t) is the error
-        feedback residual, updated in place."""
-        self.fused_sparsification([t], accumulation, spars, topK)
-
-    def fused_sparsification(self, tensors, accumulation, spars, topK) -> None:
-        raws = [_raw(t, "fused_sparsification") for t in tensors]
-        spars = _check_spars(spars, topK)
-        acc = None if accumulation is None else _raw(accumulation, "fused_sparsification")
-        if acc is not None and not acc.is_contiguous():
-            raise ValueError("DistOpt.fused_sparsification: accumulation must be contiguous (it is updated in "
-                             "place); pass a tensor of its own, not a strided view")
-        if acc is not None and acc.numel != sum(r.numel for r in raws):
-            raise ValueError(f"DistOpt.fused_sparsification: accumulation has {acc.numel} elements, the tensors "
-                             f"{sum(r.numel for r in raws)}")
-        self._sparse_group(raws, None, spars, bool(topK), corr=acc is not None, average=False, residual=acc)
-
-    def wait(self) -> None:
-        """Completes pending fused all-reduces (SINGA's API; the calls above already return complete)."""
-        self._user.wait()
-        self._user_half.wait()
-
     # ----- parameters across ranks
     def broadcast_parameters(self, params) -> None:
         """Compares the ranks' models and gives every rank rank 0's values (what the first step does by itself;
         Model.compile calls this when its optimizer is a DistOpt, so that even the first step's gradients come
         from identical replicas). params: tensors, or a dict of them (Model.get_params())."""
         params = self._param_list(params, "broadcast_parameters")
-        self._first_step([(p.name or f"param{i}", p, None) for i, p in enumerate(params)], force=True)
+        self.reducer.first_step([(p.name or f"param{i}", p, None) for i, p in enumerate(params)], force=True)
 
     def average_parameters(self, params=None, threshold=DEFAULT_THRESHOLD) -> None:
         """Averages the parameter values over the ranks (after partial updates: before evaluating or saving).
         params: tensors (default: those of the last step)."""
-        self._require_no_open_step("average_parameters")
+        self.reducer.require_no_open_step("average_parameters")
         params = self._param_list(params, "average_parameters")
-        self._average_values(params, self._threshold(threshold))
+        self.reducer.average_values(params, self._threshold(threshold))
 
     def check_parameter_closeness(self, params=None, rtol=1e-5, atol=1e-8) -> bool:
         """True when every rank's parameters equal rank 0's within atol + rtol * |rank 0's|; a warning names
@@ -535,17 +352,18 @@ class DistOpt:
 
         Residuals (and, after partial updates, parameters) differ per rank: save each rank's. A step left
         open by backward() is not part of the state: finish or discard it first."""
-        self._require_no_open_step("get_states")
-        self._require_no_accumulation("get_states")
-        return {"opt": self.opt.get_states(), "partial": int(self.partial), "skipped_steps": int(self.skipped_steps),
-                "synced": bool(self._synced),
-                "residuals": {tuple(k): np.array(to_host(v)) for k, v in self._residuals.items()}}
+        r = self.reducer
+        r.require_no_open_step("get_states")
+        r.require_no_accumulation("get_states")
+        return {"opt": self.opt.get_states(), "partial": r.partial.state(), "skipped_steps": int(r.skipped_steps),
+                "synced": bool(r.synced), "residuals": r.sparse.state()}
 
     def set_states(self, states: dict) -> None:
         """Restores what get_states() returned. ``synced`` and ``skipped_steps`` may be absent (states of an
         older singa_lite): the flag then stays as it is, the count becomes 0. Everything is checked before
         anything changes; a ValueError or TypeError leaves this DistOpt as it was."""
-        self._require_no_open_step("set_states")
+        r = self.reducer
+        r.require_no_open_step("set_states")
         if not isinstance(states, dict):
             raise TypeError(f"DistOpt.set_states: expected the dict of get_states(), got {type(states).__name__}")
         missing = {"opt", "partial", "residuals"} - set(states)
@@ -553,238 +371,64 @@ class DistOpt:
             raise ValueError(f"DistOpt.set_states: missing {sorted(missing)}; pass what get_states() returned")
         partial = _count(states["partial"], "partial")
         skipped = _count(states.get("skipped_steps", 0), "skipped_steps")
-        synced = states.get("synced", self._synced)
+        synced = states.get("synced", r.synced)
         if not isinstance(synced, (bool, np.bool_)):
             raise TypeError(f"DistOpt.set_states: synced must be a bool, got {synced!r}")
-        if not isinstance(states["residuals"], dict):
-            raise TypeError(f"DistOpt.set_states: residuals must be a dict {{tuple of parameter names: array}}, "
-                            f"got {type(states['residuals']).__name__}")
-        residuals = {}
-        for k, v in states["residuals"].items():
-            names = (k,) if isinstance(k, str) else tuple(k)
-            if not all(isinstance(n, str) for n in names):
-                raise TypeError(f"DistOpt.set_states: residual keys are tuples of parameter names, got {k!r}")
-            residuals[names] = CTensor.from_buffer(np.array(v, copy=True))
+        residuals = SparseExchange.parse_state(states["residuals"], "DistOpt.set_states")
         self.opt.set_states(states["opt"])  # checks its own states and changes nothing when it raises
-        self.partial, self.skipped_steps, self._synced = partial, skipped, bool(synced)
-        self._residuals = residuals
+        r.partial.set_state(partial)
+        r.skipped_steps, r.synced = skipped, bool(synced)
+        r.sparse.set_state(residuals)
 
+    # ----- the reducer's state under SINGA's (and earlier singa_lite's) names
     @property
     def synced(self) -> bool:
         """Whether the first step's model comparison and broadcast of rank 0's parameters is done."""
-        return self._synced
+        return self.reducer.synced
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped on every rank for a non-finite gradient (on_nonfinite="skip")."""
+        return self.reducer.skipped_steps
+
+    @skipped_steps.setter
+    def skipped_steps(self, value: int) -> None:
+        self.reducer.skipped_steps = value
+
+    @property
+    def partial(self) -> int:
+        """SINGA's name: which parameter partition the next partial update averages."""
+        return self.reducer.partial.next
+
+    @partial.setter
+    def partial(self, value: int) -> None:
+        self.reducer.partial.set_state(value)
+
+    @property
+    def _residuals(self) -> dict:
+        """The sparse updates' error feedback, {tuple of parameter names: CTensor} (exchange.SparseExchange)."""
+        return self.reducer.sparse.residuals
+
+    @property
+    def bytes_sent(self) -> int:
+        """The gradient (and parameter value) payload this rank handed to the exchanges."""
+        return self.reducer.bytes_sent
 
     # ----- internals
     def _threshold(self, threshold) -> int:
         return check_threshold(threshold, self.buffSize, "DistOpt")
 
-    @property
-    def bytes_sent(self) -> int:
-        return sum(f.bytes_sent for f in self._fusers.values())
-
-    def _fuser(self, wire_dtype) -> Fuser:
-        key = None if wire_dtype is None else wire_dtype.name
-        if key not in self._fusers:
-            self._fusers[key] = Fuser(self.communicator, self.buffSize, wire_dtype=wire_dtype, op="avg")
-        return self._fusers[key]
-
-    def _local_gradients(self, loss) -> list:
-        return [(self.opt._name_of(p), p, g) for p, g in autograd.backward(self._scaled(loss))]
-
-    def _scaled(self, loss):
-        """The loss the wrapped optimizer wants differentiated: amp.MixedPrecision's scale_loss multiplies it
-        by its loss scale (once: a loss it already scaled is returned as it is); others take it as it is."""
-        scale_loss = getattr(self.opt, "scale_loss", None)
-        return loss if scale_loss is None else scale_loss(loss)
-
-    def _apply(self, triples) -> None:
-        for name, p, g in triples:
-            self.opt.apply(name, p, g)
-        self.opt.step()
-
-    def _finite_everywhere(self, regions, local: bool = False) -> bool:
-        """Whether every tensor of `regions` is finite on every rank, decided the same way on every rank (an
-        all-reduce of the ranks' verdicts), so ranks never diverge on skipping a step. regions: the averaged
-        gradients (the same on every rank), or with `local` each rank's own gradients (partial and sparse
-        updates, checked before anything changes; the verdicts then name the ranks)."""
-        verdicts = np.zeros(self.world_size if local else 1, np.int32)
-        verdicts[self.global_rank if local else 0] = 0 if all(_all_finite(r) for r in regions) else 1
-        bad = from_host(verdicts, self._vote_device(regions))
-        self.communicator.all_reduce(bad, "max")
-        bad = to_host(bad)
-        if not bad.any():
-            return True
-        what = (f"the gradients of rank {', '.join(map(str, np.flatnonzero(bad)))}" if local
-                else "the averaged gradients")
-        if self.on_nonfinite == "raise":
-            raise FloatingPointError(f"DistOpt: {what} contain inf or nan; no parameter was changed on any rank "
-                                     f"(on_nonfinite='skip' skips such steps instead)")
-        self.skipped_steps += 1
-        skipped = getattr(self.opt, "step_skipped", None)  # amp.MixedPrecision backs its loss scale off
-        if skipped is not None:
-            skipped()
-        if self.global_rank == 0:
-            warnings.warn(f"DistOpt: inf or nan in {what}: step skipped on every rank ({self.skipped_steps} so "
-                          f"far)", RuntimeWarning, stacklevel=_user_stacklevel())
-        return False
-
-    def _abstain(self, regions) -> None:
-        """This rank's part in the finiteness vote of _finite_everywhere when it has nothing to vote on (a step
-        discarded inside join(), whose ranks out of data still vote): a verdict of "finite"."""
-        self.communicator.all_reduce(from_host(np.zeros(1, np.int32), self._vote_device(regions)), "max")
-
-    @staticmethod
-    def _vote_device(regions):
-        """Where a vote lives: the communicator's kind of memory, that of the gradients (NCCL: the GPU)."""
-        return regions[0].device if regions else _CPU
-
-    def _first_step(self, triples, force: bool = False) -> None:
-        """Once: compare the ranks' models, then give every rank rank 0's parameter values."""
-        if not force:
-            self._params = [(n, p) for n, p, _ in triples]
-        if self._synced and not force:
-            return
-        try:
-            replicas.broadcast_parameters(self.communicator, [(n, p) for n, p, _ in triples], 0, who="DistOpt")
-        except ValueError as e:
-            if force:
-                raise
-            line = fusion.user_line()  # in a backward pass, a parameter without a gradient is missing too
-            raise ValueError(f"{e}, or one rank's forward did not use some parameters at the first step (called "
-                             f"from {line or 'this process'}), so its backward gave them no gradient") from e
-        self._reference = [n for n, _, _ in triples]
-        self._synced = True
-
-    def _average_values(self, params, threshold: int) -> None:
-        fuser = self._fuser(None)
-        fuser.begin(threshold)
-        for p in params:
-            fuser.push(p.data)
-        fuser.finish()
-
     def _param_list(self, params, what: str) -> list:
         if params is None:
-            if not self._params:
+            if not self.reducer.params:
                 raise ValueError(f"DistOpt.{what}: no training step has run yet; pass the parameters "
                                  f"(e.g. list(model.get_params().values()))")
-            return [p for _, p in self._params]
+            return [p for _, p in self.reducer.params]
         params = list(params.values()) if isinstance(params, dict) else list(params)
         for p in params:
             if not isinstance(p, Tensor):
                 raise TypeError(f"DistOpt.{what}: parameters must be tensor.Tensor, got {type(p).__name__}")
         return params
-
-    def _sparse_group(self, raws, names, spars, topK, corr, average, residual=None) -> tuple:
-        """Sparse all-reduce of the tensors as one flat vector, written back in place, all on the tensors'
-        device (C++ kernels: the selection, the gather and the adds of (index, value) pairs). Returns (key,
-        new residual) for the caller to keep once the step is known to apply ((None, None) without error
-        feedback); a residual given (fused_sparsification's accumulation) is updated in place instead."""
-        where = raws[0].device if raws else _CPU
-        dtype = raws[0].dtype if raws else tensor.float32
-        if any(r.dtype != dtype or r.device != where for r in raws):
-            raise TypeError("DistOpt: the tensors of one sparse group must share one dtype and device, got "
-                            + ", ".join(f"{r.dtype.name} on {r.device}" for r in raws))
-        n = sum(r.numel for r in raws)
-        flat = _core.concat([r.reshape([r.numel]) for r in raws], 0) if raws else zeros([0], dtype, where)
-        key = None
-        if corr:
-            if residual is not None:
-                res = residual.reshape([n])
-            else:
-                key = tuple(names)
-                res = self._residual(key, n, dtype, where)
-            _core.add(flat, res, out=flat)
-        idx = _core.select_significant(flat, spars, topK)
-        vals = _core.take(flat, idx)
-        dense = self._sparse_sum(idx, vals, n, dtype, where, 1.0 / self.world_size if average else None)
-        if corr:  # what was not sent: flat (a copy: concat) with the sent entries set to exactly 0
-            _core.index_add_(flat, idx, _core.neg(vals))
-            if residual is not None:
-                _core.copy_(res, flat)
-        off = 0
-        for r in raws:
-            _core.copy_(r, dense.slice(0, off, off + r.numel, 1).reshape(list(r.shape)))
-            off += r.numel
-        return (key, flat) if key is not None else (None, None)
-
-    def _residual(self, key, n: int, dtype, where) -> CTensor:
-        """The error-feedback residual of a group of parameters, read only (zeros the first time; moved to the
-        gradients' device and dtype after set_states, which restores residuals on the host)."""
-        res = self._residuals.get(key)
-        if res is None or res.numel != n:
-            return zeros([n], dtype, where)
-        if res.device != where or res.dtype != dtype:
-            return res.reshape([n]).cast(dtype).to(where) if res.device.is_cpu() else res.to(where).cast(dtype)
-        return res
-
-    def _sparse_sum(self, idx: CTensor, vals: CTensor, n: int, dtype, where, scale=None) -> CTensor:
-        """Sum over ranks of the vectors holding vals at idx and zero elsewhere, each first multiplied by
-        scale (1 / world size for an average: a sum of the ranks' shares cannot overflow where their average
-        does not, as the fused half exchange divides before its sum): every rank's (index, value) pairs are
-        all-gathered (indices as int32 when they fit), then added in rank order, so every rank gets the same
-        result. 16-bit values are scaled and added in float32 and the result cast back."""
-        comm = self.communicator
-        counts = to_host(comm.all_gather(from_host(np.array([idx.numel], np.int64), where)))[:, 0]
-        width = max(int(counts.max()), 1)
-        wire = tensor.int32 if n < 2 ** 31 else tensor.int64
-        my_idx, my_val = zeros([width], wire, where), zeros([width], dtype, where)
-        if idx.numel:
-            _core.copy_(my_idx.slice(0, 0, idx.numel, 1), idx)
-            _core.copy_(my_val.slice(0, 0, idx.numel, 1), vals)
-        all_idx, all_val = comm.all_gather(my_idx), comm.all_gather(my_val)
-        wide = tensor.float32 if dtype in (tensor.float16, tensor.bfloat16) else dtype
-        if wide != dtype:
-            all_val = all_val.cast(wide)
-        if scale is not None:
-            _core.mul_scalar(all_val, scale, out=all_val)
-        dense = zeros([n], wide, where)
-        for r in range(comm.world_size):
-            c = int(counts[r])
-            if c:
-                rank_idx = all_idx.select(0, r).slice(0, 0, c, 1).cast(tensor.int64)
-                _core.index_add_(dense, rank_idx, all_val.select(0, r).slice(0, 0, c, 1))
-        return dense if wide == dtype else dense.cast(dtype)
-
-
-def _wire_dtype(half):
-    """backward()'s half: False -> None (each gradient's own dtype), True -> float16, or a 16-bit float dtype."""
-    if half is False or half is None:
-        return None
-    if half is True:
-        return tensor.float16
-    if half in (tensor.float16, tensor.bfloat16):
-        return half
-    raise ValueError(f"DistOpt: the wire dtype of a half exchange must be tensor.float16 or tensor.bfloat16, "
-                     f"got {half!r}")
-
-
-def _check_spars(spars, topK) -> float:
-    if isinstance(spars, bool) or not isinstance(spars, numbers.Real) or not math.isfinite(spars):
-        raise ValueError(f"DistOpt: spars must be a number, got {spars!r}")
-    if topK and not 0 < spars <= 1:
-        raise ValueError(f"DistOpt: with topK=True, spars is the fraction of entries sent, in (0, 1]; got {spars}")
-    if not topK and spars < 0:
-        raise ValueError(f"DistOpt: with topK=False, spars is the magnitude threshold, >= 0; got {spars}")
-    return float(spars)
-
-
-def _partitions(items, threshold: int, size) -> list:
-    """Consecutive groups as SINGA forms them: an item larger than threshold alone; smaller ones gathered
-    until the group passes threshold. size(item) -> elements."""
-    groups, current, acc = [], [], 0
-    for x in items:
-        n = size(x)
-        if n > threshold:
-            groups.append([x])
-            continue
-        current.append(x)
-        acc += n
-        if acc > threshold:
-            groups.append(current)
-            current, acc = [], 0
-    if current:
-        groups.append(current)
-    return groups
 
 
 def _count(value, what: str) -> int:

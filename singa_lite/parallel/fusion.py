@@ -54,10 +54,11 @@ def check_first_bucket(first_bucket, who: str) -> int:
 
 
 class _Bucket:
-    __slots__ = ("start", "end", "members", "work", "scale", "trace", "seq")
+    __slots__ = ("start", "end", "members", "params", "work", "scale", "trace", "seq")
 
     def __init__(self, start: int):
         self.start, self.end, self.members, self.work, self.scale = start, start, [], None, None
+        self.params = []  # the parameters of the members pushed with one (what a comm hook's bucket lists)
         self.seq = 0  # its place among the collectives this Fuser launched
         self.trace = None  # (name, launch time, bytes) while a timeline records
 
@@ -69,10 +70,20 @@ class Fuser:
     tensor's own; float16 or bfloat16: cast on packing, back on unpacking). op: the reduction ("sum" or "avg").
     scale: a factor applied to results after unpacking (e.g. world_size, to turn an fp16 average back into
     a sum computed without fp16 overflow).
+
+    reduce: None, or what replaces the all-reduce of a pass's buckets (a comm hook, parallel/exchange.py):
+    ``reduce(region, params, offsets, index, last)`` returns an object whose ``wait()`` leaves the reduced
+    values in `region`. So that `last` is known when it is called, each bucket is handed over when the pass
+    shows what follows it: at the next push (last=False) or at finish (last=True) -- one gradient of
+    backward later than the plain all-reduce would start.
     """
 
-    def __init__(self, comm, buff_elems: int, wire_dtype=None, op: str = "avg", scale: float | None = None):
+    def __init__(self, comm, buff_elems: int, wire_dtype=None, op: str = "avg", scale: float | None = None,
+                 reduce=None):
         self.comm, self.buff_elems, self.wire_dtype, self.op, self.scale = comm, buff_elems, wire_dtype, op, scale
+        self.reduce = reduce
+        self._held = None  # with reduce: (entry, region, params, offsets) sent, not yet handed over
+        self._index = 0  # buckets of this pass handed to reduce
         self._buffers = {}  # dtype -> flat CTensor of buff_elems elements, allocated on first use
         self._open = {}  # dtype -> the bucket being filled
         self._in_flight = []  # buckets sent and not yet unpacked, in send order
@@ -97,6 +108,7 @@ class Fuser:
         first_bucket = check_first_bucket(first_bucket, "fusion")
         self._threshold, self._cap = threshold, min(threshold, first_bucket or threshold)
         self._launches = 0
+        self._index = 0
         self.passes += 1
         self.names = []
 
@@ -105,19 +117,24 @@ class Fuser:
         """Whether a pass was begun and not finished."""
         return self._cap is not None
 
-    def push(self, t: CTensor, name: str | None = None) -> None:
+    def push(self, t: CTensor, name: str | None = None, param=None) -> None:
         """Queues t (a gradient just computed) for the pass's exchange; see launch(). name: its parameter's
-        name, which explain() reports when the ranks' buckets differ."""
+        name, which explain() reports when the ranks' buckets differ; param: the parameter (a comm hook's
+        bucket lists them)."""
         if self._cap is None:
             raise RuntimeError("fusion: push() outside a pass; call begin(threshold, first_bucket) first")
         if name is not None:
             self.names.append(name)
-        self._cap = self.launch(t, self._threshold, self._cap)
+        if self._held is not None:  # more follows: the bucket sent last is not the pass's last
+            self._hand_over(last=False)
+        self._cap = self.launch(t, self._threshold, self._cap, param)
 
     def cancel(self) -> None:
         """Ends a pass without sending its open bucket (the backward pass failed: nothing here waits on a
-        collective). Buckets already sent complete at the next wait()."""
+        collective). Buckets already sent complete at the next wait(); one not yet handed to `reduce` never
+        is."""
         self._open.clear()
+        self._drop_held()
         self._threshold = self._cap = None
 
     def finish(self) -> list:
@@ -127,7 +144,7 @@ class Fuser:
         return self.wait()
 
     # ----- packing
-    def add(self, t: CTensor) -> None:
+    def add(self, t: CTensor, param=None) -> None:
         """Copies t (contiguous or not) into the open bucket of its wire dtype."""
         dtype = self.wire_dtype or t.dtype
         n = t.numel
@@ -143,21 +160,23 @@ class Fuser:
         region = self._buffer(dtype, t.device).slice(0, bucket.end, bucket.end + n)
         _core.copy_(region, t.reshape([n]) if t.is_contiguous() else t.contiguous().reshape([n]))
         bucket.members.append((t, bucket.end, n))
+        if param is not None:
+            bucket.params.append(param)
         bucket.end += n
 
-    def launch(self, t: CTensor, threshold: int, cap: int) -> int:
+    def launch(self, t: CTensor, threshold: int, cap: int, param=None) -> int:
         """Queues t for the exchange, as a gradient comes out of backward: alone when larger than threshold,
         else into the open bucket, which is sent first if t would take it past threshold, and right after if
         it now holds cap elements or more. Returns the cap for the next bucket: threshold once one has gone
         (a pass passes a smaller first cap so that a step's exchange starts early; begin/push/finish keep
         the cap for their caller)."""
         if t.numel > threshold:
-            self.send_alone(t)
+            self.send_alone(t, param)
             return cap
         if self.open_elems(t.dtype) + t.numel > threshold:
             self.send()
             cap = threshold
-        self.add(t)
+        self.add(t, param)
         if self.open_elems(t.dtype) >= cap:
             self.send()
             cap = threshold
@@ -177,14 +196,17 @@ class Fuser:
             region = self._buffers[d].slice(0, bucket.start, bucket.end)
             self.bytes_sent += region.nbytes
             t0 = time.perf_counter()
-            bucket.work = self.comm.all_reduce(region, self.op, async_op=True)
+            if self.reduce is None:
+                bucket.work = self.comm.all_reduce(region, self.op, async_op=True)
             self._launched += 1
             bucket.seq = self._launched
-            if timeline._active is not None:
-                bucket.trace = self._traced_launch("bucket", t0, region.nbytes)
             self._in_flight.append((d, bucket))
+            if self.reduce is not None:
+                self._hold(bucket, region, bucket.params, [off - bucket.start for _, off, _ in bucket.members])
+            elif timeline._active is not None:
+                bucket.trace = self._traced_launch("bucket", t0, region.nbytes)
 
-    def send_alone(self, t: CTensor) -> None:
+    def send_alone(self, t: CTensor, param=None) -> None:
         """All-reduces t by itself (a tensor larger than the fusion threshold), asynchronously."""
         wire = self.wire_dtype or t.dtype
         staging = None
@@ -194,20 +216,61 @@ class Fuser:
         sent = t if staging is None else staging
         self.bytes_sent += sent.nbytes
         t0 = time.perf_counter()
-        work = self.comm.all_reduce(sent, self.op, async_op=True)
-        trace = self._traced_launch("tensor", t0, sent.nbytes) if timeline._active is not None else None
+        work = self.comm.all_reduce(sent, self.op, async_op=True) if self.reduce is None else None
         self._launched += 1
-        self._direct.append((work, t, staging, trace, self._launched))
+        entry = [work, t, staging, None, self._launched]  # work, tensor, staging, trace, seq
+        self._direct.append(entry)
+        if self.reduce is not None:
+            self._hold(entry, sent.reshape([sent.numel]), [] if param is None else [param], [0])
+        elif timeline._active is not None:
+            entry[3] = self._traced_launch("tensor", t0, sent.nbytes)
+
+    # ----- handing buckets to `reduce` (a comm hook)
+    def _hold(self, entry, region: CTensor, params, offsets) -> None:
+        if self._held is not None:  # a bucket follows it: not the last
+            self._hand_over(last=False)
+        self._held = (entry, region, list(params), offsets)
+
+    def _hand_over(self, last: bool) -> None:
+        entry, region, params, offsets = self._held
+        self._held = None
+        t0 = time.perf_counter()
+        try:
+            work = self.reduce(region, params, offsets, self._index, last)
+        except BaseException:
+            self._forget(entry)  # never started: nothing to wait for
+            raise
+        self._index += 1
+        what = "bucket" if isinstance(entry, _Bucket) else "tensor"
+        trace = self._traced_launch(what, t0, region.nbytes) if timeline._active is not None else None
+        if isinstance(entry, _Bucket):
+            entry.work, entry.trace = work, trace
+        else:
+            entry[0], entry[3] = work, trace
+
+    def _drop_held(self) -> None:
+        if self._held is not None:
+            self._forget(self._held[0])
+            self._held = None
+
+    def _forget(self, entry) -> None:
+        if isinstance(entry, _Bucket):
+            self._in_flight[:] = [(d, b) for d, b in self._in_flight if b is not entry]
+        else:
+            self._direct[:] = [e for e in self._direct if e is not entry]
 
     # ----- unpacking
-    def wait(self) -> list:
+    def wait(self, last: bool = True) -> list:
         """Sends what is still open, waits for every bucket, writes results back into the tensors. Returns
-        the reduced wire-format regions (for checks such as finiteness)."""
+        the reduced wire-format regions (for checks such as finiteness). last=False: more of the pass
+        follows (a full buffer waited for mid-pass)."""
         self.send()
         t0 = time.perf_counter()
         waited = len(self._in_flight) + len(self._direct)
         self.left_behind = 0
         try:
+            if self._held is not None:
+                self._hand_over(last)
             regions = self._unpack()
         except BaseException:
             # A failed collective (mismatched buckets, a timeout) ends the pass: what is still in flight is not
@@ -328,7 +391,7 @@ class Fuser:
         ends = [b.end for d, b in self._in_flight if d == dtype]
         start = max(ends) if ends else 0
         if start + n > self.buff_elems:
-            self.wait()
+            self.wait(last=False)
             start = 0
         return start
 

@@ -38,22 +38,23 @@ _CPU = _core.Device("cpu")
 
 
 class Join:
-    """The context ``DistOpt.join()`` returns; see the module."""
+    """The context ``DistOpt.join()`` returns; see the module. reducer: the DistOpt's (reducer.py), whose
+    public methods are all this uses."""
 
-    def __init__(self, dist_opt, divide_by_initial_world_size: bool = False):
-        self._dist = dist_opt
+    def __init__(self, reducer, divide_by_initial_world_size: bool = False):
+        self._reducer = reducer
         self.divide_by_initial_world_size = bool(divide_by_initial_world_size)
-        self.layout = None  # (threshold, first_bucket, half, device, [(shape, dtype)]) of the last exchange
+        self.layout = None  # (threshold, first_bucket, wire dtype, device, [(shape, dtype)]) of the last exchange
         self.shadowed = 0  # passes this rank answered with zeros after leaving the block
         self._zeros = None  # (name, param, zero gradient) made from layout
         self._key = None  # layout with parameters by identity, to tell when it changed
 
     def __enter__(self):
-        d = self._dist
-        if d._join is not None:
+        r = self._reducer
+        if r.join is not None:
             raise RuntimeError("DistOpt.join: already inside a join() block of this DistOpt; they do not nest")
-        d._require_no_open_step("join")
-        d._join = self
+        r.require_no_open_step("join")
+        r.join = self
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -61,33 +62,33 @@ class Join:
             if exc_type is None:
                 self._answer_until_all_left()
         finally:
-            self._dist._join = None
+            self._reducer.join = None
         return False
 
     # ----- the training ranks' side
     def vote(self, training: bool) -> int:
         """One all-reduce: how many ranks still train (this one counts if `training`)."""
-        comm = self._dist.communicator
+        comm = self._reducer.communicator
         where = getattr(getattr(comm, "device", None), "core", None) or _CPU
         flag = CTensor.from_buffer(np.array([1 if training else 0], np.int32))
         flag = flag if where.is_cpu() else flag.to(where)
         comm.all_reduce(flag, "sum")
         return int(np.asarray(flag if flag.device.is_cpu() else flag.to(_CPU))[0])
 
-    def record(self, threshold: int, first_bucket: int, half: bool, triples) -> None:
+    def record(self, threshold: int, first_bucket: int, wire, triples) -> None:
         """Remembers the buckets of an exchanging pass (what a rank out of data repeats with zeros) and the
         parameters they update."""
         members = [(name, p, list(g.data.shape), g.data.dtype) for name, p, g in triples]
         where = triples[0][2].data.device if triples else _CPU
-        key = (threshold, first_bucket, half, where, [(n, id(p), shape, dt) for n, p, shape, dt in members])
+        key = (threshold, first_bucket, wire, where, [(n, id(p), shape, dt) for n, p, shape, dt in members])
         if key != self._key:  # a new layout: the zero gradients are made again at the next answer
             self._key, self._zeros = key, None
-            self.layout = (threshold, first_bucket, half, where, members)
+            self.layout = (threshold, first_bucket, wire, where, members)
 
     def factor(self, contributors: int) -> float | None:
         """What the averaged gradients are multiplied by (the fused exchange divides by the world size), or
         None for nothing."""
-        world = self._dist.world_size
+        world = self._reducer.world_size
         if self.divide_by_initial_world_size or contributors in (0, world):
             return None
         return world / contributors
@@ -96,31 +97,27 @@ class Join:
     def _answer_until_all_left(self) -> None:
         """Each pass the others make: zeros into the same buckets, then the same update with the average
         they get (so this replica and its optimizer state stay the same as theirs), until all have left."""
-        from .pending import PendingStep
-
-        d = self._dist
-        if not d._accum.empty:
-            warnings.warn(f"DistOpt.join: rank {d.global_rank} left the join() block with {d._accum.passes} "
+        r = self._reducer
+        acc = r.accumulator
+        if not acc.empty:
+            warnings.warn(f"DistOpt.join: rank {r.rank} left the join() block with {acc.passes} "
                           f"accumulated backward pass(es) not exchanged; they are dropped (end the block after "
                           f"an updating pass)", RuntimeWarning, stacklevel=3)
-            d._accum.clear()
+            acc.clear()
         while True:
             contributors = self.vote(False)
             if contributors == 0:
                 return
             if self.layout is None:
-                raise RuntimeError(f"DistOpt.join: rank {d.global_rank} left the join() block before making any "
+                raise RuntimeError(f"DistOpt.join: rank {r.rank} left the join() block before making any "
                                    f"exchanging pass in it, so it does not know the buckets to answer with; give "
                                    f"every rank at least one batch (the others will time out)")
-            threshold, first_bucket, half, where, members = self.layout
+            threshold, first_bucket, wire, where, members = self.layout
             if self._zeros is None:
                 self._zeros = [(name, p, tensor.Tensor(data=CTensor(shape, dtype, where), requires_grad=False))
                                for name, p, shape, dtype in members]
-            fuser = d._fuser(tensor.float16 if half is True else (half or None))  # half: a bool or the wire dtype
-            fuser.begin(threshold, first_bucket)
             for _, _, z in self._zeros:
                 _core.fill_(z.data, 0)  # the last answer left the average in them
-                fuser.push(z.data)
-            d._pending = PendingStep(d, fuser, list(self._zeros), self.factor(contributors))
-            d._pending.finish()  # the averaged gradients, the finiteness vote, the update
+            # the same buckets as the ranks that train, then the averaged gradients, the vote, the update
+            r.answer(r.fused(wire), self._zeros, threshold, first_bucket, self.factor(contributors))
             self.shadowed += 1

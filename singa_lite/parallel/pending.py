@@ -1,16 +1,16 @@
 """The fused step between its two phases (``DistOpt.backward(loss)`` -> :class:`PendingStep`): waiting for the
-exchange, the averaged gradients, then the update or the discard. Split from dist_opt.py, which makes it; it
-calls back into its DistOpt for the finiteness vote, the update and the accumulation."""
+exchange, the averaged gradients, then the update or the discard. The reducer (reducer.py) makes it; it moves
+the step forward through the reducer's public methods (complete, apply, drop, release) and nothing else."""
 from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING
 
-from .. import _core, timeline
+from .. import timeline
 
 if TYPE_CHECKING:
-    from .dist_opt import DistOpt
     from .fusion import Fuser
+    from .reducer import Reducer
 
 __all__ = ["PendingStep"]
 
@@ -23,13 +23,13 @@ class PendingStep:
     ``discard()`` completes the exchange and drops them. Every rank must make the same calls in the same
     order: synchronize() ends with a collective vote on whether the averaged gradients are finite.
 
-    A pass of gradient accumulation that exchanges nothing (``accumulating``; fuser None) gives no pairs:
+    A pass of gradient accumulation that exchanges nothing (``accumulating``; no exchange) gives no pairs:
     finish() adds its gradients to this rank's sums, discard() drops them.
     """
 
-    def __init__(self, dist_opt: DistOpt, fuser: Fuser | None, triples: list, scale: float | None = None,
+    def __init__(self, reducer: Reducer, exchange: Fuser | None, triples: list, scale: float | None = None,
                  joined: bool = False):
-        self._dist, self._fuser, self._triples = dist_opt, fuser, triples
+        self._reducer, self._exchange, self._triples = reducer, exchange, triples
         self._scale = scale  # join(): world size / ranks that contributed (None: the plain average)
         self._joined = joined  # made inside join(): a rank out of data takes part in the finiteness vote
         self._state = "exchanging"  # -> "synchronized" -> "finished"; or -> "discarded"
@@ -42,7 +42,7 @@ class PendingStep:
     @property
     def accumulating(self) -> bool:
         """Whether this pass only accumulates its gradients on this rank (no exchange, no update)."""
-        return self._fuser is None
+        return self._exchange is None
 
     @property
     def state(self) -> str:
@@ -69,18 +69,10 @@ class PendingStep:
             self._finite, self._state = True, "synchronized"
             return []
         try:
-            regions = self._fuser.finish()
-            if self._scale is not None:  # joined ranks sent zeros: the mean over the ranks that trained
-                for _, _, g in self._triples:
-                    _core.mul_scalar(g.data, self._scale, out=g.data)
-            self._finite = self._dist._finite_everywhere(regions)
-        except BaseException as e:
+            self._finite = self._reducer.complete(self._exchange, self._triples, self._scale)
+        except BaseException:
             self._close("finished")  # the step cannot be applied; the DistOpt takes a new backward
-            # the ranks' buckets (or the finiteness vote behind them) differ: name the parameters
-            explained = self._fuser.explain(e, "DistOpt", self._dist._reference, [n for n, _, _ in self._triples])
-            if explained is e:
-                raise
-            raise explained from e
+            raise
         self._state = "synchronized"
         return self.gradients
 
@@ -108,10 +100,10 @@ class PendingStep:
         self._require("synchronized", "finish")
         try:
             if self.accumulating:
-                self._dist._accum.add(self._triples)
+                self._reducer.accumulator.add(self._triples)
             elif self._finite:
                 t0 = time.perf_counter()
-                self._dist._apply(self._triples)
+                self._reducer.apply(self._triples)
                 timeline.record("update", "update", t0, {"params": len(self._triples)})
         finally:
             self._close("finished")
@@ -124,9 +116,7 @@ class PendingStep:
             return
         try:
             if self._state == "exchanging" and not self.accumulating:
-                regions = self._fuser.finish()
-                if self._joined:  # ranks out of data answer the finiteness vote too: give ours
-                    self._dist._abstain(regions)
+                self._reducer.drop(self._exchange, self._joined)  # ranks out of data vote too: ours
         finally:
             self._close("discarded")
             timeline.step_end()
@@ -138,5 +128,4 @@ class PendingStep:
 
     def _close(self, state: str) -> None:
         self._state = state
-        if self._dist._pending is self:
-            self._dist._pending = None
+        self._reducer.release(self)

@@ -59,6 +59,7 @@ from .join import Join
 from .lowlevel import SingaCalls
 from .pending import PendingStep
 from .reducer import Reducer, all_finite as _all_finite  # noqa: F401  (_all_finite: its old home)
+from .replica_check import ReplicaCheck
 
 __all__ = ["DistOpt", "PendingStep", "DEFAULT_THRESHOLD", "DEFAULT_FIRST_BUCKET"]
 
@@ -87,6 +88,8 @@ class DistOpt(SingaCalls):
     broadcast_buffers: what ``sync_buffers(model)`` (called by Model.eval()) does with batch norm's running
     statistics: True, rank 0's to every rank; "average", their mean; False, nothing (parallel/buffers.py);
     also which buffers a checkpoint's one model gets (rank 0's, or with "average" the mean; singa_lite.checkpoint).
+    check_replicas_every=N: every N updates the ranks compare hashes of parameters and optimizer state; ReplicaMismatch
+    names the ranks and the first tensor that differs (parallel/replica_check.py; not after partial updates).
     Gradient accumulation (parallel/accumulate.py)::
 
         sgd = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), backward_passes_per_step=4)
@@ -98,7 +101,7 @@ class DistOpt(SingaCalls):
                  gpu_num=None, gpu_per_node=None, communicator=None, backend=None, timeout=None,
                  on_nonfinite: str = "skip", overlap: bool = True, first_bucket: int = DEFAULT_FIRST_BUCKET,
                  backward_passes_per_step: int = 1, average_accumulated: bool = True,
-                 broadcast_buffers=True, hierarchical: bool = False):
+                 broadcast_buffers=True, hierarchical: bool = False, check_replicas_every: int | None = None):
         from ..comm import hierarchical as hier, init
 
         self.opt = SGD() if opt is None else opt
@@ -136,6 +139,8 @@ class DistOpt(SingaCalls):
         self.reducer = Reducer(communicator, self.opt, self.buffSize, first_bucket=self.first_bucket,
                                overlap=self.overlap, on_nonfinite=on_nonfinite,
                                passes_per_step=backward_passes_per_step, average_accumulated=average_accumulated)
+        if check_replicas_every is not None:
+            self.reducer.replica_check = ReplicaCheck(communicator, check_replicas_every)
         self._init_singa_calls(communicator, self.buffSize)
 
     def __repr__(self):
@@ -166,7 +171,7 @@ class DistOpt(SingaCalls):
         triples = r.local_step("backward_and_partial_update", loss)
         if triples is None:
             return
-        r.apply(triples)
+        r.apply(triples, replicas_equal=False)
         r.partial.average_next([p for _, p, _ in triples], threshold, r.average_values)
 
     def backward_and_sparse_update(self, loss, threshold=DEFAULT_THRESHOLD, spars=0.05, topK=False,

@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import _core, autograd
 from ..raw import from_host, to_host
-from . import fusion, replicas
+from . import fusion, hooks, replicas
 from .accumulate import Accumulator
 from .exchange import HalfExchange, HookExchange, PartialExchange, PlainExchange, SparseExchange
 from .pending import PendingStep
@@ -84,13 +84,13 @@ class Reducer:
         self._fused = {}  # wire dtype name (None: the gradients' own) -> PlainExchange / HalfExchange
         self._hook = None  # HookExchange once register_comm_hook was called
         self._passes = 0  # backward passes begun (a comm hook is registered before the first)
+        self.updates = 0  # optimizer updates applied: the step number the replica check counts
+        self.replica_check = None  # a replica_check.ReplicaCheck (DistOpt's check_replicas_every), or None
 
     # ----- what crosses the wire
     def register_comm_hook(self, state, hook) -> None:
         """Every later plain exchange hands its buckets to ``hook(state, bucket)`` (see exchange.HookExchange)."""
-        if not callable(hook):
-            raise TypeError(f"{self.who}.register_comm_hook: hook must be callable as hook(state, bucket), got "
-                            f"{type(hook).__name__}")
+        state, hook = hooks.check_comm_hook(state, hook, f"{self.who}.register_comm_hook")
         if self._hook is not None:
             raise RuntimeError(f"{self.who}.register_comm_hook: a comm hook is already registered "
                                f"({getattr(self._hook.hook, '__qualname__', self._hook.hook)!r}); only one can be")
@@ -236,11 +236,15 @@ class Reducer:
                 raise
             raise explained from e
 
-    def apply(self, triples) -> None:
-        """One update of the optimizer with these gradients."""
+    def apply(self, triples, replicas_equal: bool = True) -> None:
+        """One update of the optimizer with these gradients; then, every N updates, the replica check
+        (replicas_equal=False: an update after which the ranks' parameters differ on purpose, the partial mode's)."""
         for name, p, g in triples:
             self.opt.apply(name, p, g)
         self.opt.step()
+        self.updates += 1
+        if self.replica_check is not None and replicas_equal:
+            self.replica_check.after_step(self.updates, [(n, p) for n, p, _ in triples], self.opt)
 
     def drop(self, exchange, joined: bool) -> None:
         """A discarded step: its exchange completed (the other ranks made it) and, inside join(), this rank's

@@ -20,6 +20,10 @@ from dist_cases import run_ranks  # noqa: E402
     ("ddp_and_data_parallel_take_a_hook", 2),
     ("join_with_a_hook", 3),
     ("misuse_is_refused", 2),
+    ("shipped_hooks_through_distopt", 2),
+    ("shipped_hooks_through_distopt", 3),
+    ("replica_check_through_distopt", 2),
+    ("replica_check_through_distopt", 3),
 ])
 def test_scenario(name, world_size):
     out, _, _ = run_ranks(register_hook_cases.run, world_size, timeout=240, args=(name,))

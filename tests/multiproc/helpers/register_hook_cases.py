@@ -204,6 +204,68 @@ def scenario_misuse_is_refused(comm):
     return "ok"
 
 
+def scenario_shipped_hooks_through_distopt(comm):
+    # parallel.hooks through DistOpt.register_comm_hook: allreduce_hook is plain DistOpt bit for bit; fp16 and
+    # bf16 compression within their precision of it; PowerSGD (rank 2, from the first step) trains as plain does
+    # (its loss within 5 % after 30 steps) and leaves every rank with the same parameters; bytes fall.
+    from singa_lite.parallel import hooks
+
+    def train(hook=None, state=None, steps=STEPS):
+        params = make_params(0)
+        dopt = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), communicator=comm)
+        if hook is not None:
+            dopt.register_comm_hook(state, hook)
+        for step in range(steps):
+            loss = shard_loss(comm, params, step % STEPS)
+            dopt.backward_and_update(loss, threshold=150)
+        return values(params), float(tensor.to_numpy(loss).reshape(-1)[0])
+
+    plain, _ = train()
+    same(train(hooks.allreduce_hook)[0], plain, "allreduce_hook")
+    for hook, tol in ((hooks.fp16_compress_hook, 2e-3), (hooks.bf16_compress_hook, 2e-2)):
+        got, _ = train(hook)
+        for k in plain:
+            np.testing.assert_allclose(got[k], plain[k], atol=tol, err_msg=f"{hook.__name__}: {k}")
+    _, plain_loss = train(steps=30)
+    state = hooks.PowerSGDState(matrix_approximation_rank=2, start_powerSGD_iter=1)
+    got, psgd_loss = train(hooks.powerSGD_hook, state, steps=30)
+    assert psgd_loss < plain_loss * 1.05 + 1e-3, (psgd_loss, plain_loss)
+    everyone = comm.all_gather_object({k: v.tobytes() for k, v in got.items()})
+    assert all(e == everyone[0] for e in everyone), "PowerSGD left the replicas different"
+    stats = state.compression_stats()
+    assert stats, stats
+    return "ok"
+
+
+def scenario_replica_check_through_distopt(comm):
+    # DistOpt(check_replicas_every=2): equal replicas pass (the check ran at updates 2 and 4); a parameter nudged
+    # on the last rank is named, on every rank, at the next check; partial updates are never checked
+    from singa_lite.parallel.replica_check import ReplicaMismatch
+
+    params = make_params(0)
+    dopt = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), communicator=comm, check_replicas_every=2)
+    for step in range(4):
+        dopt.backward_and_update(shard_loss(comm, params, step))
+    check = dopt.reducer.replica_check
+    assert (check.checks, check.last_step) == (2, 4), check
+    dopt.backward_and_update(shard_loss(comm, params, 0))  # update 5: no check
+    if comm.rank == comm.world_size - 1:
+        w = tensor.to_numpy(params["b1"]).copy()
+        w[3] = np.nextafter(w[3], np.float32(np.inf))  # one ulp
+        params["b1"].copy_from_numpy(w)
+    with pytest.raises(ReplicaMismatch) as caught:
+        dopt.backward_and_update(shard_loss(comm, params, 1))  # update 6: checked
+    said = str(caught.value)
+    assert f"rank {comm.world_size - 1}" in said and "b1" in said, said
+    partial = opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, check_replicas_every=1)
+    for step in range(2):
+        partial.backward_and_partial_update(shard_loss(comm, make_params(comm.rank), step))
+    assert partial.reducer.replica_check.checks == 0
+    with pytest.raises(ValueError, match="every"):
+        opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, check_replicas_every=0)
+    return "ok"
+
+
 SCENARIOS = {
     "a_hook_that_all_reduces_gives_plain_distopts_parameters":
         scenario_a_hook_that_all_reduces_gives_plain_distopts_parameters,
@@ -211,6 +273,8 @@ SCENARIOS = {
     "ddp_and_data_parallel_take_a_hook": scenario_ddp_and_data_parallel_take_a_hook,
     "join_with_a_hook": scenario_join_with_a_hook,
     "misuse_is_refused": scenario_misuse_is_refused,
+    "shipped_hooks_through_distopt": scenario_shipped_hooks_through_distopt,
+    "replica_check_through_distopt": scenario_replica_check_through_distopt,
 }
 
 

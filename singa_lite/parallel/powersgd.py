@@ -31,7 +31,7 @@ import numpy as np
 from .. import _core, tensor
 from ..tensor import Tensor
 from .bucket import GradBucket
-from .hooks import HookFuture, HookState, _resolve_state
+from .hook_state import HookFuture, HookState, _resolve_state
 
 __all__ = ["PowerSGDState", "powerSGD_hook", "orthogonalize"]
 

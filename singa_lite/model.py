@@ -123,8 +123,12 @@ class Model(Layer):
 
     def set_optimizer(self, optimizer) -> None:
         """The optimizer ``train_one_batch`` uses (``self.optimizer``), as SINGA's examples do. A DistOpt
-        gets rank 0's parameter values on every rank as soon as the parameters exist (here, or in compile)."""
+        gets rank 0's parameter values on every rank as soon as the parameters exist (here, or in compile); one
+        with find_unused_parameters=True and no parameters= takes this model's get_params() as its set."""
         self.optimizer = optimizer
+        used_mask = getattr(getattr(optimizer, "reducer", None), "unused", None)  # parallel/unused.py
+        if used_mask is not None:
+            used_mask.adopt(self.get_params)
         if self._initialized:
             self._sync_replicas()
 

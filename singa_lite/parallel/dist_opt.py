@@ -9,9 +9,9 @@ Four ways to synchronise, as SINGA, each an exchange strategy (parallel/exchange
 ``backward_and_update`` (fused buckets averaged while backward runs; the first bucket leaves at ``first_bucket``
 elements), ``backward_and_update_half`` (the same in float16 / bfloat16, divided before the sum),
 ``backward_and_partial_update`` (local updates, then one partition of parameter values averaged per call) and
-``backward_and_sparse_update`` (significant entries only, with residuals). ``register_comm_hook(state, hook)``
-lets a user's hook reduce the buckets of the first, as PyTorch DDP's. The step itself (buckets, overlap,
-accumulation, the finiteness vote, the update) is the reducer's (parallel/reducer.py); this class is its face.
+``backward_and_sparse_update`` (significant entries only, with residuals). ``register_comm_hook(state, hook)`` lets a
+user's hook reduce the buckets of the first, as PyTorch DDP's. The step itself (buckets, overlap, accumulation, the
+finiteness vote, the update) is the reducer's (parallel/reducer.py); this class is its face.
 
 ``backward_and_update`` is two phases, public so that a step can read or change the averaged gradients
 before they are applied (every rank makes the same calls)::
@@ -23,22 +23,22 @@ before they are applied (every rank makes the same calls)::
 
 (``sgd.synchronize()`` / ``sgd.step()`` do the same on the step ``sgd.backward`` left open.)
 
-Training features built on it (each in its own module): gradient accumulation, ``backward_passes_per_step=k``
-and ``no_sync()`` (parallel/accumulate.py); clipping by the global norm between the phases,
+Training features built on it (each in its own module): gradient accumulation, ``backward_passes_per_step=k`` and
+``no_sync()`` (parallel/accumulate.py); clipping by the global norm between the phases,
 ``pending.clip_grad_norm(max_norm)`` / ``opt.clip_grad_norm(pairs, max_norm)`` (clip.py); buffers,
 ``broadcast_buffers`` and ``sync_buffers(model)`` (parallel/buffers.py; ``layer.SyncBatchNorm2d`` in
-sync_batchnorm.py); uneven inputs, ``with sgd.join():`` (parallel/join.py).
+sync_batchnorm.py); uneven inputs, ``with sgd.join():`` (parallel/join.py); rank-dependent branches,
+``find_unused_parameters=True`` (parallel/unused.py).
 
-Differences from SINGA, on purpose: buffer bounds are checked; float16 and sparse averages divide before
-the sum; top-K compares magnitudes as floats (SINGA's comparator truncated them); at the first step rank
-0's parameters are broadcast and the ranks' models are compared (names, shapes, dtypes, order), raising
-ValueError on every rank with the difference; a non-finite gradient skips the step on every rank
-(``on_nonfinite="skip"``, counted in ``skipped_steps``, a warning on rank 0) or raises FloatingPointError on
-every rank (``"raise"``), in both cases with no parameter, optimizer state or residual changed. The fused
-modes test the averaged gradients; the partial and sparse modes test each rank's own gradients before
-anything changes, at the cost of one all-reduce of ``world_size`` integers per step, and the sparse mode its
-averaged gradients too (one more all-reduce of one integer): a residual added to finite gradients can still
-overflow.
+Differences from SINGA, on purpose: buffer bounds are checked; float16 and sparse averages divide before the sum; top-K
+compares magnitudes as floats (SINGA's comparator truncated them); at the first step rank 0's parameters are broadcast
+and the ranks' models are compared (names, shapes, dtypes, order), raising ValueError on every rank with the
+difference; a non-finite gradient skips the step on every rank (``on_nonfinite="skip"``, counted in ``skipped_steps``,
+a warning on rank 0) or raises FloatingPointError on every rank (``"raise"``), in both cases with no parameter,
+optimizer state or residual changed. The fused modes test the averaged gradients; the partial and sparse modes test
+each rank's own gradients before anything changes, at the cost of one all-reduce of ``world_size`` integers per step,
+and the sparse mode its averaged gradients too (one more all-reduce of one integer): a residual added to finite
+gradients can still overflow.
 """
 from __future__ import annotations
 
@@ -48,10 +48,9 @@ import numbers
 import numpy as np
 
 from .. import _core, autograd, tensor  # noqa: F401  (autograd: scripts patch backward through this module)
-from ..comm.communicator import raw_tensor
 from ..opt import SGD, Optimizer
 from ..tensor import Tensor
-from . import buffers, replicas
+from . import buffers, replicas, unused
 from .accumulate import check_passes
 from .exchange import SparseExchange, check_spars, wire_dtype
 from .fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD, check_first_bucket, check_threshold
@@ -64,32 +63,30 @@ from .replica_check import ReplicaCheck
 __all__ = ["DistOpt", "PendingStep", "DEFAULT_THRESHOLD", "DEFAULT_FIRST_BUCKET"]
 
 
-def _raw(t, what: str) -> _core.Tensor:
-    return raw_tensor(t, f"DistOpt.{what}")
-
-
 class DistOpt(SingaCalls):
     """Wraps `opt` (default ``SGD()``) for data-parallel training.
 
-    nccl_id: None for the MPI bootstrap (``mpiexec``); the parent's ``NcclIdHolder`` for processes started
-    by multiprocessing, with local_rank / world_size (SINGA's seed scripts pass them as gpu_num /
-    gpu_per_node, accepted too). buffSize: the fusion buffer's size in elements. communicator: an existing
-    ``dist.Communicator`` to use instead (backend / timeout otherwise go to ``dist.init``). overlap=False
-    starts the gradient exchange only after the whole backward pass (to measure what overlapping gains).
-    hierarchical=True: gradients are summed within each host over shared memory, across hosts between one
-    leader per host, then broadcast within the host (comm/hierarchical.py; ranks on several hosts under
-    mpiexec; one host is left as it is).
-    first_bucket: elements after which a step's first bucket is sent (0: it waits for ``threshold`` too).
-    ``bytes_sent`` counts the gradient payload this rank has handed to all-reduces.
+    nccl_id: None for the MPI bootstrap (``mpiexec``); the parent's ``NcclIdHolder`` for processes started by
+    multiprocessing, with local_rank / world_size (SINGA's seed scripts pass them as gpu_num / gpu_per_node, accepted
+    too). buffSize: the fusion buffer's size in elements. communicator: an existing ``dist.Communicator`` to use
+    instead (backend / timeout otherwise go to ``dist.init``). overlap=False starts the gradient exchange only after
+    the whole backward pass (to measure what overlapping gains). hierarchical=True: gradients are summed within each
+    host over shared memory, across hosts between one leader per host, then broadcast within the host
+    (comm/hierarchical.py; ranks on several hosts under mpiexec; one host is left as it is). first_bucket: elements
+    after which a step's first bucket is sent (0: it waits for ``threshold`` too). ``bytes_sent`` counts the gradient
+    payload this rank has handed to all-reduces.
 
-    backward_passes_per_step=k: gradients accumulate on each rank and are exchanged once per k backward
-    passes (``no_sync()`` defers the exchange by hand); average_accumulated=True divides the gathered sum by
-    the number of passes, so a mean-reduced loss needs no 1/k (False sums them: divide the loss by k).
-    broadcast_buffers: what ``sync_buffers(model)`` (called by Model.eval()) does with batch norm's running
-    statistics: True, rank 0's to every rank; "average", their mean; False, nothing (parallel/buffers.py);
-    also which buffers a checkpoint's one model gets (rank 0's, or with "average" the mean; singa_lite.checkpoint).
-    check_replicas_every=N: every N updates the ranks compare hashes of parameters and optimizer state; ReplicaMismatch
-    names the ranks and the first tensor that differs (parallel/replica_check.py; not after partial updates).
+    backward_passes_per_step=k: gradients accumulate on each rank and are exchanged once per k backward passes
+    (``no_sync()`` defers the exchange by hand); average_accumulated=True divides the gathered sum by the number of
+    passes, so a mean-reduced loss needs no 1/k (False sums them: divide the loss by k). broadcast_buffers: what
+    ``sync_buffers(model)`` (called by Model.eval()) does with batch norm's running statistics: True, rank 0's to every
+    rank; "average", their mean; False, nothing (parallel/buffers.py); also which buffers a checkpoint's one model gets
+    (rank 0's, or with "average" the mean; singa_lite.checkpoint). check_replicas_every=N: every N updates the ranks
+    compare hashes of parameters and optimizer state; ReplicaMismatch names the ranks and the first tensor that differs
+    (parallel/replica_check.py; not after partial updates). find_unused_parameters=True: parameters a rank's forward
+    did not use count as zeros there (the ranks agree on a used-mask each step; those used nowhere are not updated);
+    parameters= the whole set, a dict (Model.get_params()) or a list; a Model whose optimizer this is supplies its own.
+    Fused modes only; see parallel/unused.py.
     Gradient accumulation (parallel/accumulate.py)::
 
         sgd = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), backward_passes_per_step=4)
@@ -101,7 +98,8 @@ class DistOpt(SingaCalls):
                  gpu_num=None, gpu_per_node=None, communicator=None, backend=None, timeout=None,
                  on_nonfinite: str = "skip", overlap: bool = True, first_bucket: int = DEFAULT_FIRST_BUCKET,
                  backward_passes_per_step: int = 1, average_accumulated: bool = True,
-                 broadcast_buffers=True, hierarchical: bool = False, check_replicas_every: int | None = None):
+                 broadcast_buffers=True, hierarchical: bool = False, check_replicas_every: int | None = None,
+                 find_unused_parameters: bool = False, parameters=None):
         from ..comm import hierarchical as hier, init
 
         self.opt = SGD() if opt is None else opt
@@ -117,6 +115,7 @@ class DistOpt(SingaCalls):
         self.broadcast_buffers = buffers.check_mode(broadcast_buffers, "DistOpt")  # "broadcast", "average", None
         if on_nonfinite not in ("skip", "raise"):
             raise ValueError(f"DistOpt: on_nonfinite must be 'skip' or 'raise', got {on_nonfinite!r}")
+        used_mask = unused.configure(find_unused_parameters, parameters, None, "DistOpt")  # checked before init
         if communicator is None:
             if nccl_id is None:
                 communicator = init(backend=backend, timeout=timeout)
@@ -141,6 +140,8 @@ class DistOpt(SingaCalls):
                                passes_per_step=backward_passes_per_step, average_accumulated=average_accumulated)
         if check_replicas_every is not None:
             self.reducer.replica_check = ReplicaCheck(communicator, check_replicas_every)
+        if used_mask is not None:
+            used_mask.comm, self.reducer.unused = communicator, used_mask
         self._init_singa_calls(communicator, self.buffSize)
 
     def __repr__(self):
@@ -301,14 +302,6 @@ class DistOpt(SingaCalls):
     def accumulated_passes(self) -> int:
         """Backward passes gathered on this rank since the last exchange."""
         return self.reducer.accumulator.passes
-
-    # ----- SINGA's lower-level calls: lowlevel.py, and this one
-    def update(self, param, grad) -> None:
-        """grad /= world_size, then the wrapped optimizer's update (SINGA's DistOpt.update)."""
-        g = _raw(grad, "update")
-        _core.mul_scalar(g, 1.0 / self.world_size, out=g)
-        p = param if isinstance(param, Tensor) else Tensor(data=param, requires_grad=False)
-        self.opt.apply(self.opt._name_of(p), p, g)
 
     # ----- parameters across ranks
     def broadcast_parameters(self, params) -> None:

@@ -351,10 +351,12 @@ class Fuser:
         else:
             said = [f"this rank (rank {rank}) had gradients for all {len(reference)} parameters of the first step, "
                     f"so another rank skipped some (its own error names them)"]
+        fix = ("pass find_unused_parameters=True and parameters=model.get_params() to DistOpt, or use every "
+               "layer on every rank" if who.startswith("DistOpt") else "use every layer on every rank")
         return ValueError(f"{who}: the ranks' gradients differ {step}: {'; '.join(said)}. A parameter is "
                           f"skipped when the rank's forward did not use it, so its backward gave it no gradient; "
-                          f"every rank must give gradients for the same parameters at each step (use every layer "
-                          f"on every rank, e.g. add 0 * the unused branch). The communicator said: {error}")
+                          f"every rank must give gradients for the same parameters at each step ({fix}, e.g. "
+                          f"add 0 * the unused branch). The communicator said: {error}")
 
     # ----- timeline events (only while a timeline records)
     def _traced_launch(self, what: str, t0: float, nbytes: int):

@@ -37,6 +37,14 @@ CTensor = _core.Tensor
 _CPU = _core.Device("cpu")
 
 
+def zero_gradient(shape, dtype, where) -> tensor.Tensor:
+    """A gradient of zeros: what a rank sends for a parameter it gave no gradient (a rank out of data here, a
+    parameter its forward did not use in unused.py)."""
+    z = tensor.Tensor(data=CTensor(list(shape), dtype, where), requires_grad=False)
+    _core.fill_(z.data, 0)
+    return z
+
+
 class Join:
     """The context ``DistOpt.join()`` returns; see the module. reducer: the DistOpt's (reducer.py), whose
     public methods are all this uses."""
@@ -54,6 +62,9 @@ class Join:
         if r.join is not None:
             raise RuntimeError("DistOpt.join: already inside a join() block of this DistOpt; they do not nest")
         r.require_no_open_step("join")
+        if getattr(r, "unused", None) is not None:
+            raise RuntimeError("DistOpt.join: not supported with find_unused_parameters=True (a rank out of data "
+                               "would not know which parameters the others used)")
         r.join = self
         return self
 
@@ -114,8 +125,7 @@ class Join:
                                    f"every rank at least one batch (the others will time out)")
             threshold, first_bucket, wire, where, members = self.layout
             if self._zeros is None:
-                self._zeros = [(name, p, tensor.Tensor(data=CTensor(shape, dtype, where), requires_grad=False))
-                               for name, p, shape, dtype in members]
+                self._zeros = [(name, p, zero_gradient(shape, dtype, where)) for name, p, shape, dtype in members]
             for _, _, z in self._zeros:
                 _core.fill_(z.data, 0)  # the last answer left the average in them
             # the same buckets as the ranks that train, then the averaged gradients, the vote, the update

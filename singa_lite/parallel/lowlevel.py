@@ -1,5 +1,5 @@
 """SINGA's lower-level calls of DistOpt (raw tensors accepted; results are sums, update() divides): all_reduce,
-fused_all_reduce and their _half forms, sparsification, wait. They complete before returning (their
+fused_all_reduce and their _half forms, sparsification, wait, update. They complete before returning (their
 results are final, so scripts that scale the result right after the call, as seed 001's parameter
 synchronisation does, are correct); wait() is kept for SINGA's API. They go around the reducer: no buckets
 overlapping backward, no vote, no comm hook."""
@@ -67,6 +67,13 @@ class SingaCalls:
                              f"{sum(r.numel for r in raws)}")
         self.reducer.sparse.reduce_group(raws, None, spars, bool(topK), corr=acc is not None, average=False,
                                          residual=acc)
+
+    def update(self, param, grad) -> None:
+        """grad /= world_size, then the wrapped optimizer's update (SINGA's DistOpt.update)."""
+        g = _raw(grad, "update")
+        _core.mul_scalar(g, 1.0 / self.world_size, out=g)
+        p = param if isinstance(param, tensor.Tensor) else tensor.Tensor(data=param, requires_grad=False)
+        self.opt.apply(self.opt._name_of(p), p, g)
 
     def wait(self) -> None:
         """Completes pending fused all-reduces (SINGA's API; the calls above already return complete)."""

@@ -15,9 +15,10 @@ A step is data flowing one way::
                                       apply(): opt.apply per gradient, opt.step()
 
 Nothing downstream calls back upstream: PendingStep (pending.py) and Join (join.py) use the public methods here.
-Seams for what comes later: gradients() is the one path every gradient takes before bucketing (a used-mask that
-gives unused parameters zero gradients goes there), and complete() / apply() are where every step that updates
-passes (a check of the replicas every N steps goes after apply()).
+gradients() is the one path every gradient takes before bucketing; with find_unused_parameters (unused.py) the
+pass's gradients are then completed by the used-mask (zeros for parameters used on other ranks, in the declared
+order) before the first bucket. complete() / apply() are where every step that updates passes (the check of the
+replicas every N steps follows apply()).
 """
 from __future__ import annotations
 
@@ -86,6 +87,7 @@ class Reducer:
         self._passes = 0  # backward passes begun (a comm hook is registered before the first)
         self.updates = 0  # optimizer updates applied: the step number the replica check counts
         self.replica_check = None  # a replica_check.ReplicaCheck (DistOpt's check_replicas_every), or None
+        self.unused = None  # an unused.UnusedParameters (DistOpt's find_unused_parameters=True), or None
 
     # ----- what crosses the wire
     def register_comm_hook(self, state, hook) -> None:
@@ -151,7 +153,8 @@ class Reducer:
             return self._open(None, triples)
         exchange = self.fused(wire)
         triples = []
-        overlap = self.synced and self.overlap  # the first step compares the models before any exchange
+        # the first step compares the models before any exchange; the used-mask needs the whole pass first
+        overlap = self.synced and self.overlap and self.unused is None
         join, scale = self.join, None
         if join is not None:  # uneven inputs: how many ranks still train decides the divisor
             scale = join.factor(join.vote(True))
@@ -169,6 +172,9 @@ class Reducer:
                         exchange.push(extra[2].data, extra[0], extra[1])
             if not overlap:
                 self.first_step(triples)
+                if self.unused is not None:  # zeros where this rank's forward did not use a parameter
+                    triples = self.unused.complete(triples, self.opt._name_of)
+                    self.params = [(n, p) for n, p, _ in triples]
                 for name, p, g in triples:
                     exchange.push(g.data, name, p)
         except BaseException as e:
@@ -266,6 +272,9 @@ class Reducer:
         threshold would never be sent but would stay in a residual, and a step skipped on some ranks only
         would leave the replicas apart."""
         self.require_no_open_step(what)
+        if self.unused is not None:
+            raise RuntimeError(f"{self.who}.{what}: not supported with find_unused_parameters=True (each rank "
+                               f"updates from its own gradients there); use backward_and_update")
         if self.join is not None:
             raise RuntimeError(f"{self.who}.{what}: not supported inside a join() block (a rank out of data "
                                f"answers the fused exchange only); use backward_and_update or the two-phase step "
@@ -330,15 +339,19 @@ class Reducer:
             self.params = [(n, p) for n, p, _ in triples]
         if self.synced and not force:
             return
+        named = [(n, p) for n, p, _ in triples]
+        if self.unused is not None and not force:  # the declared set, not what this rank's backward reached
+            named = self.unused.resolve()
         try:
-            replicas.broadcast_parameters(self.communicator, [(n, p) for n, p, _ in triples], 0, who=self.who)
+            replicas.broadcast_parameters(self.communicator, named, 0, who=self.who)
         except ValueError as e:
-            if force:
+            if force or self.unused is not None:
                 raise
             line = fusion.user_line()  # in a backward pass, a parameter without a gradient is missing too
+            hint = " (DistOpt(..., find_unused_parameters=True) allows that)" if self.who == "DistOpt" else ""
             raise ValueError(f"{e}, or one rank's forward did not use some parameters at the first step (called "
-                             f"from {line or 'this process'}), so its backward gave them no gradient") from e
-        self.reference = [n for n, _, _ in triples]
+                             f"from {line or 'this process'}), so its backward gave them no gradient{hint}") from e
+        self.reference = [n for n, _ in named]
         self.synced = True
 
     # ----- guards

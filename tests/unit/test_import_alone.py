@@ -207,7 +207,7 @@ def test_the_communication_layer_sits_below_the_data_parallel_wrappers():
     graph = singa_lite_graph()
     assert "singa_lite.comm" in graph["singa_lite.dist"]
     assert not {m for m in graph["singa_lite.dist"] if m.startswith("singa_lite.parallel")}
-    assert "singa_lite.comm.communicator" in graph["singa_lite.parallel.dist_opt"]
+    assert "singa_lite.comm.communicator" in graph["singa_lite.parallel.lowlevel"]  # DistOpt's SINGA calls
     assert not (PACKAGE_DIR / "dist").exists(), "a folder named dist is where packaging tools write wheels"
 
 

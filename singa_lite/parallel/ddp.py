@@ -79,8 +79,8 @@ def init(holder=None, rank: int | None = None, world_size: int | None = None, *,
             backend = "shm" if holder is not None else "mpi"  # CPU asked for: not the GPU default's nccl
         comm, owned = comm_layer.init(backend=backend, holder=holder, rank=rank, world_size=world_size,
                                       timeout=timeout, **options), True
-        if comm.backend == "nccl":
-            chosen = comm.device  # the GPU the nccl communicator picked: cuda:<local rank> by default
+        if comm.device_kind == "cuda":
+            chosen = comm.device  # the GPU the communicator picked (nccl: cuda:<local rank> by default)
     _state.update(comm=comm, device=chosen if chosen is not None else as_device("cpu"), owned=owned)
     return comm.rank, _state["device"]
 

@@ -233,7 +233,8 @@ def run_hosts(args) -> int:
         return 2
     sim_hosts.remove_stale()
     with sim_hosts.SimCluster(2) as cluster, tempfile.TemporaryDirectory() as tmp:
-        shaping = sim_hosts.slow_links(cluster, rate=args.rate, delay=args.delay)
+        shaping = ("unshaped (veths at memory speed)" if args.no_shaping
+                   else sim_hosts.slow_links(cluster, rate=args.rate, delay=args.delay))
         hostfile = cluster.hostfile(os.path.join(tmp, "hosts"), slots=1)
         argv = [os.path.abspath(__file__), "--hosts-worker", "--variants", args.hosts_variants, "--steps",
                 str(args.steps), "--repeat", str(args.repeat)]
@@ -265,6 +266,7 @@ def main() -> int:
     p.add_argument("--hosts-variants", default="plain,fp16,psgd1,psgd2,psgd4", help="--hosts' variants")
     p.add_argument("--rate", default="1gbit", help="--hosts: every link's rate")
     p.add_argument("--delay", default="100us", help="--hosts: every link's one-way delay (netem)")
+    p.add_argument("--no-shaping", action="store_true", help="--hosts: leave the links unshaped (a control)")
     p.add_argument("--steps", type=int, default=10, help="--hosts: steps per timed block")
     p.add_argument("--repeat", type=int, default=9, help="--hosts: interleaved rounds")
     p.add_argument("--hosts-worker", action="store_true", help=argparse.SUPPRESS)

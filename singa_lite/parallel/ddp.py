@@ -256,14 +256,15 @@ class DistributedOptimizer:
 
     This is DistOpt's two-phase step (``DistOpt.backward`` then ``PendingStep.finish``; ``dist_opt`` is the
     DistOpt it drives); buffSize, threshold, first_bucket, on_nonfinite, backward_passes_per_step and
-    average_accumulated mean what they mean there (``no_sync()`` too; ``clip_grad_norm(max_norm)`` between
-    backward and step clips the averaged gradients).
+    average_accumulated, find_unused_parameters / parameters and check_replicas_every mean what they mean there
+    (``no_sync()`` too; ``clip_grad_norm(max_norm)`` between backward and step clips the averaged gradients).
     communicator: default the one of ``ddp.init``.
     """
 
     def __init__(self, opt, communicator=None, *, buffSize: int = 4194304, threshold: int = DEFAULT_THRESHOLD,
                  first_bucket: int = DEFAULT_FIRST_BUCKET, on_nonfinite: str = "skip",
-                 backward_passes_per_step: int = 1, average_accumulated: bool = True):
+                 backward_passes_per_step: int = 1, average_accumulated: bool = True,
+                 find_unused_parameters: bool = False, parameters=None, check_replicas_every: int | None = None):
         if isinstance(opt, (DistOpt, DistributedOptimizer)):
             raise TypeError("ddp.DistributedOptimizer: the optimizer is already distributed; wrap the plain "
                             "optimizer (e.g. opt.SGD(...)) once")
@@ -271,7 +272,9 @@ class DistributedOptimizer:
         self.opt = opt
         self._dist = DistOpt(opt, communicator=comm, buffSize=buffSize, first_bucket=first_bucket,
                              on_nonfinite=on_nonfinite, backward_passes_per_step=backward_passes_per_step,
-                             average_accumulated=average_accumulated)
+                             average_accumulated=average_accumulated,
+                             find_unused_parameters=find_unused_parameters, parameters=parameters,
+                             check_replicas_every=check_replicas_every)
         self.threshold = check_threshold(threshold, self._dist.buffSize, "ddp.DistributedOptimizer")
         self._pending = None  # the parallel.dist_opt.PendingStep of a backward not yet stepped
 

@@ -21,6 +21,8 @@ from dist_cases import run_ranks  # noqa: E402
     ("a_model_supplies_its_parameters", 3),
     ("misuse_is_refused", 2),
     ("without_the_option_the_error_names_it", 2),
+    ("ddp_takes_the_option", 2),
+    ("ddp_takes_the_option", 3),
 ])
 def test_scenario(name, world_size):
     out, _, _ = run_ranks(unused_cases.run, world_size, timeout=240, args=(name,))

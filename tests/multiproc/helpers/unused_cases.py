@@ -231,6 +231,24 @@ def scenario_without_the_option_the_error_names_it(comm):
     return "ok"
 
 
+def scenario_ddp_takes_the_option(comm):
+    # ddp.DistributedOptimizer passes find_unused_parameters / parameters to its DistOpt: the same reference
+    from singa_lite.parallel import ddp
+
+    want = reference(comm.world_size)
+    params = make_params()
+    dopt = ddp.DistributedOptimizer(opt.SGD(lr=0.1, momentum=0.9), comm, threshold=40,
+                                    find_unused_parameters=True, parameters=params, check_replicas_every=2)
+    for step in range(STEPS):
+        dopt.step(loss_of(params, comm.rank, step))
+    got = values(params)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert dopt.dist_opt.reducer.replica_check.checks == STEPS // 2
+    replicas_equal(comm, got, "ddp")
+    return "ok"
+
+
 SCENARIOS = {k[len("scenario_"):]: v for k, v in globals().items() if k.startswith("scenario_")}
 
 

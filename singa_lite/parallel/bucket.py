@@ -7,7 +7,7 @@ or an object whose ``wait()`` returns that tensor (a collective's ``async_op=Tru
 Future). ``state`` is whatever was registered with the hook (None, a PowerSGDState, a dict...)."""
 from __future__ import annotations
 
-from .. import tensor as tensor_module
+from .. import _core, tensor as tensor_module
 
 
 class GradBucket:
@@ -68,3 +68,27 @@ class GradBucket:
     def communicator(self):
         """The Communicator of the exchange: a hook whose state names no group all-reduces over this one."""
         return self._communicator
+
+
+def take_result(result, buffer, hook, waited: bool = False):
+    """Checks what a comm hook produced (`result`: what it returned, or what its handle's wait() returned when
+    `waited`) and leaves it in `buffer` (the bucket's Tensor): copied there unless it is the buffer itself,
+    moved to the buffer's device when it lives elsewhere. Returns the buffer; TypeError naming the hook when
+    the result is not a tensor of the buffer's shape and dtype. The one check of every path that runs a hook
+    (the reducer's buckets, hooks.run_comm_hook)."""
+    region = buffer.data
+    raw = result.data if isinstance(result, tensor_module.Tensor) else result
+    if result is buffer or raw is region:
+        return buffer
+    if not isinstance(raw, _core.Tensor) or list(raw.shape) != list(region.shape) or raw.dtype != region.dtype:
+        name = getattr(hook, "__qualname__", None) or repr(hook)
+        what = (f"a tensor of shape {list(raw.shape)} and dtype {raw.dtype.name}" if isinstance(raw, _core.Tensor)
+                else f"{type(result).__name__} {result!r:.80}")
+        via = "its handle's wait() returned" if waited else "returned"
+        raise TypeError(f"comm hook {name}: {via} {what}; a hook must return the averaged bucket, a tensor of "
+                        f"bucket.buffer()'s shape {list(region.shape)} and dtype {region.dtype.name}, or an object "
+                        f"whose wait() returns one")
+    if raw.device != region.device:
+        raw = raw.to(region.device)
+    _core.copy_(region, raw)
+    return buffer

@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import _core, tensor
 from ..raw import from_host, to_host, zeros
-from .bucket import GradBucket
+from .bucket import GradBucket, take_result
 from .fusion import Fuser
 
 CTensor = _core.Tensor
@@ -70,19 +70,19 @@ class HookExchange(Fuser):
         buffer = tensor.from_raw_tensor(region)
         result = self.hook(self.state, GradBucket(index, buffer, params, last, self.comm, offsets))
         if callable(getattr(result, "wait", None)):
-            return _HookWork(self, result, region, buffer)
-        _into(self, result, region, buffer)  # a result already there: checked now, where the hook returned it
+            return _HookWork(self, result, buffer)
+        take_result(result, buffer, self.hook)  # a result already there: checked now, where the hook returned it
         return _Done(buffer)
 
 
 class _HookWork:
-    __slots__ = ("_x", "_handle", "_region", "_buffer")
+    __slots__ = ("_x", "_handle", "_buffer")
 
-    def __init__(self, x: HookExchange, handle, region, buffer):
-        self._x, self._handle, self._region, self._buffer = x, handle, region, buffer
+    def __init__(self, x: HookExchange, handle, buffer):
+        self._x, self._handle, self._buffer = x, handle, buffer
 
     def wait(self):
-        _into(self._x, self._handle.wait(), self._region, self._buffer, waited=True)
+        take_result(self._handle.wait(), self._buffer, self._x.hook, waited=True)
         return self._buffer
 
 
@@ -94,24 +94,6 @@ class _Done:
 
     def wait(self):
         return self._buffer
-
-
-def _into(x: HookExchange, result, region: CTensor, buffer, waited: bool = False) -> None:
-    """Checks a hook's result and leaves it in `region`."""
-    raw = result.data if isinstance(result, tensor.Tensor) else result
-    if result is buffer or raw is region:
-        return
-    if not isinstance(raw, CTensor) or list(raw.shape) != list(region.shape) or raw.dtype != region.dtype:
-        name = getattr(x.hook, "__qualname__", None) or repr(x.hook)
-        what = (f"a tensor of shape {list(raw.shape)} and dtype {raw.dtype.name}" if isinstance(raw, CTensor)
-                else f"{type(result).__name__} {result!r:.80}")
-        via = "its handle's wait() returned" if waited else "returned"
-        raise TypeError(f"comm hook {name}: {via} {what}; a hook must return the averaged bucket, a tensor of "
-                        f"bucket.buffer()'s shape {list(region.shape)} and dtype {region.dtype.name}, or an object "
-                        f"whose wait() returns one")
-    if raw.device != region.device:
-        raw = raw.to(region.device)
-    _core.copy_(region, raw)
 
 
 def wire_dtype(half):

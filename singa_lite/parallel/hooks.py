@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from .. import _core, tensor
 from ..tensor import Tensor
-from .bucket import GradBucket
+from .bucket import GradBucket, take_result
 from .hook_state import HookFuture, HookState, _check_group, _resolve_state
 from .powersgd import PowerSGDState, powerSGD_hook
 
@@ -100,33 +100,12 @@ def check_comm_hook(state, hook, who: str = "register_comm_hook"):
 
 
 def run_comm_hook(hook, state, bucket: GradBucket) -> HookFuture:
-    """Calls hook(state, bucket) and returns a handle whose wait() checks what the hook produced (a flat
-    tensor of the buffer's size, dtype and device) and leaves it in bucket.buffer() (copied there when the
-    hook returned another tensor); wait() returns the buffer."""
+    """Calls hook(state, bucket) and returns a handle whose wait() checks what the hook produced (a tensor of
+    the buffer's shape and dtype: bucket.take_result, as the reducer does) and leaves it in bucket.buffer();
+    wait() returns the buffer."""
     result = hook(state, bucket)
-    name = getattr(hook, "__name__", type(hook).__name__)
 
     def finish():
-        out = result.wait() if hasattr(result, "wait") and not isinstance(result, (Tensor, _core.Tensor)) \
-            else result
-        return _into_buffer(out, bucket, name)
+        handle = hasattr(result, "wait") and not isinstance(result, (Tensor, _core.Tensor))
+        return take_result(result.wait() if handle else result, bucket.buffer(), hook, waited=handle)
     return HookFuture(finish)
-
-
-def _into_buffer(out, bucket: GradBucket, name: str):
-    buf = bucket.buffer()
-    if isinstance(out, Tensor):
-        raw = out.data
-    elif isinstance(out, _core.Tensor):
-        raw = out
-    else:
-        raise TypeError(f"comm hook {name}: must return the averaged flat tensor (or a handle whose wait() "
-                        f"returns it), got {type(out).__name__}")
-    if raw is buf.data:
-        return buf
-    if raw.numel != buf.size() or raw.dtype != buf.dtype or raw.device != buf.data.device:
-        raise ValueError(f"comm hook {name}: returned a tensor of {raw.numel} {raw.dtype.name} elements on "
-                         f"{raw.device}; the bucket's buffer has {buf.size()} {buf.dtype.name} elements on "
-                         f"{buf.data.device} (a hook returns the averaged buffer, same size, dtype and device)")
-    _core.copy_(buf.data, raw.reshape(list(buf.shape)))
-    return buf

@@ -467,16 +467,18 @@ class Communicator:
     def _guard(self, fn):
         try:
             return fn()
-        except CommError as e:
-            self._broken = self._in_parent_terms(e)
-            if self._broken is e:
-                raise
-            raise self._broken from None
-        except CollectiveMismatch as e:
-            noted = self._in_parent_terms(e)
-            if noted is e:
-                raise
-            raise noted from None
+        except (CommError, CollectiveMismatch) as e:
+            self._reraise(e)
+
+    def _reraise(self, e) -> None:
+        """Inside an except clause for `e`: raises it in this communicator's terms (a group's ranks named as the
+        parent's); a CommError also breaks the communicator."""
+        noted = self._in_parent_terms(e)
+        if isinstance(e, CommError):
+            self._broken = noted
+        if noted is e:
+            raise
+        raise noted from None
 
     def _check_tensor(self, t, what: str) -> CTensor:
         raw = raw_tensor(t, what)

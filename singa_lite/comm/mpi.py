@@ -484,16 +484,8 @@ class MpiCommunicator(Communicator):
                     try:
                         if self._hot_all_reduce(raw, op):
                             return t
-                    except CommError as e:
-                        self._broken = self._in_parent_terms(e)
-                        if self._broken is e:
-                            raise
-                        raise self._broken from None
-                    except CollectiveMismatch as e:
-                        noted = self._in_parent_terms(e)
-                        if noted is e:
-                            raise
-                        raise noted from None
+                    except (CommError, CollectiveMismatch) as e:
+                        self._reraise(e)
         return super().all_reduce(t, op, async_op)
 
     def _hot_all_reduce(self, t, op: str) -> bool:

@@ -29,6 +29,15 @@ def _preload_openblas() -> str:
     return path
 
 
+from . import _moved  # noqa: E402
+
+_moved.install()  # old import paths of moved modules keep working for a release (singa_lite/_moved.py)
+
+
+def __getattr__(name: str):
+    return _moved.attribute(__name__, name)
+
+
 from ._malloc import settle_malloc  # noqa: E402
 from ._threads import preset_numpy_blas  # noqa: E402
 

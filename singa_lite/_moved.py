@@ -44,14 +44,17 @@ RELEASE = "0.2.0"  # the release that drops the old paths
 
 def _caller_stacklevel() -> int:
     # The first frame outside the import machinery and this module is the user's import or attribute access:
-    # the warning points at it.
+    # the warning points at it. warnings.warn itself does not count importlib's bootstrap frames.
     here = os.path.normcase(__file__)
-    frame, level = sys._getframe(1), 1
+    machinery = os.path.normcase(os.path.dirname(importlib.__file__))
+    frame, level = sys._getframe(2), 2  # warnings.warn counts _warn as level 1
     while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith("<frozen importlib") and os.path.normcase(name) != here:
+        name = os.path.normcase(frame.f_code.co_filename)
+        bootstrap = "importlib" in name and "_bootstrap" in name
+        if not (bootstrap or name == here or name.startswith(machinery + os.sep)
+                or frame.f_code.co_name == "__getattr__"):
             return level
-        frame, level = frame.f_back, level + 1
+        frame, level = frame.f_back, level + (0 if bootstrap else 1)
     return 1
 
 

@@ -53,7 +53,7 @@ import warnings
 
 from .checkpoint_io import atomic_file
 
-__all__ = ["start", "stop", "timeline", "mark_step", "is_active", "rank_path", "merge", "ENV_VAR"]
+__all__ = ["start", "stop", "timeline", "mark_step", "is_active", "recorder", "rank_path", "merge", "ENV_VAR"]
 
 ENV_VAR = "SINGA_LITE_TIMELINE"
 MAX_EVENTS_VAR = "SINGA_LITE_TIMELINE_MAX_EVENTS"
@@ -66,6 +66,11 @@ _now = time.perf_counter
 
 def is_active() -> bool:
     return _active is not None
+
+
+def recorder():
+    """The recorder while a timeline records, else None: what other modules add their own spans to."""
+    return _active
 
 
 def start(path, rank: int | None = None, max_events: int | None = None) -> None:

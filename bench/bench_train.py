@@ -43,7 +43,7 @@ if ARGS.threads:
         os.environ[var] = str(ARGS.threads)
 
 # The environment the user started us with: singa_lite's import sets OPENBLAS_THREAD_TIMEOUT for numpy's OpenBLAS
-# (singa_lite/_threads.py), and the loop's PyTorch worker must not inherit that fix unasked.
+# (singa_lite/_runtime/threads.py), and the loop's PyTorch worker must not inherit that fix unasked.
 USER_ENV = dict(os.environ)
 
 import numpy as np  # noqa: E402
@@ -104,7 +104,7 @@ def time_loops(batch):
 
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_loop.py")
     extra = ["--threads", str(ARGS.threads)] if ARGS.threads else []
-    from singa_lite._threads import SPIN_DEFAULT, SPIN_VAR  # the setting singa_lite gives numpy's OpenBLAS
+    from singa_lite._runtime.threads import SPIN_DEFAULT, SPIN_VAR  # the setting singa_lite gives numpy's OpenBLAS
 
     fixed = {**USER_ENV, SPIN_VAR: USER_ENV.get(SPIN_VAR, SPIN_DEFAULT)}
     kinds = {"singa": ("singa", USER_ENV), "torch": ("torch", USER_ENV), "torch+t4": ("torch", fixed)}

@@ -5,14 +5,13 @@ The C++ tensor core lives in ``singa_lite._core``; the SINGA-compatible API is i
 """
 from __future__ import annotations
 
-# The one place the version is written: pyproject.toml reads it (scikit-build-core's regex provider).
-__version__ = "0.1.0"
+from ._version import __version__
 
 
 def _preload_openblas() -> str:
     # _core links libscipy_openblas.so from the scipy-openblas32 wheel. Loading it first, globally, lets
     # the dynamic linker resolve that dependency wherever pip put the wheel (editable installs included).
-    # It loads single-threaded, and only it (singa_lite/_threads.py): GEMMs are split over singa_lite's
+    # It loads single-threaded, and only it (singa_lite/_runtime/threads.py): GEMMs are split over singa_lite's
     # OpenMP threads, each calling OpenBLAS on one thread (csrc/cpu/matmul.cpp), so this OpenBLAS needs no
     # threads of its own; two pools taking turns on the same cores made every GEMM of a CNN step about
     # twice as slow (docs/benchmarks/training.md). The thread count is OMP_NUM_THREADS or device.set_num_threads().
@@ -21,7 +20,7 @@ def _preload_openblas() -> str:
 
     import scipy_openblas32
 
-    from ._threads import single_threaded_openblas_load
+    from ._runtime.threads import single_threaded_openblas_load
 
     path = os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(fullname=True))
     with single_threaded_openblas_load():
@@ -38,10 +37,10 @@ def __getattr__(name: str):
     return _moved.attribute(__name__, name)
 
 
-from ._malloc import settle_malloc  # noqa: E402
-from ._threads import preset_numpy_blas  # noqa: E402
+from ._runtime.malloc import settle_malloc  # noqa: E402
+from ._runtime.threads import preset_numpy_blas  # noqa: E402
 
-_MALLOC = settle_malloc()  # freed memory is reused, not faulted in again every step (singa_lite/_malloc.py)
+_MALLOC = settle_malloc()  # freed memory is reused, not faulted in again every step (singa_lite/_runtime/malloc.py)
 
 preset_numpy_blas()  # first: nothing below may import numpy before it
 _OPENBLAS = _preload_openblas()
@@ -56,7 +55,7 @@ def _cuda_wheel_dirs() -> None:
     # Tell the loader where they are; without the wheels it falls back to the system's library path.
     if not _core.cuda_compiled():
         return
-    from ._wheels import nvidia_lib_dir
+    from ._runtime.wheels import nvidia_lib_dir
 
     folder = nvidia_lib_dir(("cu13/lib", "cublas/lib"), "libcublas.so")
     if folder is not None:
@@ -94,8 +93,8 @@ from . import checkpoint  # noqa: E402,F401
 
 def _calm_numpy_blas() -> None:
     # numpy is loaded by now (tensor imports it): its OpenBLAS's idle threads stop spinning between calls,
-    # so that a training loop with numpy work between steps is not slowed by them (singa_lite/_threads.py).
-    from ._threads import calm_numpy_blas
+    # so that a training loop with numpy work between steps is not slowed by them (singa_lite/_runtime/threads.py).
+    from ._runtime.threads import calm_numpy_blas
 
     calm_numpy_blas(_OPENBLAS)
 

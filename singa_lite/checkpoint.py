@@ -541,7 +541,7 @@ def _check_owner(path: str, job: str) -> None:
 def _commit(path: str, token: str, world: int, entries: list, job: str) -> None:
     """Writes the manifest (the commit point), then removes every file no longer named by it. Rank 0
     holds the directory's lock: no other save is writing files here, so none of these is another's."""
-    from . import __version__
+    from ._version import __version__
 
     manifest = {"magic": MAGIC, "format_version": FORMAT_VERSION, "singa_lite_version": __version__,
                 "job_id": job, "world_size": world, "token": token, "shared": entries[0]["shared"],

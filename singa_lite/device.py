@@ -453,16 +453,16 @@ def _gpu_index(id, fn: str) -> int:  # noqa: A002 - SINGA's argument name
 
 def get_gpu_mem_size(id) -> tuple[int, int]:  # noqa: A002
     """``(free, total)`` bytes of GPU ``id``, as SINGA (cudaMemGetInfo: free counts what singa_lite's caching
-    allocator holds as used). Read from the CUDA driver, see _cuda_query."""
-    from . import _cuda_query
-    return _cuda_query.mem_info(_gpu_index(id, "get_gpu_mem_size"))
+    allocator holds as used). Read from the CUDA driver, see cuda_query."""
+    from ._runtime import cuda_query
+    return cuda_query.mem_info(_gpu_index(id, "get_gpu_mem_size"))
 
 
 def device_query(id, verbose: bool = False) -> str:  # noqa: A002
     """A text description of GPU ``id``, one "label: value" line each (memory, block and grid limits; with
     ``verbose`` also name, compute capability, registers, warp size, multiprocessors...), as SINGA's."""
-    from . import _cuda_query
-    rows = _cuda_query.properties(_gpu_index(id, "device_query"), _as_bool(verbose, "device_query: verbose"))
+    from ._runtime import cuda_query
+    rows = cuda_query.properties(_gpu_index(id, "device_query"), _as_bool(verbose, "device_query: verbose"))
     return "".join(f"{label + ':':<31}{value}\n" for label, value in rows)
 
 

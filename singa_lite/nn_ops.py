@@ -39,7 +39,7 @@ import numbers
 
 from . import _core
 from . import engine
-from ._wrap_handles import BatchNormHandle, ConvHandle, PoolingHandle
+from .singa_wrap.handles import BatchNormHandle, ConvHandle, PoolingHandle
 from .engine import CTensor, Operator
 from .raw import grad_like, pair
 from .tensor import Tensor

@@ -20,8 +20,8 @@ import sys
 from collections import OrderedDict
 
 from . import _core
-from ._wrap_handles import ConvHandle, PoolingHandle
-from ._wrap_ops import ConcatOn, SliceOn
+from .singa_wrap.handles import ConvHandle, PoolingHandle
+from .singa_wrap.ops import ConcatOn, SliceOn
 
 __all__ = ["update_progress", "handle_odd_pad_fwd", "handle_odd_pad_bwd", "same_pad_shape_check", "re_new_handle",
            "get_padding_shape", "get_output_shape", "force_unicode", "post_order_recursive"]

@@ -35,7 +35,7 @@ import weakref
 import numpy as np
 
 from .. import _core, tensor
-from .._wheels import nvidia_lib_dir
+from .._runtime.wheels import nvidia_lib_dir
 from . import board as host_board, mpi_setup
 from .communicator import DEFAULT_TIMEOUT, CommError, Communicator, Work
 from .mpi import abort_on_uncaught_exception, broadcast_bytes, import_mpi, launched_by_mpiexec

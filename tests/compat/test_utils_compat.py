@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from singa_lite import autograd, singa_wrap, tensor, utils
-from singa_lite._wrap_handles import ConvHandle, CudnnConvHandle, PoolingHandle
+from singa_lite.singa_wrap.handles import ConvHandle, CudnnConvHandle, PoolingHandle
 from singa_lite.autograd_graph import Dummy, infer_dependency, post_order
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from singa_lite import _core, device, tensor
 from singa_lite import singa_wrap as sw
-from singa_lite import _wrap_handles as wh
+from singa_lite.singa_wrap import handles as wh
 
 rng = np.random.default_rng(0)
 

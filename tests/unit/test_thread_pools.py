@@ -1,4 +1,4 @@
-"""singa_lite and numpy's OpenBLAS (singa_lite/_threads.py): our OpenBLAS loads single-threaded without making
+"""singa_lite and numpy's OpenBLAS (singa_lite/_runtime/threads.py): our OpenBLAS loads single-threaded without making
 numpy's single-threaded too, whichever is imported first, and numpy's idle BLAS threads are told to stop
 spinning (unless SINGA_LITE_NUMPY_BLAS=keep). Each case runs in a fresh interpreter: OpenBLAS reads its
 environment when it loads."""
@@ -17,7 +17,7 @@ if first == "singa":
 import numpy
 if first != "singa":
     import singa_lite
-from singa_lite import _threads
+from singa_lite._runtime import threads as _threads
 theirs = _threads.loaded_openblas(singa_lite._OPENBLAS)
 def threads(path, names):
     lib = ctypes.CDLL(path)
@@ -81,7 +81,7 @@ def test_numpys_idle_blas_threads_stop_spinning_unless_kept(first):
     got = numpy_has_openblas()
     if first == "numpy" and not numpy_blas_calmable(got):
         pytest.skip(f"numpy's OpenBLAS ({got['numpy_libs']}) exports no openblas_read_env / blas_thread_shutdown_: "
-                    f"once loaded it keeps its timeout (singa_lite/_threads.py)")
+                    f"once loaded it keeps its timeout (singa_lite/_runtime/threads.py)")
     assert probe(first)["env_timeout"] == "4"
     assert probe(first, OPENBLAS_THREAD_TIMEOUT="10")["env_timeout"] == "10"  # the user's choice stands
     kept = probe(first, SINGA_LITE_NUMPY_BLAS="keep")
@@ -94,7 +94,7 @@ def test_calm_numpy_blas_again_in_this_process(monkeypatch):
     import numpy as np
 
     import singa_lite
-    from singa_lite import _threads
+    from singa_lite._runtime import threads as _threads
 
     monkeypatch.setenv("SINGA_LITE_NUMPY_BLAS", "keep")
     assert _threads.calm_numpy_blas(singa_lite._OPENBLAS) == []

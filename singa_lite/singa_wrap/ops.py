@@ -14,14 +14,14 @@ import numbers
 
 import numpy as np
 
-from . import _core
+from .. import _core
 
 CTensor = _core.Tensor
 _CPU = _core.Device("cpu")
 
 
 # ---------------------------------------------------------------- argument checks
-def _t(x, op: str, what: str = "tensor") -> CTensor:
+def raw_arg(x, op: str, what: str = "tensor") -> CTensor:
     """x when it is a raw tensor; otherwise a TypeError that says what to pass."""
     if isinstance(x, CTensor):
         return x
@@ -46,7 +46,7 @@ def _axis(axis, ndim: int, op: str) -> int:
 
 def _into(ret: CTensor, value: CTensor, op: str) -> None:
     """Writes value into SINGA's output argument `ret`, which must already have value's shape."""
-    _t(ret, op, "ret")
+    raw_arg(ret, op, "ret")
     if tuple(ret.shape) != tuple(value.shape):
         raise ValueError(f"{op}: ret has shape {tuple(ret.shape)}, the result {tuple(value.shape)}; "
                          f"allocate ret with the result's shape")
@@ -68,7 +68,7 @@ def _product(dims) -> int:
 # ---------------------------------------------------------------- element-wise, one tensor
 def _unary(name: str, core_fn, doc: str):
     def fn(t):
-        return core_fn(_t(t, name))
+        return core_fn(raw_arg(t, name))
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = doc
@@ -93,14 +93,14 @@ Tanh = _unary("Tanh", _core.tanh, "Hyperbolic tangent, element-wise.")
 
 def RoundE(t):  # noqa: N802 - SINGA's name
     """Rounds to the nearest integer, halves to the even one (numpy.round); integers come back as a copy."""
-    t = _t(t, "RoundE")
+    t = raw_arg(t, "RoundE")
     return _core.round(t) if t.dtype.is_floating else t.clone()
 
 
 def Round(t):  # noqa: N802
     """Rounds to the nearest integer, halves away from zero (C's round, SINGA's Round; RoundE and numpy round
     halves to even)."""
-    t = _t(t, "Round")
+    t = raw_arg(t, "Round")
     if not t.dtype.is_floating:
         return t.clone()
     r = _core.round(t)  # halves to even
@@ -114,25 +114,25 @@ def Round(t):  # noqa: N802
 
 def Tan(t):  # noqa: N802
     """Tangent, element-wise (sin / cos)."""
-    t = _t(t, "Tan")
+    t = raw_arg(t, "Tan")
     return _core.div(_core.sin(t), _core.cos(t))
 
 
 def Sinh(t):  # noqa: N802
     """Hyperbolic sine, element-wise ((e ** t - e ** -t) / 2)."""
-    t = _t(t, "Sinh")
+    t = raw_arg(t, "Sinh")
     return _core.mul_scalar(_core.sub(_core.exp(t), _core.exp(_core.neg(t))), 0.5)
 
 
 def Cosh(t):  # noqa: N802
     """Hyperbolic cosine, element-wise ((e ** t + e ** -t) / 2)."""
-    t = _t(t, "Cosh")
+    t = raw_arg(t, "Cosh")
     return _core.mul_scalar(_core.add(_core.exp(t), _core.exp(_core.neg(t))), 0.5)
 
 
 def Asinh(t):  # noqa: N802
     """Inverse hyperbolic sine: sign(t) * log1p(|t| + t^2 / (1 + sqrt(t^2 + 1))), exact near 0 and far from it."""
-    t = _t(t, "Asinh")
+    t = raw_arg(t, "Asinh")
     a = _core.abs(t)
     sq = _core.square(a)
     root = _core.add_scalar(_core.sqrt(_core.add_scalar(sq, 1.0)), 1.0)
@@ -141,27 +141,27 @@ def Asinh(t):  # noqa: N802
 
 def Acosh(t):  # noqa: N802
     """Inverse hyperbolic cosine (t >= 1): log(t + sqrt(t^2 - 1)); nan below 1."""
-    t = _t(t, "Acosh")
+    t = raw_arg(t, "Acosh")
     return _core.log(_core.add(t, _core.sqrt(_core.sub_scalar(_core.square(t), 1.0))))
 
 
 def Atanh(t):  # noqa: N802
     """Inverse hyperbolic tangent (|t| < 1): log1p(2t / (1 - t)) / 2."""
-    t = _t(t, "Atanh")
+    t = raw_arg(t, "Atanh")
     ratio = _core.div(_core.mul_scalar(t, 2.0), _core.sub_scalar(t, 1.0, True))
     return _core.mul_scalar(_core.log1p(ratio), 0.5)
 
 
 def ReLUBackward(dy, x):  # noqa: N802
     """The gradient of ReLU: dy where x > 0, else 0."""
-    dy, x = _t(dy, "ReLUBackward", "dy"), _t(x, "ReLUBackward", "x")
+    dy, x = raw_arg(dy, "ReLUBackward", "dy"), raw_arg(x, "ReLUBackward", "x")
     return _core.mul(dy, _core.gt_scalar(x, 0.0).cast(dy.dtype))
 
 
 # ---------------------------------------------------------------- element-wise, two operands (numpy broadcasting)
 def _binary(name: str, core_fn, doc: str):
     def fn(lhs, rhs):
-        return core_fn(_t(lhs, name, "lhs"), _t(rhs, name, "rhs"))
+        return core_fn(raw_arg(lhs, name, "lhs"), raw_arg(rhs, name, "rhs"))
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = doc
@@ -178,11 +178,11 @@ Pow = _binary("Pow", _core.pow, "base ** exp, element-wise, broadcasting as nump
 def _comparison(name: str, core_fn, core_scalar_fn):
     # SINGA's comparisons give 1 / 0 in the operand's dtype (tensor.Tensor's give bool tensors, as numpy).
     def tensors(lhs, rhs):
-        lhs = _t(lhs, name, "lhs")
-        return core_fn(lhs, _t(rhs, name, "rhs")).cast(lhs.dtype)
+        lhs = raw_arg(lhs, name, "lhs")
+        return core_fn(lhs, raw_arg(rhs, name, "rhs")).cast(lhs.dtype)
 
     def with_number(t, x):
-        t = _t(t, name)
+        t = raw_arg(t, name)
         return core_scalar_fn(t, _num(x, name, "x")).cast(t.dtype)
 
     tensors.__name__ = tensors.__qualname__ = name
@@ -203,7 +203,7 @@ for _fn, _name in ((LTFloat, "LTFloat"), (LEFloat, "LEFloat"), (GTFloat, "GTFloa
 
 def _with_number(name: str, core_scalar_fn):
     def fn(t, x):
-        return core_scalar_fn(_t(t, name), _num(x, name, "x"))
+        return core_scalar_fn(raw_arg(t, name), _num(x, name, "x"))
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = "t with the number x, element-wise; a new tensor."
@@ -220,9 +220,9 @@ PowFloat = _with_number("PowFloat", _core.pow_scalar)
 def _with_ret(name: str, core_fn, core_scalar_fn):
     # SINGA's void Add(lhs, rhs, ret) family: rhs a tensor or a number, the result written into ret.
     def fn(lhs, rhs, ret):
-        lhs = _t(lhs, name, "lhs")
+        lhs = raw_arg(lhs, name, "lhs")
         value = (core_scalar_fn(lhs, _num(rhs, name, "rhs")) if isinstance(rhs, numbers.Real)
-                 else core_fn(lhs, _t(rhs, name, "rhs")))
+                 else core_fn(lhs, raw_arg(rhs, name, "rhs")))
         _into(ret, value, name)
 
     fn.__name__ = fn.__qualname__ = name
@@ -245,24 +245,24 @@ PowFloatWithRet = _with_ret("PowFloatWithRet", _core.pow, _core.pow_scalar)
 # ---------------------------------------------------------------- reductions and softmax
 def Sum(t, axis):  # noqa: N802
     """The sum over one axis, which is dropped (SINGA: axis 0 sums the rows of a matrix, 1 its columns)."""
-    t = _t(t, "Sum")
+    t = raw_arg(t, "Sum")
     return _core.sum(t, [_axis(axis, t.ndim, "Sum")], False)
 
 
 def Average(t, axis):  # noqa: N802
     """The mean over one axis, which is dropped."""
-    t = _t(t, "Average")
+    t = raw_arg(t, "Average")
     return _core.mean(t, [_axis(axis, t.ndim, "Average")], False)
 
 
 def SumAll(t):  # noqa: N802
     """The sum of every element, as a tensor of shape (1,)."""
-    return _core.sum(_t(t, "SumAll"), None, False).reshape([1])
+    return _core.sum(raw_arg(t, "SumAll"), None, False).reshape([1])
 
 
 def SumAsFloat(t) -> float:  # noqa: N802
     """The sum of every element, as a Python float."""
-    return _host_float(_core.sum(_t(t, "SumAsFloat"), None, False))
+    return _host_float(_core.sum(raw_arg(t, "SumAsFloat"), None, False))
 
 
 def _rows(t: CTensor, axis: int, op: str) -> CTensor:
@@ -274,7 +274,7 @@ def _rows(t: CTensor, axis: int, op: str) -> CTensor:
 def SoftMax(t, axis=None):  # noqa: N802
     """Softmax over all the axes from `axis` on (SINGA's and ONNX opset < 13's meaning): t is seen as a matrix
     of prod(shape[:axis]) rows, each normalised. Without an axis: 1 (each row of a batch), 0 for a 1-D t."""
-    t = _t(t, "SoftMax")
+    t = raw_arg(t, "SoftMax")
     if axis is None:
         axis = 0 if t.ndim == 1 else 1
     rows = _rows(t, axis, "SoftMax")
@@ -286,7 +286,7 @@ def SoftMax(t, axis=None):  # noqa: N802
 
 def SoftMaxBackward(dy, axis, y):  # noqa: N802
     """The gradient of SoftMax(x, axis) given dy and the forward's output y: y * (dy - sum(dy * y)) per row."""
-    dy, y = _t(dy, "SoftMaxBackward", "dy"), _t(y, "SoftMaxBackward", "y")
+    dy, y = raw_arg(dy, "SoftMaxBackward", "dy"), raw_arg(y, "SoftMaxBackward", "y")
     if tuple(dy.shape) != tuple(y.shape):
         raise ValueError(f"SoftMaxBackward: dy {tuple(dy.shape)} and y {tuple(y.shape)} must have one shape")
     d2, y2 = _rows(dy, axis, "SoftMaxBackward"), _rows(y, axis, "SoftMaxBackward")
@@ -297,7 +297,7 @@ def SoftMaxBackward(dy, axis, y):  # noqa: N802
 def CrossEntropyFwd(p, t):  # noqa: N802
     """-log(p[i, label_i]) per row of the probabilities p (batch, dim); t holds integer labels (batch,) or a
     one-hot / distribution (batch, dim) (then the loss is -sum(t * log p) per row). Returns (batch,)."""
-    p, t = _t(p, "CrossEntropyFwd", "p"), _t(t, "CrossEntropyFwd", "t")
+    p, t = raw_arg(p, "CrossEntropyFwd", "p"), raw_arg(t, "CrossEntropyFwd", "t")
     p2 = p.reshape([1, p.numel]) if p.ndim == 1 else p
     if p2.ndim != 2:
         raise ValueError(f"CrossEntropyFwd: p must be (batch, dim), got {tuple(p.shape)}")
@@ -308,7 +308,7 @@ def CrossEntropyFwd(p, t):  # noqa: N802
 
 def SoftmaxCrossEntropyBwd(p, t):  # noqa: N802
     """The gradient of cross entropy after softmax, with respect to the logits: p - target (a new tensor)."""
-    p, t = _t(p, "SoftmaxCrossEntropyBwd", "p"), _t(t, "SoftmaxCrossEntropyBwd", "t")
+    p, t = raw_arg(p, "SoftmaxCrossEntropyBwd", "p"), raw_arg(t, "SoftmaxCrossEntropyBwd", "t")
     p2 = p.reshape([1, p.numel]) if p.ndim == 1 else p
     return _core.sub(p2, _dense_target(p2, t, "SoftmaxCrossEntropyBwd")).reshape(list(p.shape))
 
@@ -329,7 +329,7 @@ def _dense_target(p2: CTensor, t: CTensor, op: str) -> CTensor:
 # ---------------------------------------------------------------- BLAS and matrix-vector ops
 def Axpy(alpha, x, y) -> None:  # noqa: N802
     """y += alpha * x, in place; alpha a number or a one-element tensor."""
-    x, y = _t(x, "Axpy", "x"), _t(y, "Axpy", "y")
+    x, y = raw_arg(x, "Axpy", "x"), raw_arg(y, "Axpy", "y")
     if isinstance(alpha, CTensor):
         if alpha.numel != 1:
             raise ValueError(f"Axpy: a tensor alpha must have one element, got shape {tuple(alpha.shape)}")
@@ -339,7 +339,7 @@ def Axpy(alpha, x, y) -> None:  # noqa: N802
 
 def Mult(A, B):  # noqa: N802
     """The matrix product A @ B (matrix-vector and batched too), a new tensor."""
-    return _core.matmul(_t(A, "Mult", "A"), _t(B, "Mult", "B"))
+    return _core.matmul(raw_arg(A, "Mult", "A"), raw_arg(B, "Mult", "B"))
 
 
 def MultWithRet(A, B, C) -> None:  # noqa: N802
@@ -350,7 +350,7 @@ def MultWithRet(A, B, C) -> None:  # noqa: N802
 def MultWithScale(alpha, A, B, beta, C) -> None:  # noqa: N802
     """C = alpha * A @ B + beta * C (GEMM), in place."""
     prod = Mult(A, B)
-    C = _t(C, "MultWithScale", "C")
+    C = raw_arg(C, "MultWithScale", "C")
     if tuple(C.shape) != tuple(prod.shape):
         raise ValueError(f"MultWithScale: C has shape {tuple(C.shape)}, A @ B {tuple(prod.shape)}")
     _core.mul_scalar(C, _num(beta, "MultWithScale", "beta"), out=C)
@@ -359,7 +359,7 @@ def MultWithScale(alpha, A, B, beta, C) -> None:  # noqa: N802
 
 def _vector(v, M, axis: int, op: str) -> CTensor:
     """v as a column (axis 0: one value per row of M) or a row (axis 1) that broadcasts against matrix M."""
-    v, M = _t(v, op, "v"), _t(M, op, "M")
+    v, M = raw_arg(v, op, "v"), raw_arg(M, op, "M")
     if M.ndim != 2:
         raise ValueError(f"{op}: M must be a matrix, got shape {tuple(M.shape)}")
     n = M.shape[axis]
@@ -418,7 +418,7 @@ def DivRow(v, M) -> None:  # noqa: N802
 
 
 def _reduce_into(M, v, axis: int, op: str) -> None:
-    M, v = _t(M, op, "M"), _t(v, op, "v")
+    M, v = raw_arg(M, op, "M"), raw_arg(v, op, "v")
     if M.ndim != 2:
         raise ValueError(f"{op}: M must be a matrix, got shape {tuple(M.shape)}")
     total = _core.sum(M, [1 - axis], False)
@@ -440,27 +440,27 @@ def SumRows(M, v) -> None:  # noqa: N802
 # ---------------------------------------------------------------- shapes and copies
 def Reshape(t, shape):  # noqa: N802
     """t with a new shape: a view when the memory allows, otherwise a copy."""
-    return _t(t, "Reshape").reshape([int(d) for d in shape])
+    return raw_arg(t, "Reshape").reshape([int(d) for d in shape])
 
 
 def Contiguous(t):  # noqa: N802
     """t in row-major order: t itself when it already is, else a copy."""
-    return _t(t, "Contiguous").contiguous()
+    return raw_arg(t, "Contiguous").contiguous()
 
 
 def Transpose(t, axes):  # noqa: N802
     """A view of t with its axes permuted."""
-    return _t(t, "Transpose").transpose([int(a) for a in axes])
+    return raw_arg(t, "Transpose").transpose([int(a) for a in axes])
 
 
 def DefaultTranspose(t):  # noqa: N802
     """A view of t with its axes reversed."""
-    return _t(t, "DefaultTranspose").transpose([])
+    return raw_arg(t, "DefaultTranspose").transpose([])
 
 
 def ConcatOn(tensors, axis):  # noqa: N802
     """The tensors (a VecTensor or any sequence of raw tensors) joined along `axis`."""
-    parts = [_t(x, "ConcatOn", f"tensors[{i}]") for i, x in enumerate(tensors)]
+    parts = [raw_arg(x, "ConcatOn", f"tensors[{i}]") for i, x in enumerate(tensors)]
     if not parts:
         raise ValueError("ConcatOn: needs at least one tensor")
     return _core.concat(parts, _axis(axis, parts[0].ndim, "ConcatOn"))
@@ -468,7 +468,7 @@ def ConcatOn(tensors, axis):  # noqa: N802
 
 def SliceOn(t, start, end, axis):  # noqa: N802
     """A copy of t[start:end] along `axis` (SINGA copies; use t.slice for a view)."""
-    t = _t(t, "SliceOn")
+    t = raw_arg(t, "SliceOn")
     a = _axis(axis, t.ndim, "SliceOn")
     if not 0 <= start <= end <= t.shape[a]:
         raise IndexError(f"SliceOn: [{start}, {end}) is not inside axis {a} of size {t.shape[a]}")
@@ -479,7 +479,7 @@ def CopyDataToFrom(dst, src, num, src_offset=0, dst_offset=0) -> None:  # noqa: 
     """dst[dst_offset : dst_offset + num] = src[src_offset : src_offset + num], on the flattened tensors
     (SINGA's argument order: the source offset comes first)."""
     for what, x, off in (("dst", dst, dst_offset), ("src", src, src_offset)):
-        x = _t(x, "CopyDataToFrom", what)
+        x = raw_arg(x, "CopyDataToFrom", what)
         if not x.is_contiguous():
             raise ValueError(f"CopyDataToFrom: {what} must be contiguous; use Contiguous() first")
         if off < 0 or num < 0 or off + num > x.numel:
@@ -491,17 +491,17 @@ def CopyDataToFrom(dst, src, num, src_offset=0, dst_offset=0) -> None:  # noqa: 
 # ---------------------------------------------------------------- random fills (in place)
 def Gaussian(mean, std, t) -> None:  # noqa: N802
     """Fills t in place with N(mean, std) samples."""
-    _core.gaussian_(_t(t, "Gaussian"), _num(mean, "Gaussian", "mean"), _num(std, "Gaussian", "std"))
+    _core.gaussian_(raw_arg(t, "Gaussian"), _num(mean, "Gaussian", "mean"), _num(std, "Gaussian", "std"))
 
 
 def Uniform(low, high, t) -> None:  # noqa: N802
     """Fills t in place with U(low, high) samples."""
-    _core.uniform_(_t(t, "Uniform"), _num(low, "Uniform", "low"), _num(high, "Uniform", "high"))
+    _core.uniform_(raw_arg(t, "Uniform"), _num(low, "Uniform", "low"), _num(high, "Uniform", "high"))
 
 
 def Bernoulli(p, t) -> None:  # noqa: N802
     """Fills t in place with 1 (probability p) or 0."""
-    _core.bernoulli_(_t(t, "Bernoulli"), _num(p, "Bernoulli", "p"))
+    _core.bernoulli_(raw_arg(t, "Bernoulli"), _num(p, "Bernoulli", "p"))
 
 
 # SINGA's names: the public functions and the operator names (__add__ ...) that SINGA exports as functions.

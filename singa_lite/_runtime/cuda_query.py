@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 
-from ._core import CudaError
+from .._core import CudaError
 
 _driver = None
 

@@ -14,8 +14,8 @@ What is here:
   ``t.shape()`` / ``t.device()`` and our ``t.shape`` / ``t.device`` are the same values;
 - the dtype constants ``kFloat32``, ``kFloat16``, ``kInt``, ``kDouble`` (our ``DType`` values, so they can be
   passed wherever a dtype is taken) and ``VecTensor``, a list of raw tensors;
-- SINGA's free functions on raw tensors (:mod:`singa_lite._wrap_ops`) and its operation handles
-  (:mod:`singa_lite._wrap_handles`; the cuDNN-named ones in CUDA builds only, as in SINGA).
+- SINGA's free functions on raw tensors (:mod:`singa_lite.singa_wrap.ops`) and its operation handles
+  (:mod:`singa_lite.singa_wrap.handles`; the cuDNN-named ones in CUDA builds only, as in SINGA).
 
 Not provided: SINGA's 8-bit dtypes ``kChar`` / ``kUChar`` (singa_lite has no 8-bit integer type; asking for
 them says so), ``Tensor.RepeatData``, ``Acos`` / ``Asin`` / ``Atan`` (the core has no arctangent kernel),
@@ -23,14 +23,15 @@ and the cuDNN RNN (``CudnnRNNHandle``, ``GpuRNN*``).
 """
 from __future__ import annotations
 
-from . import _core, _wrap_handles, _wrap_ops
-from ._wrap_handles import (BatchNormHandle, ConvHandle, CpuBatchNormBackwardx, CpuBatchNormForwardInference,
+from .. import _core
+from . import handles as _handles, ops as _ops
+from .handles import (BatchNormHandle, ConvHandle, CpuBatchNormBackwardx, CpuBatchNormForwardInference,
                             CpuBatchNormForwardTraining, CpuConvBackwardb, CpuConvBackwardW, CpuConvBackwardx,
                             CpuConvForward, CpuPoolingBackward, CpuPoolingForward, PoolingHandle)
-from ._wrap_ops import *  # noqa: F401,F403 - SINGA's function names, listed in _wrap_ops.__all__
-from ._wrap_ops import __all__ as _OPS
-from .comm import nccl as _nccl
-from .comm.holder import NcclIdHolder
+from .ops import *  # noqa: F401,F403 - SINGA's function names, listed in ops.__all__
+from .ops import __all__ as _OPS
+from ..comm import nccl as _nccl
+from ..comm.holder import NcclIdHolder
 
 USE_CUDA = bool(_core.cuda_compiled())
 USE_DIST = True  # the mpi and shm backends are always built; nccl needs a CUDA build with NCCL
@@ -45,8 +46,8 @@ kInt = _core.DType.int32
 kDouble = _core.DType.float64
 
 if USE_CUDA:
-    for _name in _wrap_handles.GPU_NAMES:
-        globals()[_name] = getattr(_wrap_handles, _name)
+    for _name in _handles.GPU_NAMES:
+        globals()[_name] = getattr(_handles, _name)
 
 
 class VecTensor(list):
@@ -58,7 +59,7 @@ class VecTensor(list):
             self.append(t)
 
     def append(self, t) -> None:
-        super().append(_wrap_ops._t(t, "VecTensor.append"))
+        super().append(_ops.raw_arg(t, "VecTensor.append"))
 
     def push_back(self, t) -> None:  # std::vector's name, which SWIG also exposes
         self.append(t)
@@ -94,4 +95,4 @@ __all__ = (["BatchNormHandle", "ConvHandle", "CpuBatchNormBackwardx", "CpuBatchN
             "CpuBatchNormForwardTraining", "CpuConvBackwardb", "CpuConvBackwardW", "CpuConvBackwardx",
             "CpuConvForward", "CpuPoolingBackward", "CpuPoolingForward", "NcclIdHolder", "PoolingHandle",
             "Product", "SizeOf", "Tensor", "USE_CUDA", "USE_DIST", "USE_NCCL", "VecTensor", "kDouble",
-            "kFloat16", "kFloat32", "kInt"] + list(_OPS) + (list(_wrap_handles.GPU_NAMES) if USE_CUDA else []))
+            "kFloat16", "kFloat32", "kInt"] + list(_OPS) + (list(_handles.GPU_NAMES) if USE_CUDA else []))

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numbers
 
-from . import _core
-from ._wrap_ops import _t
-from .raw import pair
+from .. import _core
+from .ops import raw_arg
+from ..raw import pair
 
 CTensor = _core.Tensor
 _EPS = 1e-5  # SINGA's batch-norm epsilon (fixed in its handles)
@@ -31,7 +31,7 @@ def _out_size(op, size, k, s, p, axis, x_shape) -> int:
 
 
 def _nchw(x, op: str, what: str = "x") -> CTensor:
-    x = _t(x, op, what)
+    x = raw_arg(x, op, what)
     if x.ndim != 4:
         raise ValueError(f"{op}: {what} must have shape (N, C, H, W), got {tuple(x.shape)}")
     return x
@@ -74,9 +74,9 @@ class ConvHandle:
             ow = _out_size(op, x.shape[3], self.kernel_w, self.stride_w, self.pad_w, "width", x.shape)
         if W is not None:
             want = (self.num_filters, self.channels // self.group, self.kernel_h, self.kernel_w)
-            if tuple(_t(W, op, "W").shape) != want:
+            if tuple(raw_arg(W, op, "W").shape) != want:
                 raise ValueError(f"{op}: W must have shape {want} for this handle, got {tuple(W.shape)}")
-        if b is not None and _t(b, op, "b").numel != self.num_filters:
+        if b is not None and raw_arg(b, op, "b").numel != self.num_filters:
             raise ValueError(f"{op}: b must have {self.num_filters} elements, got shape {tuple(b.shape)}")
         if dy is not None:
             dy = _nchw(dy, op, "dy")
@@ -207,7 +207,7 @@ class BatchNormHandle:
 
     def __init__(self, momentum, input):  # noqa: A002
         op = type(self).__name__
-        x = _t(input, op, "input")
+        x = raw_arg(input, op, "input")
         if x.ndim not in (2, 4):
             raise ValueError(f"{op}: input must be (N, C) or (N, C, H, W), got {tuple(x.shape)}")
         if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0.0 <= momentum <= 1.0:
@@ -223,12 +223,12 @@ class _Stats:
     """x's per-channel layout: reduction axes and the (1, C[, 1, 1]) shape parameters broadcast with."""
 
     def __init__(self, op: str, x, *params):
-        x = _t(x, op, "x")
+        x = raw_arg(x, op, "x")
         if x.ndim not in (2, 4):
             raise ValueError(f"{op}: x must be (N, C) or (N, C, H, W), got {tuple(x.shape)}")
         C = x.shape[1]
         for what, p in params:
-            p = _t(p, op, what)
+            p = raw_arg(p, op, what)
             if p.numel != C:
                 raise ValueError(f"{op}: {what} must have {C} elements (one per channel of x {tuple(x.shape)}), "
                                  f"got shape {tuple(p.shape)}")
@@ -307,7 +307,7 @@ def CpuBatchNormBackwardx(bnh: BatchNormHandle, y, dy, x, scale, bias, mean, var
     op = "CpuBatchNormBackwardx"
     _handle(bnh, BatchNormHandle, op)
     s = _Stats(op, x, ("scale", scale), ("mean", mean), ("var", var))
-    if tuple(_t(dy, op, "dy").shape) != tuple(x.shape):
+    if tuple(raw_arg(dy, op, "dy").shape) != tuple(x.shape):
         raise ValueError(f"{op}: dy {tuple(dy.shape)} must have x's shape {tuple(x.shape)}")
     return _bn_backward(x, dy, scale, s.b(mean), _inv_std(s.b(var)), s)
 
@@ -376,7 +376,7 @@ def GpuBatchNormBackward(bnh, dy, x, scale, mean, inv_std):  # noqa: N802
     op = "GpuBatchNormBackward"
     _handle(bnh, BatchNormHandle, op)
     s = _Stats(op, x, ("scale", scale), ("mean", mean), ("inv_std", inv_std))
-    if tuple(_t(dy, op, "dy").shape) != tuple(x.shape):
+    if tuple(raw_arg(dy, op, "dy").shape) != tuple(x.shape):
         raise ValueError(f"{op}: dy {tuple(dy.shape)} must have x's shape {tuple(x.shape)}")
     return _bn_backward(x, dy, scale, s.b(mean), s.b(inv_std), s)
 

@@ -99,33 +99,26 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import os
 import re
 import secrets
 import time
-import zipfile
 
 import numpy as np
 
-from . import _core, tensor
-from .checkpoint_io import (
+from .. import _core, tensor
+from ..checkpoint_io import (
     CheckpointError,
     DirectoryLock,
-    array_spec,
     atomic_write,
-    open_zip,
-    read_json_entry,
     read_json_file,
-    read_npy_entry,
 )
-from .tensor import Tensor
+from ..tensor import Tensor
+from .format import FORMAT_VERSION, MAGIC, check_header, digest, encode, pack, python_scalars, unpack
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "atomic_write", "load", "save"]
 
-MAGIC = "singa_lite-checkpoint"
-FORMAT_VERSION = 2  # 2: array references declare dtype and shape (version 1 files are read too)
 MANIFEST = "manifest.json"
 _OUR_FILE = re.compile(r"^(shared|rank-\d{5})\.[0-9a-f]+\.slckpt$")
 _OUR_TEMP = re.compile(r"^\.(manifest\.json|(shared|rank-\d{5})\.[0-9a-f]+\.slckpt)\..*\.tmp$")  # atomic_write's
@@ -134,150 +127,10 @@ _OUR_TEMP = re.compile(r"^\.(manifest\.json|(shared|rank-\d{5})\.[0-9a-f]+\.slck
 _loaded_owners: dict = {}
 
 
-# ---------------------------------------------------------------- state <-> (JSON, arrays)
-def _encode(obj, arrays: list, where: str):
-    """obj as JSON data, each numpy array (or Tensor) replaced by {"$array": k, "dtype": ..., "shape": ...}
-    (the declaration a reader checks the entry against before reading it), the array appended to arrays.
-    numpy scalars become Python numbers (they come back as such, not as 0-d arrays)."""
-    if isinstance(obj, Tensor):
-        obj = tensor.to_numpy(obj)
-    if isinstance(obj, np.generic):
-        obj = obj.item() if obj.dtype.kind in "biuf" else np.asarray(obj)
-    if isinstance(obj, np.ndarray):
-        if obj.dtype.hasobject or obj.dtype.kind not in "biufc" or obj.dtype.fields is not None:
-            raise CheckpointError(f"checkpoint.save: {where} is an array of dtype {obj.dtype}; only numeric "
-                                  f"arrays are saved (no pickle)")
-        arrays.append(np.asarray(obj, order="C"))  # (ascontiguousarray would make a 0-d array 1-d)
-        return {"$array": len(arrays) - 1, "dtype": obj.dtype.str, "shape": list(obj.shape)}
-    if isinstance(obj, dict):
-        out = {}
-        for k, v in obj.items():
-            if not isinstance(k, str) or k.startswith("$"):
-                raise CheckpointError(f"checkpoint.save: {where} has the key {k!r}; keys must be strings not "
-                                      f"starting with '$'")
-            out[k] = _encode(v, arrays, f"{where}[{k!r}]" if where else k)
-        return out
-    if isinstance(obj, (list, tuple)):
-        return [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(obj)]
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    raise CheckpointError(f"checkpoint.save: {where} is a {type(obj).__name__}; a checkpoint holds JSON data "
-                          f"(dict, list, str, int, float, bool, None) and numeric numpy arrays")
-
-
-_REF_KEYS = ({"$array"}, {"$array", "dtype", "shape"})  # format 1's reference, format 2's
-
-
-def _decode(obj, read_array, where: str):
-    """The state encoded as `obj`, each array reference replaced by read_array(k, dtype, shape) (dtype and
-    shape None in format 1 files, whose arrays declare them only in their own .npy headers)."""
-    if isinstance(obj, dict):
-        if "$array" in obj:
-            k = obj["$array"]
-            if set(obj) not in _REF_KEYS or not isinstance(k, int) or isinstance(k, bool) or k < 0:
-                raise CheckpointError(f"{where}: malformed array reference {obj!r}")
-            spec = array_spec(obj["dtype"], obj["shape"], f"{where} (array {k})") if "dtype" in obj else (None, None)
-            return read_array(k, *spec)
-        return {k: _decode(v, read_array, where) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_decode(v, read_array, where) for v in obj]
-    return obj
-
-
-def _python_scalars(obj):
-    """`extra` as the caller saved it: 0-d arrays (numpy scalars, which format 1 saved as such) become
-    Python numbers, so that resumed scripts can format and compare them as before."""
-    if isinstance(obj, np.ndarray) and obj.ndim == 0:
-        return obj.item()
-    if isinstance(obj, dict):
-        return {k: _python_scalars(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_python_scalars(v) for v in obj]
-    return obj
-
-
-def _digest(tree, arrays: list) -> str:
-    """A hash of an encoded state (structure, dtypes, shapes, bytes): equal on two ranks iff the states are."""
-    h = hashlib.sha256(json.dumps(tree, sort_keys=True).encode())
-    for a in arrays:
-        h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
-
-
-def _pack(header: dict, state) -> bytes:
-    """One .slckpt file's bytes: header.json, state.json and arrays/<k>.npy in a zip (stored: CRC-checked,
-    no compression, so writing is at disk speed)."""
-    arrays = []
-    tree = _encode(state, arrays, "")
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
-        zf.writestr("header.json", json.dumps({"magic": MAGIC, "format_version": FORMAT_VERSION, **header}))
-        zf.writestr("state.json", json.dumps(tree))
-        for k, a in enumerate(arrays):
-            with zf.open(f"arrays/{k}.npy", "w") as f:
-                np.lib.format.write_array(f, a, allow_pickle=False)
-    return buf.getvalue()
-
-
-def _unpack(fpath: str, source, expect: dict):
-    """The state in a .slckpt file (`source`: its bytes or an open file, which is closed here);
-    CheckpointError naming fpath for anything wrong. Only the
-    entries state.json references are read, each checked against its declared dtype and shape before its
-    data is (see checkpoint_io); compressed entries (never written) and entries nothing references are
-    refused."""
-    with contextlib.closing(source) if hasattr(source, "close") else contextlib.nullcontext(), \
-            open_zip(fpath, source) as zf:
-        names = set(zf.namelist())
-        for required in ("header.json", "state.json"):
-            if required not in names:
-                raise CheckpointError(f"{fpath}: no {required} in the file; not a singa_lite checkpoint file")
-        header = read_json_entry(zf, "header.json", fpath, stored_only=True)
-        _check_header(fpath, header, expect)
-        tree = read_json_entry(zf, "state.json", fpath, stored_only=True)
-        if not isinstance(tree, dict):
-            raise CheckpointError(f"{fpath}: state.json holds a {type(tree).__name__}, not a dict")
-        arrays, specs = {}, {}
-
-        def read_array(k, dtype, shape):
-            name = f"arrays/{k}.npy"
-            if name not in names:
-                raise CheckpointError(f"{fpath}: state.json refers to array {k}, which the file does not hold")
-            if k in specs and specs[k] != (dtype, shape):
-                raise CheckpointError(f"{fpath}: state.json declares array {k} twice, differently")
-            if k not in arrays:
-                specs[k] = (dtype, shape)
-                arrays[k] = read_npy_entry(zf, name, fpath, dtype, shape, stored_only=True)
-            return arrays[k]
-
-        try:
-            state = _decode(tree, read_array, fpath)
-        except RecursionError:
-            raise CheckpointError(f"{fpath}: state.json is nested too deeply to read") from None
-        unread = sorted(names - {"header.json", "state.json"} - {f"arrays/{k}.npy" for k in arrays})
-        if unread:
-            raise CheckpointError(f"{fpath}: holds entries that state.json does not reference ({unread[:5]}"
-                                  f"{'...' if len(unread) > 5 else ''}); not a file singa_lite wrote")
-    return state
-
-
-def _check_header(fpath: str, header, expect: dict) -> None:
-    if not isinstance(header, dict) or header.get("magic") != MAGIC:
-        raise CheckpointError(f"{fpath}: not a singa_lite checkpoint (wrong magic)")
-    version = header.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
-        raise CheckpointError(f"{fpath}: format version {version!r}; this singa_lite reads versions 1 to "
-                              f"{FORMAT_VERSION} (was it written by a newer singa_lite?)")
-    for key, want in expect.items():
-        if header.get(key) != want:
-            raise CheckpointError(f"{fpath}: {key} is {header.get(key)!r} in the file but {want!r} in the manifest; "
-                                  f"the directory mixes files of different saves")
-
-
 # ---------------------------------------------------------------- what is saved
 def _parts(optimizer):
     """(DistOpt or None, the plain Optimizer or None, the communicator or None)."""
-    from .parallel.dist_opt import DistOpt
+    from ..parallel.dist_opt import DistOpt
 
     inner = getattr(optimizer, "dist_opt", None)  # ddp.DistributedOptimizer wraps a DistOpt
     if isinstance(inner, DistOpt):
@@ -288,7 +141,7 @@ def _parts(optimizer):
 
 
 def _devices() -> list:
-    from . import device
+    from .. import device
 
     return [device.create_cpu_device()] + [device.as_device(f"cuda:{i}") for i in range(_core.cuda_device_count())]
 
@@ -317,7 +170,7 @@ def _float_buffers(model, replicated) -> dict | None:
     """{name: array} of the model's floating-point buffers (batch norm's running statistics), as saved."""
     if model is None or "model" not in replicated:
         return None
-    from .parallel.buffers import named_buffers
+    from ..parallel.buffers import named_buffers
 
     state = replicated["model"][0]
     names = [n for n, _ in named_buffers(model, "checkpoint.save")]
@@ -341,7 +194,7 @@ def _own(dist_states, sampler, rng, position) -> dict:
     """The parts that belong to one rank."""
     own = {"generators": {str(d): list(d.get_rng_state()) for d in _devices()}}
     if dist_states is not None:  # the sparse exchange's state, as it lays it out for a file
-        from .parallel.exchange import SparseExchange
+        from ..parallel.exchange import SparseExchange
 
         own["residuals"] = SparseExchange.entries(dist_states["residuals"])
     if sampler is not None:
@@ -417,7 +270,7 @@ def _save(path, model, optimizer, sampler, rng, extra, position, communicator, l
         if not isinstance(overwrite, bool):
             raise TypeError(f"overwrite must be True or False, got {overwrite!r}")
         if rank == 0:
-            from .comm.auth import job_id
+            from ..comm.auth import job_id
 
             job = job_id()
             os.makedirs(path, mode=0o700, exist_ok=True)
@@ -428,7 +281,7 @@ def _save(path, model, optimizer, sampler, rng, extra, position, communicator, l
         dist_states = dist.get_states() if dist is not None else None  # once: it copies the optimizer's slots
         for name, state in _replicated(model, dist_states, plain).items():
             arrays = []
-            replicated[name] = (state, _digest(_encode(state, arrays, name), arrays))
+            replicated[name] = (state, digest(encode(state, arrays, name), arrays))
         own = _own(dist_states, sampler, rng, position)
         first = {"token": secrets.token_hex(8), "digests": {k: d for k, (_, d) in replicated.items()},
                  "buffers": _float_buffers(model, replicated) if _averages_buffers(dist, comm) else None}
@@ -442,16 +295,16 @@ def _save(path, model, optimizer, sampler, rng, extra, position, communicator, l
         if first["buffers"] is not None:  # the model with the ranks' mean buffers, the same on every rank
             common["model"] = {**replicated["model"][0], **_mean_buffers([f["buffers"] for f in firsts])}
             arrays = []
-            digests0 = {**digests0, "model": _digest(_encode(common["model"], arrays, "model"), arrays)}
+            digests0 = {**digests0, "model": digest(encode(common["model"], arrays, "model"), arrays)}
         differs = sorted(k for k, (_, d) in replicated.items() if d != digests0.get(k))
         own.update({f"own_{k}": replicated[k][0] for k in differs})
         files = []
         if rank == 0:
             shared = {**common, "extra": extra}
             files.append(("shared", f"shared.{token}.slckpt",
-                          _pack({"kind": "shared", "token": token, "world_size": world}, shared)))
+                          pack({"kind": "shared", "token": token, "world_size": world}, shared)))
         files.append(("rank", f"rank-{rank:05d}.{token}.slckpt",
-                      _pack({"kind": "rank", "rank": rank, "token": token, "world_size": world}, own)))
+                      pack({"kind": "rank", "rank": rank, "token": token, "world_size": world}, own)))
         entry = {}
         for kind, name, data in files:
             atomic_write(os.path.join(path, name), data)
@@ -541,7 +394,7 @@ def _check_owner(path: str, job: str) -> None:
 def _commit(path: str, token: str, world: int, entries: list, job: str) -> None:
     """Writes the manifest (the commit point), then removes every file no longer named by it. Rank 0
     holds the directory's lock: no other save is writing files here, so none of these is another's."""
-    from ._version import __version__
+    from .._version import __version__
 
     manifest = {"magic": MAGIC, "format_version": FORMAT_VERSION, "singa_lite_version": __version__,
                 "job_id": job, "world_size": world, "token": token, "shared": entries[0]["shared"],
@@ -581,7 +434,7 @@ def load(path: str, model=None, optimizer=None, sampler=None, rng=None, communic
     _gather(comm, None, error, "load", path)
     _apply(staged, model, dist, plain, sampler, rng, comm, path)
     _loaded_owners[os.path.realpath(path)] = staged["owner"]
-    return _python_scalars(staged["extra"])
+    return python_scalars(staged["extra"])
 
 
 _READ_ATTEMPTS = 5
@@ -621,7 +474,7 @@ def _read(path: str, rank: int, world: int, model, dist, plain, sampler, rng, re
     manifest = read_json_file(mpath, limit=16 << 20)  # about 150 bytes per rank
     if not isinstance(manifest, dict):
         raise CheckpointError(f"{mpath}: not a singa_lite checkpoint manifest")
-    _check_header(mpath, manifest, {})
+    check_header(mpath, manifest, {})
     saved = manifest.get("world_size")
     if not isinstance(saved, int) or isinstance(saved, bool) or saved < 1:
         raise CheckpointError(f"{mpath}: bad world size {saved!r}")
@@ -636,11 +489,11 @@ def _read(path: str, rank: int, world: int, model, dist, plain, sampler, rng, re
     for r, e in enumerate(ranks):  # every rank checks that every shard is there: all fail alike
         _stat(path, e, f"rank {r}'s file")
     token = manifest.get("token")
-    shared = _unpack(*_verified(path, manifest["shared"], "the shared file"),
+    shared = unpack(*_verified(path, manifest["shared"], "the shared file"),
                      {"kind": "shared", "token": token, "world_size": saved})
 
     def rank_file(r):
-        return _unpack(*_verified(path, ranks[r], f"rank {r}'s file"),
+        return unpack(*_verified(path, ranks[r], f"rank {r}'s file"),
                        {"kind": "rank", "rank": r, "token": token, "world_size": saved})
     if resharded:
         where = os.path.join(path, ranks[0]["name"])
@@ -667,7 +520,7 @@ def _resharded_own(rank_file, saved: int, dist, sampler, where: str) -> dict:
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: {e}") from None
     if dist is not None:
-        from .parallel.exchange import SparseExchange
+        from ..parallel.exchange import SparseExchange
 
         per_rank = []
         for r in range(saved):
@@ -701,7 +554,7 @@ def _verified(path: str, entry, what: str) -> tuple:
     what was hashed (save never rewrites a file in place)."""
     fpath = _stat(path, entry, what)
     try:
-        f = open(fpath, "rb")  # noqa: SIM115 (closed by _unpack, or below)
+        f = open(fpath, "rb")  # noqa: SIM115 (closed by unpack, or below)
     except FileNotFoundError:  # removed since _stat: a save replaced the checkpoint (load reads it again)
         raise CheckpointError(f"{fpath}: missing ({what}, listed in the manifest)") from None
     try:
@@ -749,7 +602,7 @@ def _check_against(path, where, staged, model, dist, plain, sampler, rng) -> Non
                     raise CheckpointError(f"{path}: optimizer state {slot}[{k!r}] has shape {tuple(a.shape)}, "
                                           f"the parameter {tuple(params[k].shape)}")
     if dist is not None:
-        from .parallel.exchange import SparseExchange
+        from ..parallel.exchange import SparseExchange
 
         if not SparseExchange.check_entries(own.get("residuals", [])):
             raise CheckpointError(f"{where}: malformed residuals entry")
@@ -783,7 +636,7 @@ def _apply(staged, model, dist, plain, sampler, rng, comm, path) -> None:
     """Writes the checked state into the objects. The optimizer goes first: its set_states is the one
     step that checks more than _check_against did, and changes nothing when it raises; if it raises on
     any rank, every rank puts its previous optimizer state back and raises."""
-    from . import device
+    from .. import device
 
     state, own = staged["state"], staged["own"]
     if plain is not None or dist is not None:
@@ -791,7 +644,7 @@ def _apply(staged, model, dist, plain, sampler, rng, comm, path) -> None:
         error = None
         try:
             if dist is not None:
-                from .parallel.exchange import SparseExchange
+                from ..parallel.exchange import SparseExchange
 
                 residuals = SparseExchange.from_entries(own.get("residuals", []))
                 # synced as saved: resumed replicas start as they were, since broadcasting rank 0's parameters at

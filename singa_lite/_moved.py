@@ -26,6 +26,7 @@ MODULES: dict[str, str] = {
     # operators (moved into singa_lite.ops)
 
     # tensors, the engine, the runtime, SINGA's C++-level API, checkpoints
+    "singa_lite.tensor_compat": "singa_lite.tensor.compat",
 
     # optimizers and layers
 }

@@ -1,4 +1,4 @@
-"""SINGA's tensor behaviour that singa_lite follows (see singa_lite/tensor.py and tensor_compat.py).
+"""SINGA's tensor behaviour that singa_lite follows (see singa_lite/tensor/).
 
 Written from SINGA's documented behaviour; each test fails without the compatibility piece it names.
 """

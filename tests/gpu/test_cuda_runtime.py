@@ -27,7 +27,7 @@ def test_new_gpu_tensor_is_zero_and_fill_works(gpu, dtype):
     assert t.device is gpu
     assert not tensor.to_numpy(t).any()
     t.set_value(1)
-    np.testing.assert_array_equal(tensor.to_numpy(t), np.ones((3, 1000), tensor._TO_NUMPY[dtype]))
+    np.testing.assert_array_equal(tensor.to_numpy(t), np.ones((3, 1000), tensor.numpy_dtype(dtype)))
 
 
 def test_host_device_roundtrip(gpu):

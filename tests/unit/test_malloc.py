@@ -1,4 +1,5 @@
-"""glibc malloc's thresholds (singa_lite/_runtime/malloc.py): after `import singa_lite`, arrays freed in a loop are reused
+"""glibc malloc's thresholds (singa_lite/_runtime/malloc.py): after `import singa_lite`, arrays freed in a loop
+are reused
 without page faults; SINGA_LITE_MALLOC=keep, or a user's own malloc settings, leave glibc as it was. Each case
 runs in a fresh interpreter: glibc's thresholds depend on what the process freed before."""
 import json

@@ -48,7 +48,7 @@ def test_from_numpy_dtypes(np_dtype, expected):
     a = np.arange(6).reshape(2, 3).astype(np_dtype)
     t = tensor.from_numpy(a)
     assert t.dtype == expected
-    np.testing.assert_array_equal(tensor.to_numpy(t), a.astype(tensor._TO_NUMPY[expected]))
+    np.testing.assert_array_equal(tensor.to_numpy(t), a.astype(tensor.numpy_dtype(expected)))
 
 
 def test_from_numpy_rejects_complex():

@@ -1,9 +1,8 @@
 """The parts of SINGA's ``Tensor`` API that exist for compatibility with SINGA scripts and tests.
 
 :class:`SingaTensorMethods` is a base class of :class:`singa_lite.tensor.Tensor`; its methods are SINGA's
-names and behaviour (see each docstring), kept apart from ``tensor.py`` so that the core class stays short.
-They only use the tensor's own methods and the C++ core; the two module functions at the end, re-exported by
-``tensor``, import ``Tensor`` when called, so this module has no import cycle with ``tensor``.
+names and behaviour (see each docstring), kept apart from ``core.py`` so that the core class stays short.
+They only use the tensor's own methods and the C++ core, so this module imports nothing of the package.
 """
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import numbers
 
 import numpy as np
 
-from . import _core
+from .. import _core
 
 
 class SingaTensorMethods:
@@ -125,24 +124,3 @@ class SingaTensorMethods:
 
     def __rdiv__(self, x):
         return self.__rtruediv__(x)
-
-
-# ----- SINGA's module functions (re-exported by singa_lite.tensor)
-def _call_singa_func(fn, *args):
-    """Calls fn(*args), a function returning a C++ tensor, and wraps the result in a Tensor (SINGA's helper,
-    which SINGA's tests use with ``singa_wrap`` functions)."""
-    from .tensor import Tensor
-
-    r = fn(*args)
-    if not isinstance(r, _core.Tensor):
-        raise TypeError(f"_call_singa_func: {getattr(fn, '__name__', fn)!r} returned {type(r).__name__}, "
-                        f"expected a C++ tensor (singa_wrap.Tensor)")
-    return Tensor(data=r)
-
-
-def copy_from_numpy(data, np_array) -> None:
-    """Copies a numpy array's values into the C++ tensor `data` (same number of elements; the function form
-    of ``Tensor.copy_from_numpy``)."""
-    from .tensor import Tensor
-
-    Tensor(data=data).copy_from_numpy(np_array)

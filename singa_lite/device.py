@@ -147,7 +147,7 @@ class Device:
         """0: no profiling (default); 1: forward / backward / other time per iteration; 2 or more: also
         per operator type. Takes effect for the operators called from now on."""
         self._verbosity = _as_count(verbosity, "SetVerbosity")
-        _install_timer()
+        refresh_op_hook()
 
     def verbosity(self) -> int:
         return self._verbosity
@@ -296,7 +296,7 @@ def _op_type(op) -> str:
 
 
 class _Timer:
-    """Installed as ``engine._timer`` while some device has verbosity > 0: the engine calls it instead of
+    """The operator hook while some device has verbosity > 0 (see on_op_hook): the engine calls it instead of
     ``op.forward`` / ``op.backward`` and it times the call when the op's device is profiling."""
 
     @staticmethod
@@ -334,11 +334,40 @@ def _timed(dev: Device, table: dict, op, fn, args):
 _TIMER = _Timer()
 
 
-def _install_timer() -> None:
-    """The engine's hook is set while any device profiles, and None (one global test per op) otherwise."""
-    from . import engine, timeline  # the engine imports tensor, which imports this module
-    # The timeline (timeline.py), while it records, takes the hook and times around the profiler.
-    engine._timer = timeline.wrap(_TIMER if any(d._verbosity > 0 for d in _instances.values()) else None)
+# ---------------------------------------------------------------- the operator hook
+# The engine calls hook.forward(op, raw_inputs) / hook.backward(op, dys) in place of op.forward / op.backward
+# while a hook is set. Two tools want it: the time profiler here (SetVerbosity) and the timeline (timeline.py),
+# which times around the profiler. Both sit below or beside the engine, so neither may import it: the engine
+# registers where the hook goes (on_op_hook), the timeline registers how it wraps the profiler
+# (wrap_op_hook), and this one function decides the hook whenever either tool changes state.
+_hook_sinks: list = []
+_hook_wrapper = None
+
+
+def on_op_hook(sink) -> None:
+    """Registers sink(hook): called now and whenever the operator hook changes (hook None: no hook)."""
+    _hook_sinks.append(sink)
+    sink(_op_hook())
+
+
+def wrap_op_hook(wrapper) -> None:
+    """Registers wrapper(profiler) -> hook, which puts a hook around the profiler's (None when no device
+    profiles); the one registered last is used."""
+    global _hook_wrapper
+    _hook_wrapper = wrapper
+    refresh_op_hook()
+
+
+def refresh_op_hook() -> None:
+    """Decides the operator hook again and hands it to every sink (after a tool started or stopped)."""
+    hook = _op_hook()
+    for sink in _hook_sinks:
+        sink(hook)
+
+
+def _op_hook():
+    profiler = _TIMER if any(d._verbosity > 0 for d in _instances.values()) else None
+    return profiler if _hook_wrapper is None else _hook_wrapper(profiler)
 
 
 def _as_bool(v, what: str) -> bool:

@@ -31,10 +31,10 @@ How backward works
    backward pass, and consumers still only ever see final gradients. Parameters without hooks cost the
    pass one attribute test each.
 
-Time profiling (``Device.SetVerbosity``): while some device profiles, ``_timer`` is set and the engine calls
-``_timer.forward(op, raw_inputs)`` / ``_timer.backward(op, dys)`` in place of ``op.forward`` /
-``op.backward``, which times them per operator type (see ``device.py``); otherwise ``_timer`` is None and
-each operator call pays one global test. The timeline (``timeline.py``) uses the same hook while it records.
+Time profiling (``Device.SetVerbosity``) and the timeline (``timeline.py``): while either is on, the engine
+calls the operator hook's ``forward(op, raw_inputs)`` / ``backward(op, dys)`` in place of ``op.forward`` /
+``op.backward``; otherwise each operator call pays one global test. ``device.on_op_hook`` tells this module
+which hook to call (device.py decides it, so that neither tool imports the engine).
 
 Broadcasting: binary operators broadcast like numpy; their backward sums the gradient over the axes an input
 was broadcast along (``_reduce_to``: the leading axes it lacks and the axes where it has size 1).
@@ -56,15 +56,28 @@ import numbers
 
 import numpy as np
 
-from . import _core
+from . import _core, device
 from .raw import zeros
 from .tensor import Tensor
 
 CTensor = _core.Tensor
 training = False
-# The time profiler (device.SetVerbosity): None unless some device profiles; then the engine calls
-# _timer.forward(op, raw_inputs) / _timer.backward(op, dys) instead of op.forward / op.backward.
+# The operator hook (device.on_op_hook): None unless a device profiles or the timeline records; then the
+# engine calls _timer.forward(op, raw_inputs) / _timer.backward(op, dys) instead of op.forward / op.backward.
 _timer = None
+
+
+def _set_op_hook(hook) -> None:
+    global _timer
+    _timer = hook
+
+
+def op_hook():
+    """The operator hook the engine calls now (None: none)."""
+    return _timer
+
+
+device.on_op_hook(_set_op_hook)
 
 
 # ---------------------------------------------------------------- the operator contract
@@ -382,7 +395,7 @@ def _log_softmax(x: CTensor, axis: int) -> CTensor:
     return _core.sub(shifted, lse, out=shifted)
 
 
-# SINGA_LITE_TIMELINE=path: record from the first operator on (the timeline installs itself as _timer).
-from . import timeline as _timeline  # noqa: E402  (it needs the engine defined)
+# SINGA_LITE_TIMELINE=path: record from the first operator on (the timeline wraps the operator hook).
+from . import timeline  # noqa: E402  (last: recording starts at once, and the engine takes the hook above)
 
-_timeline._start_from_environment()
+timeline.start_from_environment()

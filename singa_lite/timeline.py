@@ -30,7 +30,7 @@ start(), else that of the communicator DistOpt uses, else ``RANK`` from the envi
 a script starts with multiprocessing (fork or spawn) inherit the variable and write their own files; a
 process that recorded nothing (the parent that started them) writes none at exit.
 
-Cost: while off, each operator call pays the engine's one test of its profiling hook (``engine._timer``),
+Cost: while off, each operator call pays the engine's one test of its operator hook (``device.on_op_hook``),
 the same test as without this module, and DistOpt a few per step. While on, each operator adds two clock
 reads and one list append (see docs/benchmarks.md). Memory is bounded: after ``max_events`` events (default
 1,000,000, about 200 MB; ``SINGA_LITE_TIMELINE_MAX_EVENTS``) new ones are dropped with one warning, and the
@@ -51,6 +51,7 @@ import sys
 import time
 import warnings
 
+from . import device
 from .checkpoint_io import atomic_file
 
 __all__ = ["start", "stop", "timeline", "mark_step", "is_active", "recorder", "rank_path", "merge", "ENV_VAR"]
@@ -306,18 +307,19 @@ def _env_max_events() -> int:
 
 
 def _install() -> None:
-    from . import device  # the engine's hook is decided in one place, with the time profiler's
-
-    device._install_timer()
+    device.refresh_op_hook()  # the hook is decided in one place, with the time profiler's
 
 
 def wrap(profiler):
-    """The engine's hook for device._install_timer: the recorder (timing around `profiler`) while recording,
+    """The operator hook (device.wrap_op_hook): the recorder (timing around `profiler`) while recording,
     else `profiler` itself (None when no device profiles)."""
     if _active is None:
         return profiler
     _active.inner = profiler
     return _active
+
+
+device.wrap_op_hook(wrap)
 
 
 def _stop_at_exit() -> None:
@@ -355,7 +357,7 @@ def _in_child(rec) -> None:
         _at_process_exit(rec)
 
 
-def _start_from_environment() -> None:
+def start_from_environment() -> None:
     path = os.environ.get(ENV_VAR)
     if path and _active is None:
         start(path)

@@ -9,7 +9,8 @@ Where an operator goes: by what it computes, one module per kind.
 - ``activation.py``: activation functions (the ReLU family, sigmoid, tanh, GELU, ...) and softmax;
 - ``reduce.py``: reductions over axes of one tensor (``reduce_sum``, ``reduce_mean``);
 - ``shapes.py``: shapes and indexing (reshape, transpose, squeeze, concat, split, slice, pad, gather, onehot,
-  ...): operators that move or pick values without computing new ones;
+  ...): operators that move or pick values without computing new ones (not ``shape.py``: ``ops.shape`` is
+  SINGA's shape operator);
 - ``linalg.py``: matrix products (matmul, gemm), add_bias, cossim;
 - ``nn.py``: the layers' operators with their own algorithms or state: convolution, pooling, batch
   normalisation, dropout, embedding;

@@ -24,6 +24,13 @@ MODULES: dict[str, str] = {
     "singa_lite.ddp": "singa_lite.parallel.ddp",
 
     # operators (moved into singa_lite.ops)
+    # (an old module whose names went to several of ops' modules gives the package, which has them all)
+    "singa_lite.functional": "singa_lite.ops",
+    "singa_lite.operators": "singa_lite.ops",
+    "singa_lite.ops_math": "singa_lite.ops",
+    "singa_lite.ops_shape": "singa_lite.ops",
+    "singa_lite.nn_ops": "singa_lite.ops.nn",
+    "singa_lite.ops_loss": "singa_lite.ops.loss",
 
     # tensors, the engine, the runtime, SINGA's C++-level API, checkpoints
     "singa_lite.tensor_compat": "singa_lite.tensor.compat",

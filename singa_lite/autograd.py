@@ -2,8 +2,7 @@
 
 - the engine (:mod:`singa_lite.engine`): :class:`Operator`, :func:`backward`, :func:`gradients`, gradient
   hooks and the ``training`` flag;
-- the operators and their function forms (:mod:`singa_lite.functional`: operators.py, ops_math.py,
-  ops_shape.py, ops_loss.py, nn_ops.py);
+- the operators and their function forms (the package :mod:`singa_lite.ops`);
 - the layer classes, under SINGA's autograd spellings (``autograd.Conv2d(1, 20, 5)``,
   ``autograd.Linear(800, 500)``, ...), defined once in layer.py.
 
@@ -22,10 +21,11 @@ import sys
 import types
 
 from . import engine, tensor  # noqa: F401 - tensor: SINGA's autograd exports it
-from .engine import (CTensor, Gradients, Operation, Operator, backward, gradients,  # noqa: F401
-                     _axis, _const, _log_softmax, _reduce_to, _softmax, _swap_last)
+from .engine import CTensor, Gradients, Operation, Operator, backward, gradients  # noqa: F401
 from .autograd_graph import Dummy, infer_dependency  # noqa: F401
-from .functional import *  # noqa: F401,F403
+from .ops import *  # noqa: F401,F403
+from .ops.common import (norm_axis as _axis, operand as _const, raw_log_softmax as _log_softmax,  # noqa: F401
+                         raw_softmax as _softmax, reduce_to as _reduce_to, swap_last as _swap_last)
 from .tensor import Tensor  # noqa: F401 - SINGA's autograd exports it
 from .layer import AvgPool2d, BatchNorm2d, Conv2d, GlobalAvgPool2d, Layer, Linear, MaxPool2d  # noqa: F401
 

@@ -1,6 +1,6 @@
 """The autograd engine: the operator contract, the recorded graph, backward and gradient hooks, and the
-``training`` flag. It imports only the tensor layer; the operators (operators.py, ops_*.py, nn_ops.py) are
-built on it, the layers (layer.py) on those, and ``autograd`` re-exports all of them under SINGA's names.
+``training`` flag. It imports only the tensor layer; the operators (the ``ops`` package) are built on it, the
+layers (layer.py) on those, and ``autograd`` re-exports all of them under SINGA's names.
 
 An :class:`Operator` computes on the raw C++ tensors (``Tensor.data``); calling it on ``tensor.Tensor``s
 records the graph when ``training`` is true (``autograd.training``: the same flag) and some input
@@ -37,7 +37,7 @@ calls the operator hook's ``forward(op, raw_inputs)`` / ``backward(op, dys)`` in
 which hook to call (device.py decides it, so that neither tool imports the engine).
 
 Broadcasting: binary operators broadcast like numpy; their backward sums the gradient over the axes an input
-was broadcast along (``_reduce_to``: the leading axes it lacks and the axes where it has size 1).
+was broadcast along (``ops.common.reduce_to``: the leading axes it lacks and the axes where it has size 1).
 
 Memory rules for operator writers: ``backward`` must not modify its ``dys`` in place (they can be shared);
 an operator whose gradients may share memory with ``dy`` or with each other sets ``aliased_grads = True``,
@@ -53,8 +53,6 @@ Choices (differences from SINGA 3 noted):
 from __future__ import annotations
 
 import numbers
-
-import numpy as np
 
 from . import _core, device
 from .raw import zeros
@@ -349,50 +347,6 @@ def _accumulate(slot, dx, owned: bool):
     if acc_owned:
         return _core.add(acc, dx, out=acc), True
     return _core.add(acc, dx), True
-
-
-# ---------------------------------------------------------------- helpers on raw tensors
-def _reduce_to(dx: CTensor, shape) -> CTensor:
-    """Sums dx over the axes along which a tensor of `shape` was broadcast to dx's shape."""
-    shape = tuple(shape)
-    if dx.shape == shape:
-        return dx
-    lead = dx.ndim - len(shape)
-    axes = list(range(lead)) + [lead + i for i, s in enumerate(shape) if s == 1 and dx.shape[lead + i] != 1]
-    return _core.sum(dx, axes, True).reshape(list(shape))
-
-
-def _swap_last(t: CTensor) -> CTensor:
-    perm = list(range(t.ndim))
-    perm[-2], perm[-1] = perm[-1], perm[-2]
-    return t.transpose(perm)
-
-
-def _const(v, like: Tensor) -> Tensor:
-    """A scalar operand as a 0-d tensor in like's dtype and device (it gets no gradient)."""
-    if isinstance(v, Tensor):
-        return v
-    if not isinstance(v, (numbers.Number, np.number)):
-        raise TypeError(f"expected a Tensor or a number, got {type(v).__name__}")
-    t = CTensor([], like.dtype, like.data.device)
-    _core.fill_(t, float(v))
-    return Tensor(data=t, requires_grad=False)
-
-
-def _axis(axis: int, ndim: int) -> int:
-    return axis + ndim if axis < 0 else axis
-
-
-def _softmax(x: CTensor, axis: int) -> CTensor:
-    e = _core.sub(x, _core.max(x, [axis], True))
-    _core.exp(e, out=e)
-    return _core.div(e, _core.sum(e, [axis], True), out=e)
-
-
-def _log_softmax(x: CTensor, axis: int) -> CTensor:
-    shifted = _core.sub(x, _core.max(x, [axis], True))
-    lse = _core.log(_core.sum(_core.exp(shifted), [axis], True))
-    return _core.sub(shifted, lse, out=shifted)
 
 
 # SINGA_LITE_TIMELINE=path: record from the first operator on (the timeline wraps the operator hook).

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from . import functional as F
+from . import ops as F
 from . import tensor
 from .device import as_device
 from .raw import pair

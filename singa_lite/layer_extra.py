@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from . import functional as F
+from . import ops as F
 from .layer import Layer
 from .tensor import Tensor
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _core, autograd, tensor
-from .autograd import Operator
+from . import _core, engine, ops, tensor
+from .engine import Operator
 from .layer import BatchNorm2d
 
 __all__ = ["SyncBatchNorm2d", "sync_batchnorm_2d"]
@@ -101,8 +101,8 @@ class _SyncBatchNorm2d(Operator):
 def sync_batchnorm_2d(comm, x, scale, bias, running_mean, running_var, momentum=0.9, eps=1e-5):
     """Batch normalisation with the statistics of every rank's x (training mode; in evaluation mode the
     running statistics, as autograd.batchnorm_2d). comm: the Communicator of the ranks."""
-    if not autograd.training:
-        return autograd.batchnorm_2d(x, scale, bias, running_mean, running_var, momentum, eps)
+    if not engine.training:
+        return ops.batchnorm_2d(x, scale, bias, running_mean, running_var, momentum, eps)
     op = _SyncBatchNorm2d(comm, running_mean.data, running_var.data, momentum, eps)
     return op(x, scale, bias)[0]
 
@@ -130,7 +130,7 @@ class SyncBatchNorm2d(BatchNorm2d):
                            f"use BatchNorm2d")
 
     def forward(self, x):
-        if not autograd.training:
+        if not engine.training:
             return super().forward(x)
         return sync_batchnorm_2d(self._comm(), x, self.scale, self.bias, self.running_mean, self.running_var,
                                  self.momentum, self.eps)

@@ -1,5 +1,5 @@
 // Convolution, pooling and batch normalisation through cuDNN, for CUDA tensors (NCHW, float16 / float32 / float64).
-// singa_lite/nn_ops.py calls these when the input is on a GPU and cudnn_available() (cuda/cudnn.h); otherwise it
+// singa_lite/ops/nn.py calls these when the input is on a GPU and cudnn_available() (cuda/cudnn.h); otherwise it
 // runs im2col + GEMM and the own pooling kernels. Each function checks its arguments first (ValueError / TypeError,
 // before any cuDNN call), and gives the same results as the CPU ops up to rounding:
 //  - convolution is cross-correlation with zero padding, stride, dilation and groups. float32 uses CUDNN_FMA_MATH (no
@@ -14,7 +14,7 @@
 //  - batch norm is CUDNN_BATCHNORM_SPATIAL (per channel over N, H, W). Scale, bias and the statistics are float
 //    (double for float64 input), as cuDNN requires; float16 parameters are converted on the way in and out.
 //    momentum is cuDNN's exponentialAverageFactor: running = (1 - momentum) * running + momentum * batch, the
-//    variance unbiased; that is singa_lite's (and SINGA's) convention, see nn_ops.py.
+//    variance unbiased; that is singa_lite's (and SINGA's) convention, see ops/nn.py.
 // Descriptors are created per call: they are host-side structs that cost microseconds; the heuristic's answer, which
 // costs about a millisecond, is what is cached. Workspaces come from the caching allocator and go back to it right
 // after the call is queued (stream-ordered reuse, allocator.h). A call that fails inside cuDNN for lack of memory is

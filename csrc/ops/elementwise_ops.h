@@ -1,7 +1,7 @@
 // The one list of element-wise ops. Everything that enumerates them is generated from here: the enums and
 // their names (ops.h, ops/elementwise.cpp), the compile-time dispatch of both backends (with_binary_op /
 // with_unary_op below), the module functions of the bindings, and _core.binary_ops() / unary_ops(), from which
-// tensor.py and operators.py build their functions. Adding an op: a line here, its formula in
+// tensor.py and singa_lite/ops build their functions. Adding an op: a line here, its formula in
 // cpu/elementwise.cpp's and cuda/elementwise.cu's apply_* (the kernels), and a test.
 //
 // X(enum, name) for binary ops: arithmetic first, then the comparisons (they return bool; is_comparison()

@@ -4,7 +4,7 @@ SINGA's C++ layer keeps an operation's geometry in a *handle* built from a sampl
 that take the handle: ``CpuConvForward(x, W, b, handle)``, ``CpuPoolingForward(handle, x)``,
 ``CpuBatchNormForwardTraining(handle, x, scale, bias, running_mean, running_var)`` and their backwards. The
 same names and argument orders are here, computed on singa_lite's kernels (im2col + GEMM for convolution,
-the pooling kernels, batch normalisation as ``nn_ops`` does it); they work on tensors of any device.
+the pooling kernels, batch normalisation as ``ops.nn`` does it); they work on tensors of any device.
 
 SINGA's GPU names (``CudnnConvHandle``, ``GpuConvForward``, ``GpuBatchNormForwardTraining`` ...) exist in a
 CUDA build only, as in SINGA, and follow cuDNN's conventions where they differ from the CPU ones: the GPU batch

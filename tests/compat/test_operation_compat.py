@@ -1,4 +1,4 @@
-"""SINGA's autograd operators as singa_lite provides them (ops_math, ops_shape, ops_loss, layer_extra).
+"""SINGA's autograd operators as singa_lite provides them (singa_lite/ops, layer_extra).
 
 Written from SINGA's documented behaviour: each operator's forward against numpy, its gradient against
 central finite differences in float64, and the calling conventions SINGA scripts rely on (losses of shape

@@ -149,7 +149,7 @@ def test_clip_axpy_sgd_and_copies(gpu, rng):
 
 
 def test_convolution_and_pooling_kernels(gpu, rng):
-    # bfloat16 does not go through cuDNN (nn_ops.py): im2col + cuBLAS and the own pooling kernels
+    # bfloat16 does not go through cuDNN (ops/nn.py): im2col + cuBLAS and the own pooling kernels
     c, g = pair(gpu, rng.uniform(-1, 1, (2, 3, 9, 11)))
     geometry = ((3, 3), (1, 2), (1, 0), (1, 1))
     cc, gc = _core.im2col(c, *geometry), _core.im2col(g, *geometry)

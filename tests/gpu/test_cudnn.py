@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from singa_lite import _core, autograd
-from singa_lite.nn_ops import _AvgPool2d, _BatchNorm2d, _Conv2d, _MaxPool2d
+from singa_lite.ops.nn import _AvgPool2d, _BatchNorm2d, _Conv2d, _MaxPool2d
 
 pytestmark = pytest.mark.gpu
 
@@ -299,7 +299,7 @@ def test_bad_input_is_rejected_before_cudnn(gpu):
 
 
 def test_env_switch_forces_the_fallback(gpu):
-    code = ("from singa_lite import _core, autograd; from singa_lite.nn_ops import _Conv2d; import numpy as np; "
+    code = ("from singa_lite import _core, autograd; from singa_lite.ops.nn import _Conv2d; import numpy as np; "
             "x = _core.Tensor.from_buffer(np.ones((1, 1, 4, 4), np.float32)).to(_core.Device('cuda:0')); "
             "op = _Conv2d(); op.forward(x, x.slice(2, 0, 3, 1).slice(3, 0, 3, 1).contiguous()); "
             "print(_core.cudnn_enabled(), _core.cudnn_available(), op.cudnn)")

@@ -10,7 +10,7 @@ import pytest
 
 import singa_lite
 from singa_lite import _core, autograd, device
-from singa_lite.nn_ops import _AvgPool2d, _BatchNorm2d, _Conv2d, _MaxPool2d
+from singa_lite.ops.nn import _AvgPool2d, _BatchNorm2d, _Conv2d, _MaxPool2d
 
 no_gpu = pytest.mark.skipif(device.cuda_is_available(), reason="checks the machine-without-GPU behaviour")
 

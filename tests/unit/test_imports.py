@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-MODULES = ["layer", "model", "autograd", "opt", "tensor", "device", "nn_ops", "operators", "data", "parallel.ddp",
+MODULES = ["layer", "model", "autograd", "opt", "tensor", "device", "ops", "ops.nn", "data", "parallel.ddp",
            "parallel", "checkpoint", "dist", "comm", "parallel.multi_device", "singa_wrap"]
 
 

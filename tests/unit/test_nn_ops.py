@@ -1,4 +1,4 @@
-"""Convolution, pooling and batch normalisation operators (singa_lite/nn_ops.py).
+"""Convolution, pooling and batch normalisation operators (singa_lite/ops/nn.py).
 
 Forward values against numpy references (and torch.nn.functional when torch is installed); every backward
 against central finite differences in float64, following tests/unit/test_autograd_ops.py: all inputs are
@@ -398,7 +398,7 @@ def test_batchnorm_against_torch(momentum):
 
 def test_batchnorm_eval_backward_direct():
     """The evaluation-mode operator's backward (reachable only by driving the operator directly)."""
-    from singa_lite.nn_ops import _BatchNorm2d
+    from singa_lite.ops.nn import _BatchNorm2d
     rng = rng_for("bn_eval_bwd")
     x, scale, bias = rng.standard_normal((2, 3, 2, 2)), rng.uniform(0.5, 1.5, 3), rng.standard_normal(3)
     rm0, rv0 = rng.standard_normal(3), rng.uniform(0.5, 2.0, 3)

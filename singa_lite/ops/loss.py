@@ -7,10 +7,11 @@ Bad shapes raise ``raw.CompatError``: a ValueError that is also the AssertionErr
 """
 from __future__ import annotations
 
-from . import _core
-from .engine import CTensor, Operator, _log_softmax
-from .raw import CompatError, grad_like, mask
-from .tensor import Tensor
+from .. import _core
+from ..engine import CTensor, Operator
+from ..raw import CompatError, grad_like, mask
+from ..tensor import Tensor
+from .common import raw_log_softmax
 
 __all__ = [
     'BinaryCrossEntropy', 'CrossEntropy', 'MeanSquareError', 'RankingLoss', 'SoftMaxCrossEntropy', '_targets',
@@ -75,7 +76,7 @@ class SoftMaxCrossEntropy(Operator):
 
     def forward(self, x):
         self.t, self.rows_sum_to_one = _targets(self.traw, x, "softmax_cross_entropy")
-        self.logp = _log_softmax(x, 1)
+        self.logp = raw_log_softmax(x, 1)
         return _loss(_core.sum(_core.mul(self.logp, self.t)), -1.0 / x.shape[0])
 
     def backward(self, dy=None):

@@ -1,10 +1,12 @@
-"""SINGA's shape and indexing operators beyond ``operators.py`` (re-exported by ``autograd``).
+"""Shapes and indexing: reshape, flatten, transpose, squeeze / unsqueeze, expand, tile, upsample, depth / space
+rearrangements, concatenation and splitting, slicing, padding, gather / scatter, and the operators whose output
+does not depend differentiably on the input (shape, nonzero, constant_of_shape, onehot).
 
-squeeze / unsqueeze / expand / tile / upsample / depth_to_space / space_to_depth are views, reshapes and
-broadcasts on the device. gather, scatter_elements, pad's reflect and edge modes, nonzero, onehot,
-shape and constant_of_shape work through numpy on the host (indices are small and these ops are rare in
-training loops). ``backward`` also accepts ``dy`` None or a number, as SINGA's ``op.backward()`` does.
-Integer-valued outputs (shape, nonzero, indices) have no gradient.
+Reshapes, views and broadcasts run on the device. gather, scatter_elements, pad's reflect and edge modes,
+nonzero, onehot, shape and constant_of_shape work through numpy on the host (indices are small and these ops are
+rare in training loops). The operators written on ``_Reshaping``, ``_IndexMap`` and ``_Constant`` also accept
+``dy`` None or a number in ``backward``, as SINGA's ``op.backward()`` does. Integer-valued outputs (shape,
+nonzero, indices) have no gradient.
 """
 from __future__ import annotations
 
@@ -14,18 +16,84 @@ import numbers
 
 import numpy as np
 
-from . import _core
-from .engine import CTensor, Operator, _axis, _reduce_to
-from .raw import CompatError, from_host, grad_like, to_host, zeros
-from .tensor import Tensor
+from .. import _core
+from ..engine import CTensor, Operator
+from ..raw import from_host, grad_like, to_host, zeros
+from ..tensor import Tensor
+from .common import norm_axis, reduce_to
 
 __all__ = [
-    'ConstantOfShape', 'DepthToSpace', 'Embedding', 'Expand', 'Gather', 'Gemm', 'NonZero', 'OneHot', 'Pad',
-    'ScatterElements', 'Shape', 'SpaceToDepth', 'Squeeze', 'Tile', 'Unsqueeze', 'UpSample',
-    'constant_of_shape', 'axis_helper', 'back_broadcast', 'ctensor2numpy', 'depth_to_space', 'embedding',
-    'expand', 'gather', 'gemm', 'nonzero', 'onehot', 'pad', 'scatter_elements', 'shape', 'space_to_depth',
-    'squeeze', 'tile', 'unsqueeze', 'upsample',
+    'Concat', 'ConstantOfShape', 'DepthToSpace', 'Expand', 'Flatten', 'Gather', 'NonZero', 'OneHot', 'Pad',
+    'Reshape', 'ScatterElements', 'Shape', 'Slice', 'SpaceToDepth', 'Split', 'Squeeze', 'Tile', 'Transpose',
+    'Unsqueeze', 'UpSample', '_slice', 'cat', 'concat', 'constant_of_shape', 'depth_to_space', 'expand',
+    'flatten', 'gather', 'nonzero', 'onehot', 'pad', 'reshape', 'scatter_elements', 'shape', 'slice',
+    'space_to_depth', 'split', 'squeeze', 'tile', 'transpose', 'unsqueeze', 'upsample',
 ]
+
+
+# ---------------------------------------------------------------- reshapes and views
+class Reshape(Operator):
+    """numpy.reshape, plus SINGA/ONNX's 0 = keep that dimension."""
+    aliased_grads = True
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape = list(shape)
+
+    def forward(self, x):
+        self.xshape = x.shape
+        return x.reshape([x.shape[i] if s == 0 and i < x.ndim else s for i, s in enumerate(self.shape)])
+
+    def backward(self, dy):
+        return dy.reshape(list(self.xshape))
+
+
+def reshape(x, shape):
+    return Reshape(shape)(x)[0]
+
+
+class Flatten(Operator):
+    """(d0, ..., dn) -> (d0 * ... * d(axis-1), d(axis) * ... * dn)."""
+    aliased_grads = True
+
+    def __init__(self, axis=1):
+        super().__init__()
+        self.axis = axis
+
+    def forward(self, x):
+        self.xshape = x.shape
+        ax = norm_axis(self.axis, x.ndim)
+        if not 0 <= ax <= x.ndim:
+            raise IndexError(f"flatten: axis {self.axis} is out of range for {x.ndim} dimensions")
+        return x.reshape([math.prod(x.shape[:ax]), math.prod(x.shape[ax:])])
+
+    def backward(self, dy):
+        return dy.reshape(list(self.xshape))
+
+
+def flatten(x, axis=1):
+    return Flatten(axis)(x)[0]
+
+
+class Transpose(Operator):
+    """numpy.transpose (a view); perm None reverses the axes."""
+    aliased_grads = True
+
+    def __init__(self, perm=None):
+        super().__init__()
+        self.perm = None if perm is None else list(perm)
+
+    def forward(self, x):
+        self.p = self.perm if self.perm is not None else list(reversed(range(x.ndim)))
+        return x.transpose(self.p)
+
+    def backward(self, dy):
+        return dy.transpose([self.p.index(i) for i in range(len(self.p))])
+
+
+def transpose(x, shape=None):
+    """SINGA's name for the permutation argument is `shape`."""
+    return Transpose(shape)(x)[0]
 
 
 def _int_list(v, what):
@@ -64,7 +132,7 @@ class Squeeze(_Reshaping):
         self.axis = _int_list(axis, "squeeze") if axis is not None else []
 
     def f(self, x):
-        axes = {_axis(a, x.ndim) for a in self.axis}
+        axes = {norm_axis(a, x.ndim) for a in self.axis}
         for a in axes:
             if not 0 <= a < x.ndim or x.shape[a] != 1:
                 raise ValueError(f"squeeze: axis {a} is not a size-1 axis of a tensor of shape {x.shape}")
@@ -85,7 +153,7 @@ class Unsqueeze(_Reshaping):
 
     def f(self, x):
         nd = x.ndim + len(self.axis)
-        axes = sorted(_axis(a, nd) for a in self.axis)
+        axes = sorted(norm_axis(a, nd) for a in self.axis)
         if len(set(axes)) != len(axes) or any(not 0 <= a < nd for a in axes):
             raise ValueError(f"unsqueeze: axes {self.axis} are repeated or out of range for {nd} output axes")
         shape = list(x.shape)
@@ -113,7 +181,7 @@ class Expand(_Reshaping):
         return x.broadcast_to(list(out)).contiguous()
 
     def grad(self, dy):
-        return _reduce_to(dy, self.xshape)
+        return reduce_to(dy, self.xshape)
 
 
 def expand(x, shape):
@@ -231,6 +299,89 @@ def space_to_depth(x, blocksize, mode="DCR"):
     return SpaceToDepth(blocksize, mode)(x)[0]
 
 
+# ---------------------------------------------------------------- joining, splitting, slicing
+class Concat(Operator):
+    aliased_grads = True
+
+    def __init__(self, axis=0):
+        super().__init__()
+        self.axis = axis
+
+    def forward(self, *xs):
+        if not xs:
+            raise ValueError("concat: needs at least one tensor")
+        self.ax = norm_axis(self.axis, xs[0].ndim)
+        self.sizes = [x.shape[self.ax] if 0 <= self.ax < x.ndim else 0 for x in xs]
+        return _core.concat(list(xs), self.axis)
+
+    def backward(self, dy):
+        return tuple(_core.split(dy, self.sizes, self.ax))
+
+
+def cat(xs, axis=0):
+    return Concat(axis)(*xs)[0]
+
+
+concat = cat
+
+
+class Split(Operator):
+    """Views of x along `axis`: pieces of sizes `parts`, or `num_output` equal pieces when parts is None."""
+
+    def __init__(self, axis, parts, num_output=None):
+        super().__init__()
+        if parts is None and num_output is None:
+            raise ValueError("split: give parts (a list of sizes) or num_output")
+        self.axis, self.parts, self.num_output = axis, parts, num_output
+
+    def forward(self, x):
+        if self.parts is None:
+            return tuple(_core.split_sections(x, int(self.num_output), self.axis))
+        return tuple(_core.split(x, [int(p) for p in self.parts], self.axis))
+
+    def backward(self, *dys):
+        return _core.concat(list(dys), self.axis)
+
+
+def split(x, axis, parts, num_output=None):
+    """A tuple of tensors (SINGA's signature)."""
+    return Split(axis, parts, num_output)(x)
+
+
+class Slice(Operator):
+    """x[starts[i]:ends[i]:steps[i]] along axes[i] (default axes 0, 1, ...); Python's bound rules."""
+
+    def __init__(self, starts, ends, axes=None, steps=None):
+        super().__init__()
+        if len(starts) != len(ends) or (axes is not None and len(axes) != len(starts)) or \
+                (steps is not None and len(steps) != len(starts)):
+            raise ValueError("slice: starts, ends, axes and steps must have the same length")
+        self.starts, self.ends, self.axes, self.steps = list(starts), list(ends), axes, steps
+
+    def _view(self, t):
+        axes = self.axes if self.axes is not None else range(len(self.starts))
+        steps = self.steps if self.steps is not None else [1] * len(self.starts)
+        for ax, st, en, sp in zip(axes, self.starts, self.ends, steps):
+            t = t.slice(norm_axis(int(ax), t.ndim), int(st), int(en), int(sp))
+        return t
+
+    def forward(self, x):
+        self.xmeta = x.shape, x.dtype, x.device
+        return self._view(x)
+
+    def backward(self, dy):
+        dx = zeros(*self.xmeta)
+        _core.copy_(self._view(dx), dy)
+        return dx
+
+
+def slice(x, starts, ends, axes=None, steps=None):  # noqa: A001 - SINGA's name
+    return Slice(starts, ends, axes, steps)(x)[0]
+
+
+_slice = slice
+
+
 # ---------------------------------------------------------------- index maps through numpy
 class _IndexMap(Operator):
     """y.flat[k] = x.flat[src[k]] (src < 0: a constant); the gradient scatters dy back through src."""
@@ -292,7 +443,7 @@ class Gather(_IndexMap):
             raise TypeError(f"gather: indices must be integers, got {self.indices.dtype}")
 
     def index_map(self, idx):
-        ax = _axis(self.axis, idx.ndim)
+        ax = norm_axis(self.axis, idx.ndim)
         n = idx.shape[ax] if 0 <= ax < idx.ndim else 0
         ind = self.indices.astype(np.int64)
         if ((ind < -n) | (ind >= n)).any():
@@ -318,7 +469,7 @@ class ScatterElements(Operator):
 
     def forward(self, x):
         xs = np.array(to_host(x))
-        ax = _axis(self.axis, xs.ndim)
+        ax = norm_axis(self.axis, xs.ndim)
         n = xs.shape[ax]
         ind = np.where(self.indices < 0, self.indices + n, self.indices)
         if ((ind < 0) | (ind >= n)).any():
@@ -338,6 +489,7 @@ def scatter_elements(x, indices, updates, axis=0):
     return ScatterElements(indices, updates, axis)(x)[0]
 
 
+# ---------------------------------------------------------------- outputs without a gradient
 class _Constant(Operator):
     """Operators whose output does not depend differentiably on the input: the gradient is zero."""
 
@@ -420,83 +572,3 @@ class OneHot(_Constant):
 
 def onehot(axis, indices, depth, values):
     return OneHot(axis, depth, values)(indices)[0]
-
-
-class Embedding(Operator):
-    """w[x]: rows of the (vocabulary, dim) table w picked by the integer-valued x; only w gets a gradient."""
-
-    def forward(self, x, w):
-        ind = to_host(x).astype(np.int64)
-        if w.ndim != 2 or ((ind < 0) | (ind >= w.shape[0])).any():
-            raise IndexError(f"embedding: indices must be in [0, {w.shape[0]}) for a table of shape {w.shape}")
-        self.ind, self.xmeta, self.wmeta = ind, (x.shape, x.dtype, x.device), (w.shape, w.dtype, w.device)
-        d = w.shape[1]  # gathered on the device: flat positions row * d + column
-        flat = (ind.reshape(-1, 1) * d + np.arange(d, dtype=np.int64)).reshape(-1)
-        rows = _core.take(w.contiguous().reshape([-1]), from_host(flat, w.device))
-        return rows.reshape(list(ind.shape) + [d])
-
-    def backward(self, dy=None):
-        (wshape, wdtype, wdev), (xshape, xdtype, xdev) = self.wmeta, self.xmeta
-        g = to_host(grad_like(dy, list(self.ind.shape) + [wshape[1]], wdtype, wdev)).reshape(-1, wshape[1])
-        dw = np.zeros(wshape, dtype=g.dtype)
-        np.add.at(dw, self.ind.reshape(-1), g)
-        return zeros(xshape, xdtype, xdev), from_host(dw, wdev, wdtype)
-
-
-embedding = Embedding.apply
-
-
-class Gemm(Operator):
-    """alpha * A' @ B' + beta * C with A' = A.T if transA else A (B' likewise); C broadcasts."""
-
-    def __init__(self, alpha=1.0, beta=1.0, transA=0, transB=0):
-        super().__init__()
-        self.alpha, self.beta, self.transA, self.transB = float(alpha), float(beta), bool(transA), bool(transB)
-
-    def forward(self, A, B, C=None):
-        if A.ndim != 2 or B.ndim != 2:
-            raise CompatError(f"gemm: A and B must be matrices, got shapes {A.shape} and {B.shape}")
-        a = A.transpose([1, 0]) if self.transA else A
-        b = B.transpose([1, 0]) if self.transB else B
-        self.a, self.b, self.cshape = a, b, None if C is None else C.shape
-        y = _core.mul_scalar(_core.matmul(a, b), self.alpha)
-        if C is not None:
-            y = _core.add(y, _core.mul_scalar(C, self.beta))
-        return y
-
-    def backward(self, dy=None):
-        dy = grad_like(dy, [self.a.shape[0], self.b.shape[1]], self.a.dtype, self.a.device)
-        da = _core.mul_scalar(_core.matmul(dy, self.b.transpose([1, 0])), self.alpha)  # d(A') then undo trans
-        db = _core.mul_scalar(_core.matmul(self.a.transpose([1, 0]), dy), self.alpha)
-        da = da.transpose([1, 0]).contiguous() if self.transA else da
-        db = db.transpose([1, 0]).contiguous() if self.transB else db
-        if self.cshape is None:
-            return da, db
-        return da, db, _core.mul_scalar(_reduce_to(dy, self.cshape), self.beta)
-
-
-def gemm(A, B, C=None, alpha=1.0, beta=1.0, transA=0, transB=0):
-    xs = (A, B) if C is None else (A, B, C)
-    return Gemm(alpha, beta, transA, transB)(*xs)[0]
-
-
-# ---------------------------------------------------------------- SINGA's broadcasting helpers
-def axis_helper(y_shape, x_shape):
-    """The axes of y_shape along which a tensor of x_shape was broadcast (x aligned to the right)."""
-    y_shape, x_shape = tuple(y_shape), tuple(x_shape)
-    lead = len(y_shape) - len(x_shape)
-    return tuple(i for i in range(len(y_shape)) if i < lead or x_shape[i - lead] != y_shape[i])
-
-
-def back_broadcast(y_shape, x_shape, x):
-    """A raw tensor x of y_shape summed back to x_shape (the gradient of broadcasting x_shape to y_shape)."""
-    if tuple(y_shape) == tuple(x_shape):
-        return x
-    if tuple(x.shape) != tuple(y_shape):
-        raise ValueError(f"back_broadcast: x has shape {tuple(x.shape)}, expected y_shape {tuple(y_shape)}")
-    return _core.sum(x, list(axis_helper(y_shape, x_shape))).reshape(list(x_shape))
-
-
-def ctensor2numpy(x):
-    """A numpy copy of a raw tensor's values."""
-    return np.array(to_host(x), copy=True)

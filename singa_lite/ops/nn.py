@@ -1,20 +1,16 @@
-"""Convolution, pooling and batch normalisation as autograd operators (re-exported by ``singa.autograd``).
+"""The layers' operators: convolution, pooling, batch normalisation, dropout and embedding (re-exported by
+``singa.autograd``).
 
-All tensors are NCHW. The operators follow the contract of :class:`autograd.Operator`: ``forward`` and
+All images are NCHW. The operators follow the contract of :class:`engine.Operator`: ``forward`` and
 ``backward`` work on raw ``_core.Tensor``s, and the functions below take and return ``tensor.Tensor``s.
 
-Convolution is im2col + GEMM. ``cols = im2col(x)`` has shape (N, C*kh*kw, L) with L = OH*OW, and
-``y[n] = W.reshape(OC, -1) @ cols[n]`` is one batched ``_core.matmul`` with W broadcast over the batch (no
-copies: y comes out as (N, OC, L), already NCHW). The backward reuses the cached cols:
-``dW = sum_n dy[n] @ cols[n]^T`` (cols[n]^T is a transposed view that BLAS takes as a flag),
-``db = sum of dy over (N, H, W)`` and ``dx = col2im(W^T @ dy)``, the latter skipped when x needs no
+Convolution is im2col + GEMM. ``cols = im2col(x)`` has shape (K, N*L) with K = C*kh*kw and L = OH*OW: every
+image's columns side by side, so each group is one GEMM for the whole batch, ``W.reshape(OC, K) @ cols`` of
+shape (OC, N*L), which one pass turns into NCHW while adding the bias. The backward reuses the cached cols, with
+dy in the same (OC, N*L) layout: ``dW = dy @ cols^T`` (the transposed view goes to BLAS as a flag),
+``db`` = the sum of dy over (N, H, W) and ``dx = col2im(W^T @ dy)``, the latter skipped when x needs no
 gradient (a network's data input). Groups slice W, cols and y along their channel axes (views, no copies).
-
-Layout measured on 2 cores, float32, x (64, 20, 12, 12), W (50, 20, 5, 5) (ms per call):
-forward: batched W @ cols[n] 1.8-1.9; one (50, 500) @ (500, 64*64) GEMM after copying cols to (K, N*L)
-and the result back to NCHW 2.5-3.4. dW: a loop of per-sample GEMMs accumulated 2.3; batched GEMM then a
-sum over N 3.1 (and N*OC*K memory); one GEMM over the copied cols 2.0 (+0.7 for the copy, paid in forward).
-dx: batched W^T @ dy then col2im 2.6; one GEMM with copies 3.2-3.6. The batched layout (no copies) is kept.
+docs/benchmarks/training.md measures the training step and these kernels.
 
 Batch normalisation follows SINGA (``src/model/operation/batchnorm.cc``: its CPU path computes
 ``running = running * (1 - factor) + batch_stat * factor`` with ``factor = momentum``, and its cuDNN path
@@ -37,15 +33,18 @@ from __future__ import annotations
 import math
 import numbers
 
-from . import _core
-from . import engine
-from .singa_wrap.handles import BatchNormHandle, ConvHandle, PoolingHandle
-from .engine import CTensor, Operator
-from .raw import grad_like, pair
-from .tensor import Tensor
+import numpy as np
+
+from .. import _core
+from .. import engine
+from ..engine import CTensor, Operator
+from ..raw import from_host, grad_like, pair, to_host, zeros
+from ..singa_wrap.handles import BatchNormHandle, ConvHandle, PoolingHandle
+from ..tensor import Tensor
 
 __all__ = ["conv2d", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "globalaveragepool", "batchnorm_2d",
-           "pooling_2d", "_Conv2d", "_MaxPool2d", "_AvgPool2d", "GlobalAveragePool", "_BatchNorm2d"]
+           "pooling_2d", "_Conv2d", "_MaxPool2d", "_AvgPool2d", "GlobalAveragePool", "_BatchNorm2d", "Dropout",
+           "dropout", "Embedding", "embedding"]
 
 
 # ---------------------------------------------------------------- argument helpers
@@ -550,3 +549,57 @@ def batchnorm_2d(x, scale, bias, running_mean, running_var, momentum=0.9, eps=1e
         if not isinstance(t, Tensor):
             raise TypeError(f"batchnorm_2d: {what} must be a tensor.Tensor, got {type(t).__name__}")
     return _BatchNorm2d(running_mean.data, running_var.data, momentum, eps)(x, scale, bias)[0]
+
+
+# ---------------------------------------------------------------- dropout
+class Dropout(Operator):
+    """Inverted dropout: zeroes each element with probability `ratio` and scales the rest by
+    1 / (1 - ratio) while autograd.training is true; the identity otherwise."""
+    aliased_grads = True  # the identity case hands dy through
+
+    def __init__(self, ratio=0.5):
+        super().__init__()
+        if not 0.0 <= ratio < 1.0:
+            raise ValueError(f"dropout: ratio must be in [0, 1), got {ratio}")
+        self.ratio = float(ratio)
+
+    def forward(self, x):
+        self.mask = None
+        if not engine.training or self.ratio == 0.0:
+            return x
+        self.mask = CTensor(list(x.shape), x.dtype, x.device)
+        _core.bernoulli_(self.mask, 1.0 - self.ratio)
+        _core.mul_scalar(self.mask, 1.0 / (1.0 - self.ratio), out=self.mask)
+        return _core.mul(x, self.mask)
+
+    def backward(self, dy):
+        return dy if self.mask is None else _core.mul(dy, self.mask)
+
+
+def dropout(x, ratio=0.5):
+    return Dropout(ratio)(x)[0]
+
+
+# ---------------------------------------------------------------- embedding
+class Embedding(Operator):
+    """w[x]: rows of the (vocabulary, dim) table w picked by the integer-valued x; only w gets a gradient."""
+
+    def forward(self, x, w):
+        ind = to_host(x).astype(np.int64)
+        if w.ndim != 2 or ((ind < 0) | (ind >= w.shape[0])).any():
+            raise IndexError(f"embedding: indices must be in [0, {w.shape[0]}) for a table of shape {w.shape}")
+        self.ind, self.xmeta, self.wmeta = ind, (x.shape, x.dtype, x.device), (w.shape, w.dtype, w.device)
+        d = w.shape[1]  # gathered on the device: flat positions row * d + column
+        flat = (ind.reshape(-1, 1) * d + np.arange(d, dtype=np.int64)).reshape(-1)
+        rows = _core.take(w.contiguous().reshape([-1]), from_host(flat, w.device))
+        return rows.reshape(list(ind.shape) + [d])
+
+    def backward(self, dy=None):
+        (wshape, wdtype, wdev), (xshape, xdtype, xdev) = self.wmeta, self.xmeta
+        g = to_host(grad_like(dy, list(self.ind.shape) + [wshape[1]], wdtype, wdev)).reshape(-1, wshape[1])
+        dw = np.zeros(wshape, dtype=g.dtype)
+        np.add.at(dw, self.ind.reshape(-1), g)
+        return zeros(xshape, xdtype, xdev), from_host(dw, wdev, wdtype)
+
+
+embedding = Embedding.apply

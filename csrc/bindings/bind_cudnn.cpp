@@ -1,5 +1,5 @@
-// cuDNN: whether it can be used (and why not), where it was loaded from, and the ops singa_lite/nn_ops.py calls on
-// CUDA tensors when it can. In a CPU-only build only the questions exist, and they say so.
+// cuDNN: whether it can be used (and why not), where it was loaded from, and the ops singa_lite's convolution,
+// pooling and batch-norm operators call on CUDA tensors when it can. In a CPU-only build only the questions exist, and they say so.
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 

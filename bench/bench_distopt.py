@@ -1,7 +1,7 @@
 """A data-parallel training step on P ranks: singa_lite's DistOpt against PyTorch DDP (gloo), same model,
 same per-rank batch, same threads, in the same job. Run under mpiexec (which starts the ranks for both):
 
-    mpiexec -n 2 python bench/bench_distopt.py                 # seed 001's CNN, batch 32 per rank
+    mpiexec -n 2 python bench/bench_distopt.py                 # SINGA's MNIST CNN, batch 32 per rank
     mpiexec -n 2 python bench/bench_distopt.py --backend shm
 
 One step = forward + loss + backward + gradient averaging + SGD (momentum 0.9) update. Blocks of steps
@@ -30,8 +30,8 @@ def parse_args():
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--backend", choices=("mpi", "shm"), default="mpi", help="singa_lite's communicator")
     p.add_argument("--model", choices=("cnn", "mlp"), default="cnn",
-                   help="cnn: seed 001's CNN (8 tensors); mlp: seed 003's tanh MLP widened to 16 layers of 256 "
-                        "(32 small tensors, where fusing them matters)")
+                   help="cnn: SINGA's MNIST CNN (8 tensors); mlp: the DDP exercises' tanh MLP widened to 16 layers "
+                        "of 256 (32 small tensors, where fusing them matters)")
     p.add_argument("--batch", type=int, default=32, help="batch per rank")
     p.add_argument("--steps", type=int, default=10, help="steps per timed block")
     p.add_argument("--repeat", type=int, default=7, help="timed blocks per variant")
@@ -143,7 +143,7 @@ def main():
     if rank == 0:
         med = {k: statistics.median(v) for k, v in times.items()}
         ref = med["torch DDP gloo"]
-        what = "seed 001's CNN" if ARGS.model == "cnn" else f"a {len(DEEP_MLP) - 1}-layer tanh MLP"
+        what = "SINGA's MNIST CNN" if ARGS.model == "cnn" else f"a {len(DEEP_MLP) - 1}-layer tanh MLP"
         link = "" if ARGS.link_gbps is None else (f" over a modelled {ARGS.link_gbps:g} Gb/s, "
                                                    f"{ARGS.link_latency_us:g} us link (torch's row is not)")
         print(f"DistOpt step, {what}, batch {ARGS.batch} per rank, {P} ranks x {THREADS} threads, "

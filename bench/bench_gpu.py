@@ -141,7 +141,7 @@ def singa_step(net, gpu, x, y, dist_opt=None):
 
 def part_a(torch, gpu, args):
     rng = np.random.default_rng(0)
-    cases = [("seed 001 CNN, batch 64", SingaCNN, torch_cnn, (64, 1, 28, 28)),
+    cases = [("SINGA's MNIST CNN, batch 64", SingaCNN, torch_cnn, (64, 1, 28, 28)),
              ("ResNet-18 CIFAR, batch 128", SingaResNet18, torch_resnet18, (128, 3, 32, 32))]
     for what, singa_model, t_model, shape in cases:
         x = rng.standard_normal(shape).astype(np.float32)
@@ -225,7 +225,7 @@ def part_e(torch, gpu, args):
         print(f"(e) skipped: cuDNN not used ({_core.cudnn_unavailable_reason()})")
         return
     rng = np.random.default_rng(0)
-    for what, singa_model, shape in (("seed 001 CNN, batch 64", SingaCNN, (64, 1, 28, 28)),
+    for what, singa_model, shape in (("SINGA's MNIST CNN, batch 64", SingaCNN, (64, 1, 28, 28)),
                                      ("ResNet-18 CIFAR, batch 128", SingaResNet18, (128, 3, 32, 32))):
         x = rng.standard_normal(shape).astype(np.float32)
         y = rng.integers(0, 10, shape[0]).astype(np.int32)

@@ -1,6 +1,7 @@
 """The models the training benchmarks time, written the same way in singa_lite and in PyTorch: SINGA's
-MNIST CNN (seed 001) and the MLP of the DDP exercises (seed 003). PyTorch is imported by the caller, and
-singa_lite only by the singa_lite models, so that a PyTorch-only process (bench/train_loop.py) never loads it."""
+MNIST CNN (of its distributed-training page) and the MLP of the DDP exercises. PyTorch is imported by the
+caller, and singa_lite only by the singa_lite models, so that a PyTorch-only process (bench/train_loop.py)
+never loads it."""
 
 MLP_SIZES = (1024, 256, 256, 256, 32)
 

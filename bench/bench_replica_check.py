@@ -29,7 +29,7 @@ def parse_args(argv=None):
     p.add_argument("--world-size", type=int, default=2, help="ranks")
     p.add_argument("--backend", choices=("shm", "tcp"), default="shm", help="the communicator")
     p.add_argument("--model", choices=("cnn", "mlp"), default="cnn",
-                   help="cnn: SINGA's MNIST CNN (431k parameters); mlp: seed 003's tanh MLP (400k)")
+                   help="cnn: SINGA's MNIST CNN (431k parameters); mlp: the DDP exercises' tanh MLP (400k)")
     p.add_argument("--batch", type=int, default=32, help="batch per rank")
     p.add_argument("--steps", type=int, default=10, help="steps per timed block")
     p.add_argument("--repeat", type=int, default=9, help="timed blocks (and checks)")

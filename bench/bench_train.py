@@ -99,7 +99,7 @@ def time_loops(batch):
     Two PyTorch workers: ``torch`` as a user gets it, and ``torch+t4``, given the one setting singa_lite applies
     to numpy's OpenBLAS at import (OPENBLAS_THREAD_TIMEOUT=4: its idle threads sleep at once instead of
     spinning against the next step). Without it numpy's spinning BLAS threads and PyTorch's pool take turns
-    on the cores, and PyTorch's loop costs 2-3x its parts."""
+    on the cores, and PyTorch's loop costs well over the sum of its parts (docs/benchmarks/training.md)."""
     import subprocess
 
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_loop.py")

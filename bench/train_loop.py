@@ -1,6 +1,6 @@
 """The training loop users write, with numpy work around each step, as SINGA's examples/cnn/train_cnn.py
 does every batch: augmentation (np.pad and a random crop), accuracy (argmax of the logits), plus one
-256x256 numpy matmul (0.3 ms alone). bench/bench_train.py starts one worker per library, each in its own
+256x256 numpy matmul. bench/bench_train.py starts one worker per library, each in its own
 process importing only that library (so neither one's thread settings reach the other), and times
 blocks of
 

@@ -1,4 +1,4 @@
-"""Distributed matrix multiply C = A @ B with singa_lite's collectives, two ways (seed 003, exercise 2).
+"""Distributed matrix multiply C = A @ B with singa_lite's collectives, two ways (the DDP exercises, exercise 2).
 
     python examples/dist_matmul.py --world-size 3                    # multiprocessing, shm backend
     mpiexec -n 2 python examples/dist_matmul.py --launcher mpi       # MPI (mpi backend)
@@ -70,7 +70,7 @@ def zero_padded(t: tensor.Tensor, shape) -> tensor.Tensor:
 
 
 def by_row(comm, A, B, m: int, k: int, n: int, dtype):
-    """Seed 003's partition-by-row. A and B hold the data on rank 0 (placeholders elsewhere); returns C on
+    """The DDP exercises' partition-by-row. A and B hold the data on rank 0 (placeholders elsewhere); returns C on
     rank 0, None on the other ranks."""
     world = comm.world_size
     rows = round_up(m, world)
@@ -84,7 +84,7 @@ def by_row(comm, A, B, m: int, k: int, n: int, dtype):
 
 
 def by_reduction(comm, A, B, m: int, k: int, n: int, dtype):
-    """Seed 003's partition-by-reduction: returns C on every rank."""
+    """The DDP exercises' partition-by-reduction: returns C on every rank."""
     world = comm.world_size
     kp = round_up(k, world)
     if comm.rank == 0:

@@ -3,7 +3,7 @@ SINGA's training loop with DistOpt, its launchers and its five synchronisation o
 a model factory and its data; this module does the rest.
 
 Launchers (``--launcher``):
-  multiprocessing  the script starts --world-size ranks itself, sharing an NcclIdHolder (seed 001's pattern)
+  multiprocessing  the script starts --world-size ranks itself, sharing an NcclIdHolder (SINGA's pattern)
   mpi              the script was started by ``mpiexec -n N``
   singa-run        the script was started by ``singa-run -np N``
 Devices (``--device``): cpu, cuda (one GPU per rank: cuda:<local rank>, NCCL between them) or auto (cuda
@@ -89,7 +89,7 @@ def launch(args, train) -> int:
     import multiprocessing
 
     context = multiprocessing.get_context(start_method(args))
-    nccl_id = singa_wrap.NcclIdHolder()  # as seed 001: created in the parent, passed to every rank
+    nccl_id = singa_wrap.NcclIdHolder()  # as SINGA's page: created in the parent, passed to every rank
     procs = [context.Process(target=train, args=(args, nccl_id, gpu_num, args.world_size))
              for gpu_num in range(args.world_size)]
     for p in procs:

@@ -1,6 +1,7 @@
-"""Seed 003's MLP exercises on singa_lite: the toy multi-layer perceptron (make_classification data, tanh
-layers, linear learning-rate decay) trained on one rank, data-parallel with DistOpt, and data-parallel with
-the hook-based wrapper (seed 003's MyDP), with a replica check every --check-every steps.
+"""The MLP of the DDP exercises ("Understanding parallel deep neural network training") on singa_lite: the
+toy multi-layer perceptron (make_classification data, tanh layers, linear learning-rate decay) trained on one
+rank, data-parallel with DistOpt, and data-parallel with the hook-based wrapper (the exercises' MyDP), with a
+replica check every --check-every steps.
 
     python examples/mlp_ddp.py --mode single                       # exercise 1: one process
     python examples/mlp_ddp.py --mode distopt --world-size 2       # exercise 3: built-in data parallelism
@@ -10,7 +11,7 @@ the hook-based wrapper (seed 003's MyDP), with a replica check every --check-eve
 Every step takes one global batch of --batch-size rows; each of the P ranks trains on its contiguous
 1/P of it (singa_lite.parallel.ddp.partition_dataset), so P ranks follow the single-process run step for step (up to
 rounding): the printed losses can be compared across modes. The data are generated identically on every
-rank (scikit-learn's make_classification with a fixed random state), as the seed does.
+rank (scikit-learn's make_classification with a fixed random state), as the exercises do.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from singa_lite.parallel import ddp
 
 
 class MLP(layer.Layer):
-    """n_layers linear layers, tanh between them (seed 003's mlp.py)."""
+    """n_layers linear layers, tanh between them (the exercises' mlp.py)."""
 
     def __init__(self, n_layers: int, dim_hidden: int, n_classes: int):
         super().__init__()
@@ -68,8 +69,8 @@ def parse_args(argv=None):
 
 
 def gen_dataset(args):
-    """The seed's data: make_classification with random state 0, the same on every rank; 10 % held out.
-    class_sep=4 makes the loss curve look like the one the seed prints (0.2 after a few hundred steps)."""
+    """The exercises' data: make_classification with random state 0, the same on every rank; 10 % held out.
+    class_sep=4 makes the loss curve look like the one the exercises print (0.2 after a few hundred steps)."""
     try:
         from sklearn.datasets import make_classification
     except ImportError:
@@ -98,7 +99,7 @@ def train(args, nccl_id=None, gpu_num=None, gpu_per_node=None) -> float:
     model = MLP(args.n_layers, args.dim_hidden, args.n_classes)
     autograd.training = True
     model(tensor.from_numpy(train_x[:1], dev))  # creates the parameters
-    sgd = opt.SGD(lr=opt.LinearDecay(args.lr, 0.0, args.niters))  # the seed's linear decay to 0
+    sgd = opt.SGD(lr=opt.LinearDecay(args.lr, 0.0, args.niters))  # the exercises' linear decay to 0
     if args.mode == "hooks":
         model = parallel.DataParallel(model)  # broadcasts rank 0's weights; hooks average the gradients
         step = sgd

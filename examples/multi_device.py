@@ -1,11 +1,12 @@
-"""Data-parallel training over several devices in one process: seed 002 ("multi-GPU from scratch").
+"""Data-parallel training over several devices in one process, after MXNet's "multi-GPU training
+from scratch" tutorial.
 
     python examples/multi_device.py                          # 2 replicas (GPUs when there are, else CPU)
     python examples/multi_device.py --device cpu --replicas 4 --epochs 5
     python examples/multi_device.py --device cuda --replicas 2    # cuda:0 and cuda:1
     python examples/multi_device.py --device cuda --replicas 2 --allreduce host   # sum through the host
 
-The seed's LeNet (conv 20@3x3, avg-pool, conv 50@5x5, avg-pool, fc 128, fc 10), written as a function of
+The tutorial's LeNet (conv 20@3x3, avg-pool, conv 50@5x5, avg-pool, fc 128, fc 10), written as a function of
 a parameter list. The parameters are replicated on every device (singa_lite.parallel.multi_device.replicate); each
 batch is split across the replicas (split_and_load: sizes may differ by one), every replica runs forward
 and backward on its part, the gradients are summed into the first replica and copied back (all_reduce),
@@ -14,7 +15,7 @@ Evaluation splits the test batches across the replicas too.
 
 The gradient sum (--allreduce): "nccl" uses NCCL's single-process multi-device communicator (the GPUs
 exchange directly; needs distinct GPUs and NCCL), "host" sums on the first replica's device through host
-copies (the seed's way), "auto" takes nccl when it can, else host. The first output line names the route.
+copies (the tutorial's way), "auto" takes nccl when it can, else host. The first output line names the route.
 
 Each replica's loss gradient is scaled by its share of the batch, so the summed gradient is the mean over
 the whole batch: K replicas train as one device does with the same --batch-size (the global batch), up to
@@ -44,9 +45,9 @@ from singa_lite.parallel import multi_device
 from singa_lite.dist import CommError  # noqa: E402
 
 
-# ---------------------------------------------------------------- the seed's model, as a function
+# ---------------------------------------------------------------- the tutorial's model, as a function
 def init_params(seed: int) -> list:
-    """W1 (20,1,3,3), b1, W2 (50,20,5,5), b2, W3 (800,128), b3, W4 (128,10), b4 on the CPU. The seed draws
+    """W1 (20,1,3,3), b1, W2 (50,20,5,5), b2, W3 (800,128), b3, W4 (128,10), b4 on the CPU. The tutorial draws
     every weight from N(0, 0.01^2); here each layer's weights have std sqrt(2 / fan_in) (He), which trains
     the ReLU network in one epoch on the small digits set."""
     rng = np.random.default_rng(seed)
@@ -71,7 +72,7 @@ def lenet(x, params):
 
 # ---------------------------------------------------------------- one batch, data parallel
 def train_batch(x, y, replicas, devices, optimizers, allreduce="auto"):
-    """The seed's train_batch; `allreduce` is multi_device.all_reduce's backend. Returns (summed loss,
+    """The tutorial's train_batch; `allreduce` is multi_device.all_reduce's backend. Returns (summed loss,
     correct predictions) over the batch."""
     xs = multi_device.split_and_load(x, devices)
     ys = multi_device.split_and_load(y, devices)
@@ -97,7 +98,7 @@ def train_batch(x, y, replicas, devices, optimizers, allreduce="auto"):
 
 
 def evaluate(x, y, replicas, devices, batch_size: int) -> float:
-    """Accuracy, each test batch split across the replicas (the seed leaves this as an exercise)."""
+    """Accuracy, each test batch split across the replicas (the tutorial leaves this as an exercise)."""
     autograd.training = False
     correct = 0
     for i in range(0, len(y), batch_size):

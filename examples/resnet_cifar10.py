@@ -1,5 +1,6 @@
-"""Data-parallel training of a ResNet-9 on CIFAR-10 with DistOpt: seed 000's workload (the Needle course's
-ResNet9) with seed 001's launchers and synchronisation options.
+"""Data-parallel training of a ResNet-9 on CIFAR-10 with DistOpt: the workload of Needle's ddp project
+(ResNet9, from CMU's Deep Learning Systems course) with the launchers and synchronisation options of SINGA's
+distributed-training page.
 
     python examples/resnet_cifar10.py --world-size 2                              # built-in data, 2 ranks
     python examples/resnet_cifar10.py --data-dir ~/data/cifar-10-batches-py --epochs 10

@@ -9,7 +9,7 @@ SINGA does: ``Linear(500)`` and ``Linear(800, 500)`` are both valid, and so are 
 Names. Assigning a layer to an attribute of another layer makes it a sublayer. A parameter's name is its
 attribute path from the outermost layer (``conv1.W``, ``block.fc.b``): that is the key of ``get_params()``
 and ``get_states()`` and the name optimizers key their state by, so it is the same in every run. A layer
-used on its own (not an attribute of another layer, as in SINGA's seed scripts where the model is a plain
+used on its own (not an attribute of another layer, as in SINGA's example scripts where the model is a plain
 class) keeps a unique automatic prefix (``Conv2d#3.W``), so two such layers never share optimizer state.
 """
 from __future__ import annotations

@@ -28,13 +28,11 @@
 # LLVM's libomp reads the x86 host's /proc/cpuinfo, which qemu passes through, and aborts in kmp_affinity.cpp).
 # The emulated CPU: QEMU_CPU (default neoverse-n1: ARMv8.2 + NEON, the cores of AWS Graviton2 and Ampere Altra).
 # Not qemu's default "max": it offers SME, OpenBLAS then takes its armv9sme kernels, and under this qemu (7.2,
-# Debian 12) their dgemm returns wrong numbers (seen 2026-11-24 with OpenBLAS's own cblas_dgemm called through
-# ctypes, no singa_lite involved; right with QEMU_CPU=neoverse-n1 or a64fx, or OPENBLAS_CORETYPE=NEOVERSEN1).
-# How long (the shared 2-core x86-64 machine, qemu 7.2, 2026-11-24): the first run makes the root (165 s bookworm,
-# 249 s trixie) and the venv (75-80 s); the wheel then builds in 5-25 s warm (195 s with zig's and CMake's caches
-# cold), installs in ~8 s, the main job takes 340-450 s (10 epochs; 7-15 s natively), the default tests ~15 s
-# (353 tests) and the whole of tests/unit ~440 s (4233 passed, 47 skipped; ~85 s natively). A rerun with --no-job:
-# under a minute.
+# Debian 12) their dgemm returns wrong numbers (OpenBLAS's own cblas_dgemm called through ctypes, no singa_lite
+# involved; right with QEMU_CPU=neoverse-n1 or a64fx, or OPENBLAS_CORETYPE=NEOVERSEN1).
+# How long: the first run makes the Debian root and the venv (minutes); emulation runs the main job and the tests
+# tens of times slower than natively, so --no-job and the default (smoke) tests keep a rerun short. The times of
+# each step on the development machine: docs/release.md, "How long the checks take".
 set -euo pipefail
 root_dir="$(cd "$(dirname "$0")/.." && pwd)"
 suite=bookworm

@@ -41,8 +41,7 @@ python=python3
 variant=cpu
 arch=native
 # The CPU wheel's toolchain when --glibc is not given: the portable zig build against glibc 2.28. It runs as fast as
-# the g++ build (LeNet's training step 1.005x, docs/benchmarks/training.md, 2026-11-24) and installs on far more
-# systems. `--glibc native` gives the g++ wheel (.ci/wheels.sh asks for both explicitly).
+# the g++ build (docs/benchmarks/training.md, "The CNN step's kernels") and installs on far more systems. `--glibc native` gives the g++ wheel (.ci/wheels.sh asks for both explicitly).
 default_glibc=2.28
 glibc=""
 out="$root/dist"
@@ -121,8 +120,8 @@ if [ "$variant" = cpu ]; then
     # (glibc >= 2.14 only) from the cmeel-libomp wheel, with its omp.h. Versions pinned: a new zig can change
     # its command line, and the runtime's ABI must match what this clang emits.
     # zig goes to one fixed folder per user, not into the checkout's tools venv: zig's cache of what it compiled
-    # for the target (libc++, 100-150 s of compiling) is keyed by the path of zig's own sources, so a zig inside a
-    # fresh clone (CI) compiled libc++ again every time.
+    # for the target (libc++, minutes of compiling) is keyed by the path of zig's own sources, so a zig inside a
+    # fresh clone (CI) would compile libc++ again every time.
     zig_home="${XDG_CACHE_HOME:-$HOME/.cache}/singa_lite/ziglang-0.17.1"
     if [ ! -x "$zig_home/ziglang/zig" ]; then
       rm -rf "$zig_home.tmp$$"
@@ -242,9 +241,9 @@ fi
 # in this checkout or in another clone of it (CI's fresh clone on the same machine), then compiles only the sources
 # that changed. CCACHE_BASEDIR makes the paths inside the checkout (sources, build folder, the tools venv's pybind11
 # and OpenBLAS headers) relative, so that two clones share the cache. Not by default: a header edited while a
-# build reads it can leave a cache entry whose object was compiled from the new text but which is filed under the
-# old one (seen here when a checkout shared by several people was edited during a build: a later build of the old
-# sources linked an object calling a function they lack). What ccache hashes as "the compiler": the system g++ by
+# build reads it can leave a cache entry whose object is compiled from the new text but filed under the old one,
+# and a later build of the old sources then links an object that does not match them (a checkout several people
+# edit during builds is exposed to this). What ccache hashes as "the compiler": the system g++ by
 # its mtime (ccache's default); nvcc by its content (the assembled CUDA 12 toolkit is a new file in each clone);
 # for zig, its version, this wrapper's content and the glibc target, which tools/zig-c++ takes from the
 # environment where ccache cannot see it.

@@ -37,9 +37,8 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(info build report test examples bench cpu)
 
 # Each step's own limit in seconds, for the 16-core GPU machine, where the run has to end inside one 10-minute call
-# (DEADLINE=540). Estimates (no GPU machine has run this yet): the build is the long pole, about 2-4 min; on the
-# 2-core development machine it took 232 s (412 s of compiles, the longest file, csrc/cpu/elementwise.cpp, 106 s,
-# which no core count shortens), and 860 s while other builds shared the machine.
+# (DEADLINE=540). Estimates: the build is the long pole, a few minutes, bounded below by the longest file
+# (csrc/cpu/elementwise.cpp), which no core count shortens; measured times: docs/gpu.md, "Running the GPU checks".
 declare -A own=([info]=30 [build]=420 [report]=60 [test]=300 [examples]=240 [bench]=180 [cpu]=240)
 
 rows=()

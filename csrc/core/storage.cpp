@@ -26,10 +26,10 @@ Storage::~Storage() {
 
 namespace {
 
-// CPU block cache. Training allocates the same large shapes every step; getting them fresh from the
-// kernel costs a page fault per 4 KiB (measured: a GEMM writing a new 2.9 MiB output took 2.3 ms, the
-// same GEMM into a reused buffer 0.8 ms). Blocks of at least kCacheFrom bytes are rounded to a size
-// class and kept after release, up to kCacheLimit bytes in all; smaller ones go straight to malloc.
+// CPU block cache. Training allocates the same large shapes every step; getting them fresh from the kernel costs a
+// page fault per 4 KiB, several times the work of the op that writes them (docs/benchmarks/cpu_core.md,
+// "Measurements behind the kernels' design"). Blocks of at least kCacheFrom bytes are rounded to a size class and
+// kept after release, up to kCacheLimit bytes in all; smaller ones go straight to malloc.
 constexpr size_t kLine = 64, kHugePage = size_t(2) << 20, kHugeFrom = size_t(4) << 20;
 constexpr size_t kCacheFrom = size_t(256) << 10;
 constexpr size_t kCacheLimit = size_t(1) << 30;

@@ -183,7 +183,7 @@ Tensor Tensor::select(int64_t axis, int64_t index) const {
   int a = normalize_axis(axis, ndim(), "select");
   int64_t n = shape_[a];
   int64_t i = index < 0 ? index + n : index;
-  // The message names the op, as every other check does (it used to start at "index ...").
+  // The message starts with the op's name, as every other check's does.
   SL_CHECK(i >= 0 && i < n, IndexError, "select: index ", index, " is out of bounds for axis ", a, " with size ", n);
   Shape shape = shape_, strides = strides_;
   shape.erase(shape.begin() + a);

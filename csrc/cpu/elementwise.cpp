@@ -150,8 +150,9 @@ void binary_scalar_typed(const Tensor& out, const Tensor& a, double s) {
 
 
 // ---------------------------------------------------------------- unary
-// Always inlined into the row loops: as a call per element the loop cannot be vectorised, and GCC's
-// heuristics declined to inline the polynomial ops at some call sites (an 8x slower tanh).
+// Always inlined into the row loops: as a call per element the loop cannot be vectorised, and GCC's heuristics
+// decline to inline the polynomial ops at some call sites (the cost: docs/benchmarks/cpu_core.md, "Measurements
+// behind the kernels' design").
 template <UnaryOp Op, typename C>
 inline __attribute__((always_inline)) C apply_unary(C v) {
   // -v, not 0 - v, and fabs: IEEE negation gives neg(+0) = -0 and abs(-0) = +0, as numpy.
@@ -194,8 +195,8 @@ inline __attribute__((always_inline)) C apply_unary(C v) {
 }
 
 // Unary ops computed inline (no libm call), whose contiguous float / double rows compile per instruction-set
-// level (cpu/isa.h): the float32 polynomials of cpu/vecmath.h (compute-bound: 2x faster with AVX2, 4x with
-// AVX-512), and the plain arithmetic ones. The rest call libm per element, where wider vectors do not help.
+// level (cpu/isa.h): the float32 polynomials of cpu/vecmath.h (compute-bound, so each wider vector level runs
+// them faster), and the plain arithmetic ones. The rest call libm per element, where wider vectors do not help.
 template <UnaryOp Op, typename T>
 constexpr bool unary_multi_isa() {
   if constexpr (!kMultiIsa<T>) return false;

@@ -27,7 +27,8 @@ inline int threads_for(int64_t work) {
 // when all are done (cpu/threads.cpp). Chunks are claimed one at a time, and the caller waits only for chunks
 // that another thread has claimed: a worker that the OS has not scheduled yet (the cores are shared with
 // other processes) is not waited for; the caller takes its chunks. An OpenMP parallel region waits for every
-// thread of its team to arrive: on 2 busy cores a 60 us add then took 4-16 ms.
+// thread of its team to arrive, so on busy cores a short op waits for whole scheduler time slices
+// (docs/benchmarks/cpu_core.md, "Measurements behind the kernels' design").
 void run_chunks(int nt, int64_t nchunks, void (*chunk)(void*, int64_t), void* ctx);
 
 // Runs fn(begin, end) over [0, total) split across threads. The range is cut into about four chunks per

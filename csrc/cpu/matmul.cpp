@@ -66,9 +66,9 @@ constexpr int64_t kSplitK = 8192;
 // OpenBLAS's AVX-512 cores compute a product of at most about 100^3 multiply-adds directly, without packing
 // its operands into buffers first (its "small matrix" path). The thin GEMMs of a small convolution (20 x 25
 // weights against 36864 columns in LeNet's first layer) spend most of their time packing, so they are cut into
-// pieces under that size: measured here 364 -> 211 us (forward) and 518 -> 200 us (dW), 2 threads. Other
-// cores (Haswell, Zen's AVX2 kernels) have no such path and pieces only add calls (323 -> 370 us), so the
-// pieces are cut only when the core OpenBLAS chose is one of these.
+// pieces under that size. Other cores (Haswell, Zen's AVX2 kernels) have no such path and pieces only add
+// calls, so the pieces are cut only when the core OpenBLAS chose is one of these (the measurements:
+// docs/benchmarks/cpu_core.md, "Measurements behind the kernels' design").
 constexpr int64_t kDirectWork = 1000000;
 constexpr int64_t kDirectMinPiece = 256;  // columns or K: thinner pieces cost more in calls than the direct path saves
 

@@ -31,8 +31,9 @@ inline std::pair<int64_t, int64_t> inside_range(int64_t out_w, int64_t stride, i
 
 // im2col's rows are short (8 to 32 pixels in a CNN), so they are filled by plain loops, compiled inline. Both
 // compilers turn such loops (and std::copy / std::fill) into memcpy / memset calls by default; the portable
-// wheel's clang (zig) links its own memcpy / memset, slower than glibc's on short rows, and im2col ran 1.4x
-// (conv2 of LeNet) to 1.7x slower there than in the GCC build. GCC keeps its calls into glibc.
+// wheel's clang (zig) links its own memcpy / memset, slower than glibc's on short rows, which made im2col slower
+// there than in the GCC build (docs/benchmarks/cpu_core.md, "Measurements behind the kernels' design"). GCC keeps
+// its calls into glibc.
 // The rows' loops are vectorised without unrolling under clang: its default (4 vectors per iteration) leaves
 // an 8-pixel row entirely to the scalar remainder loop.
 #if defined(__clang__)
@@ -60,7 +61,7 @@ SL_INLINE_ROW_COPIES inline void copy_short_row(T* __restrict out, const T* __re
 // Blocks [b, e) of (c, i, j, n) of im2col, in the order of cols: each block is one image's OH x OW columns
 // for one kernel offset, and consecutive blocks are adjacent in cols, so the writes stream through memory.
 // (In image order, (n, c, i, j), consecutive blocks lay N * OH * OW elements apart: every block a new page
-// and new cache lines to fetch before writing; LeNet's second convolution took 1 ms for 8 MB of columns.)
+// and new cache lines to fetch before writing.)
 // The images' planes are read with a stride, but x is small next to cols and stays in cache.
 template <typename T>
 SL_INLINE_ROW_COPIES void im2col_rows(T* __restrict dst, const T* __restrict src, int64_t N, int64_t C, int64_t H, int64_t W,
@@ -68,7 +69,7 @@ SL_INLINE_ROW_COPIES void im2col_rows(T* __restrict dst, const T* __restrict src
   const int64_t OHW = g.out_h * g.out_w, out_w = g.out_w, sw = g.stride_w;
   const T zero = convert<T>(0.0);
   // The block's kernel offset (c, i, j) and its columns' range change once every N blocks: counted, not
-  // divided out per block (seven 64-bit divisions per 64-pixel block had cost more than the copying).
+  // divided out per block (seven 64-bit divisions per 64-pixel block cost more than the copying).
   int64_t r = b / N, n = b % N;
   int64_t c = 0, i = 0, j = 0, off = 0, lo = 0, hi = 0;
   // Whole rows inside the image, copied 32 bytes at a time: the common case (stride 1, no column of the
@@ -165,7 +166,7 @@ inline std::vector<Col2imOffset> col2im_offsets(int64_t H, int64_t W, const Conv
 // compute type); see col2im. The geometry of each kernel offset is computed once per call (offsets), so the
 // rows run without divisions or bounds tests. Short rows, as in im2col_rows: inline loops (no memmove /
 // memset calls), and a separate contiguous loop for stride 1 (clang, without run-time stride versioning,
-// left the strided form scalar: col2im ran 1.6-2.5x slower than GCC's).
+// leaves the strided form scalar).
 template <typename T>
 SL_INLINE_ROW_COPIES void col2im_planes(T* __restrict dst, const T* __restrict src, compute_t<T>* __restrict acc,
                                         int64_t N, int64_t C, int64_t H, int64_t W, const Conv2dGeometry& g,
@@ -225,7 +226,7 @@ namespace {
 
 // (take ? a : b) computed with bit masks (for 4- and 8-byte types). Which element of a pooling window is
 // the maximum is unpredictable on real data; compiled as a jump (which GCC does for a plain ?: here) it
-// mispredicts about every other element and made max pooling 5x slower.
+// mispredicts about every other element, which dominates max pooling's time.
 template <typename F>
 inline F select_bits(bool take, F a, F b) {
   static_assert(sizeof(F) == 4 || sizeof(F) == 8);
@@ -243,7 +244,7 @@ inline F select_bits(bool take, F a, F b) {
 // Max pooling of one output row over columns [lo, hi) whose windows lie wholly inside the image, float32:
 // the window offsets are the outer loops and the output columns the inner one, so the inner loop has no
 // dependency between iterations and compiles to SIMD compares and masked selects (the per-output loop
-// above is a serial chain of compare-and-select, about 5x slower). Same tie and nan rules.
+// above is a serial chain of compare-and-select). Same tie and nan rules.
 void max_pool_row_f32(float* out, int64_t* idx, const float* plane, int64_t W, int64_t hs, int64_t he,
                       int64_t kw, int64_t sw, int64_t pw, int64_t lo, int64_t hi) {
   constexpr int64_t kBlock = 64;
@@ -345,9 +346,10 @@ struct MaxPool2x2F32 {
   }
 };
 
-// The AVX2 copy on AVX-512 CPUs too: with 16 lanes, the rows of a small image (12 outputs wide after LeNet's
-// first convolution) fall to the remainder loops, and the AVX-512 copy ran 1.6x slower (285 against 178 us
-// for LeNet's first pooling, one thread). The results are the same bits on every level.
+// The AVX2 copy on AVX-512 CPUs too: with 16 lanes, the rows of a small image (12 outputs wide after LeNet's first
+// convolution) fall to the remainder loops, which makes the AVX-512 copy the slower one
+// (docs/benchmarks/cpu_core.md, "Measurements behind the kernels' design"). The results are the same bits on every
+// level.
 template <class... Args>
 void run_pool_2x2(Args... args) {
 #ifdef SL_MULTI_ISA

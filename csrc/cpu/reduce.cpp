@@ -173,8 +173,8 @@ void reduce_inner(ReduceOp op, T* out, const T* x, int64_t K, int64_t R) {
     }, R);
     return;
   }
-  // A full max / min (e.g. of a gradient, of logits) used one core while sum used all: 400k float32, 2 threads,
-  // 57 us against numpy's 23 us (AVX) before this split.
+  // A full max / min (e.g. of a gradient, of logits) is split across threads as sum is: on one core it loses
+  // to numpy's vectorised one.
   std::vector<C> blocks(size_t(nblocks), C(0));
   for (int64_t k = 0; k < K; ++k) {
     reduce_blocks(x + k * R, R, blocks, extreme);
@@ -233,9 +233,9 @@ void reduce_outer(ReduceOp op, T* out, const T* x, int64_t R, int64_t K) {
   const bool is_sum = op == ReduceOp::kSum || op == ReduceOp::kMean;
   const bool is_max = op == ReduceOp::kMax;
   // Columns are split across threads; each thread accumulates its columns over all R rows. One wide slice per
-  // thread, not parallel_range's four narrow chunks: a thread walks its slice row by row, and 256-column
-  // slices of a (4096, 2048) float32 matrix (1 KB per 8 KB row) streamed so badly that 2 threads took 1.5x
-  // one thread's time. The per-column order of additions is the same either way.
+  // thread, not parallel_range's four narrow chunks: a thread walks its slice row by row, and narrow slices (1 KB
+  // of each 8 KB row) stream so badly that 2 threads take longer than one. The per-column order of additions is
+  // the same either way.
   const int nt = threads_for(R * K);
   const int64_t slice = ((K + nt - 1) / nt + 15) / 16 * 16;
   const int64_t nslices = (K + slice - 1) / slice;

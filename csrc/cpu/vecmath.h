@@ -1,7 +1,7 @@
-// float32 exp / tanh / sigmoid written without branches or library calls, so a plain loop over them
-// compiles to SIMD code. libm's expf / tanhf are scalar calls (~15 ns per element here, the largest cost of
-// a tanh MLP's training step); these stay within 2 ulp of the float64 result over the float range
-// (tests/unit/test_core_elementwise.py checks against numpy in float64).
+// float32 exp / tanh / sigmoid written without branches or library calls, so a plain loop over them compiles to
+// SIMD code. libm's expf / tanhf are scalar calls (the largest cost of a tanh MLP's training step:
+// docs/benchmarks/cpu_core.md, "Measurements behind the kernels' design"); these stay within 2 ulp of the float64
+// result over the float range (tests/unit/test_core_elementwise.py checks against numpy in float64).
 //
 // Method (the classic one, as in Cephes and SLEEF): exp reduces x = n ln2 + r with |r| <= ln2 / 2, evaluates
 // a degree-7 polynomial for e^r and scales by 2^n through the exponent bits (in two steps, so that results
@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <cstring>
 
-// Always inlined: as an out-of-line call the per-element function cannot be vectorised (GCC declined to
-// inline it at some call sites, which ran 8x slower).
+// Always inlined: as an out-of-line call the per-element function cannot be vectorised, and GCC's heuristics
+// decline to inline it at some call sites.
 #define SL_VECMATH inline __attribute__((always_inline))
 
 namespace sl::cpu::vecmath {

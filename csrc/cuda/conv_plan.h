@@ -1,7 +1,7 @@
 // The cuDNN convolution algorithm choice, cached, and the walk down its candidates when memory is short.
 //
 // Asking cuDNN's heuristic (cudnnGetConvolution*Algorithm_v7 for 8 results, then a workspace size per result) costs
-// about 1 ms of host time; a ResNet-18 training step makes some 60 convolution calls, each asking again. The answer
+// host time on every call; a ResNet-18 training step makes some 60 convolution calls, each asking again. The answer
 // depends only on what the key below holds, so it is asked once per key and kept: a list of candidates (algorithm,
 // workspace bytes), best first, the always-possible fallback last. A call takes the first candidate whose workspace
 // can be had; when the GPU is short of memory it goes down the list (the later ones usually need less) instead of

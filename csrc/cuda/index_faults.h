@@ -9,7 +9,7 @@
 //
 // Where the mapped flag cannot be had (pinned memory refused, e.g. by a locked-memory limit), or with
 // SINGA_LITE_SYNC_INDEX_CHECKS=1 (read once) / set_deferred_index_checks(false), the front-ends check on the host
-// before the kernel, as before: the error then comes from the call itself, at the cost of the syncs.
+// before the kernel, as the CPU does: the error then comes from the call itself, at the cost of the syncs.
 #pragma once
 #include <cstdint>
 

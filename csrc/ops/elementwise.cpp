@@ -132,9 +132,9 @@ Tensor clip(const Tensor& x, std::optional<double> lo, std::optional<double> hi,
   SL_CHECK(x.dtype() != DType::kBool, TypeError, "clip: not defined for bool tensors");
   double l = lo.value_or(-INFINITY), h = hi.value_or(INFINITY);
   SL_CHECK(!(l > h), ValueError, "clip: min ", l, " is greater than max ", h);
-  // Integer tensors: finite bounds must be integers (1.5 used to truncate to 1 and let 1 < 1.5 through);
-  // out-of-range bounds and the open infinities saturate in the kernel (they used to be clamped to
-  // +-9.2e18, which clipped int64 values beyond that with no bound given).
+  // Integer tensors: finite bounds must be integers (a bound of 1.5 truncated to 1 would let 1 < 1.5 through);
+  // out-of-range bounds and the open infinities saturate in the kernel rather than being clamped to a finite
+  // value first, which would clip int64 values beyond that value when no bound was given.
   if (!is_floating(x.dtype()))
     for (double b : {l, h})
       SL_CHECK(std::isinf(b) || std::nearbyint(b) == b, TypeError, "clip: the bound ", b,
@@ -151,7 +151,7 @@ void axpy_(double alpha, const Tensor& x, const Tensor& y) {
   check_same_device("axpy", x, y);
   check_kernel_device("axpy", y);
   SL_CHECK(y.dtype() != DType::kBool, TypeError, "axpy: not defined for bool tensors");
-  if (!is_floating(y.dtype())) check_int_scalar("axpy", "alpha", alpha, y.dtype());  // 0.5 used to become 0
+  if (!is_floating(y.dtype())) check_int_scalar("axpy", "alpha", alpha, y.dtype());  // else 0.5 would become 0
   Shape shape = broadcast_shapes(x.shape(), y.shape(), "axpy");
   SL_CHECK(shape == y.shape(), ValueError, "axpy: x of shape ", shape_str(x.shape()),
            " does not broadcast to y's shape ", shape_str(y.shape()));

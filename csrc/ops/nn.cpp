@@ -19,8 +19,8 @@ void check_positive(const char* op, const char* what, Pair v, int64_t min) {
            v[1], ")");
 }
 
-// Checked arithmetic (found by UBSan): huge kernels, paddings or dilations used to wrap around, and a wrapped
-// output size would size a buffer that the kernel then overruns. With these sums and products in range, the
+// Checked arithmetic: huge kernels, paddings or dilations could wrap around, and a wrapped output size would
+// size a buffer that the kernel then overruns (UBSan's finding, docs/reliability.md "Sanitizers"). With these sums and products in range, the
 // kernels' index arithmetic (oh * stride - pad + kh * dilation, ...) stays in range too.
 int64_t out_size(const char* op, int64_t in, int64_t k, int64_t s, int64_t p, int64_t d, const char* axis) {
   const int64_t span = checked_add(op, checked_mul(op, d, k - 1), 1);

@@ -11,7 +11,7 @@ a single thread (csrc/cpu/matmul.cpp). Two things follow.
 2. **numpy's OpenBLAS stops spinning when its work is done.** After each call, numpy's BLAS worker threads
    keep spinning, 2^28 CPU cycles by default (``OPENBLAS_THREAD_TIMEOUT=28``, about 0.1 s), before they sleep.
    A training loop that does any numpy BLAS between steps (an accuracy matmul, augmentation) then runs every
-   step against those spinning threads. On 2 cores, the seed CNN's step plus 0.3 ms of numpy work took
+   step against those spinning threads. On 2 cores, SINGA's MNIST CNN's step plus 0.3 ms of numpy work took
    2.8x the sum of the two alone. With numpy's timeout at 2^4 cycles it took 1.07x the sum, and numpy's own
    large matmuls kept their speed (docs/benchmarks/training.md, "A training loop with numpy work").
    So at import, singa_lite sets numpy's OpenBLAS thread timeout to ``OPENBLAS_THREAD_TIMEOUT`` (default

@@ -21,8 +21,8 @@ Each use of a holder in a process gets a fresh segment name (``take_shm_name()``
 ``shm_name``, the k-th a name derived from a secret the holder carries but no name shows), so a second
 ``dist.init(holder=h, ...)`` never reuses a name another user saw during the first rendezvous (in /dev/shm, or
 in /proc/net/unix, which lists the memfd transport's socket).
-The ranks of one job all use their copy the same number of times, so they agree on the name: seed 001's
-pattern (one holder from the parent, one init per process) uses ``shm_name``.
+The ranks of one job all use their copy the same number of times, so they agree on the name: the
+pattern of SINGA's distributed-training page (one holder from the parent, one init per process) uses ``shm_name``.
 
 A segment name is ``/singa_lite_<pid>_<start>_<pidns>_<token>``: the pid, start time and pid namespace of
 the process that created the holder. Under the named transport, a job killed during its start-up (SIGKILL to

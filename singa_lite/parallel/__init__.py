@@ -2,8 +2,8 @@
 
 - ``DistOpt`` (dist_opt.py): SINGA's distributed optimizer, also ``opt.DistOpt``; its two-phase step
   (``backward`` -> ``PendingStep``) is public.
-- ``ddp`` (ddp.py): the Needle / seed-000 module API (``ddp.init``, ``ddp.DistributedOptimizer``, ...).
-- ``DataParallel`` (data_parallel.py): a model wrapper driven by gradient hooks (also seed 003's name, ``MyDP``).
+- ``ddp`` (ddp.py): the module API of Needle's ddp project (``ddp.init``, ``ddp.DistributedOptimizer``, ...).
+- ``DataParallel`` (data_parallel.py): a model wrapper driven by gradient hooks (the DDP exercises' ``MyDP``).
 - ``multi_device`` (multi_device.py): several devices driven by one process.
 
 What they share, one home each: fusion.py (the buckets and their all-reduces), replicas.py (comparing and

@@ -39,7 +39,7 @@ def check_mode(mode, who: str):
 
 def named_buffers(model, who: str) -> list:
     """[(name, tensor)] of the model's non-trainable states: a Layer / Model's get_states() that are not
-    get_params(), or those of the Layer attributes of a plain class (seed 001's CNN)."""
+    get_params(), or those of the Layer attributes of a plain class (the CNN of SINGA's distributed-training page)."""
     from ..layer import Layer
 
     if isinstance(model, dict):

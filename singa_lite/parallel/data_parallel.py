@@ -1,4 +1,4 @@
-"""A data-parallel model wrapper driven by gradient hooks (seed 003, exercise 4: ``MyDP``).
+"""A data-parallel model wrapper driven by gradient hooks (the DDP exercises' exercise 4: ``MyDP``).
 
     rank, device = ddp.init()            # or a communicator from dist.init
     model = parallel.DataParallel(model)  # rank 0's weights on every rank; one hook per parameter
@@ -45,9 +45,9 @@ __all__ = ["DataParallel", "MyDP"]
 
 
 class DataParallel:
-    """Wraps `model` for data-parallel training (seed 003's ``MyDP``; PyTorch's DDP in spirit).
+    """Wraps `model` for data-parallel training (the DDP exercises' ``MyDP``; PyTorch's DDP in spirit).
 
-    model: a Layer / Model, or a plain class whose attributes are layers (seed 001's ``CNN``); its parameters
+    model: a Layer / Model, or a plain class whose attributes are layers (SINGA's ``CNN``); its parameters
     must exist (layers that infer their input size create them on their first call: run one forward pass or
     ``model.compile([x])`` first). communicator: default the one of ``ddp.init`` (joined with its defaults if
     needed). buffSize, threshold, first_bucket: as DistOpt (fusion buffer elements; a gradient above threshold
@@ -55,7 +55,7 @@ class DataParallel:
     rank starts from.
 
     Calling the wrapper calls the model; ``forward`` calls ``model.forward``; other attributes are the
-    model's (``get_params``, ``train``, ``save_states``...). ``check_parameter_closeness()`` is seed 003's
+    model's (``get_params``, ``train``, ``save_states``...). ``check_parameter_closeness()`` is the DDP exercises'
     check; ``remove_hooks()`` turns the wrapper off.
     """
 
@@ -95,7 +95,7 @@ class DataParallel:
     # ----- the model's face
     @property
     def module(self):
-        """The wrapped model (PyTorch's name; ``model`` is seed 003's)."""
+        """The wrapped model (PyTorch's name; ``model`` is the DDP exercises')."""
         return self.model
 
     def __call__(self, *args, **kwargs):
@@ -166,7 +166,7 @@ class _Averaged:
         return self.grad
 
 
-MyDP = DataParallel  # seed 003's name
+MyDP = DataParallel  # the DDP exercises' name
 
 
 def _uninitialized_layers(model) -> list:

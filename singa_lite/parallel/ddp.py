@@ -1,7 +1,8 @@
-"""Distributed data parallel with the Needle project's API (seed 000, ``apps/ddp.py``), over singa_lite's
+"""Distributed data parallel with the API of Needle's ddp project (``apps/ddp.py``; Needle is the framework of
+CMU's Deep Learning Systems course), over singa_lite's
 communicators and DistOpt's fused exchange.
 
-Seed 000's script, and its singa_lite spelling (``mpiexec -n 4 python train.py``, or processes started by
+The project's script, and its singa_lite spelling (``mpiexec -n 4 python train.py``, or processes started by
 multiprocessing that pass the parent's ``NcclIdHolder`` to ``init``)::
 
     rank, device = ddp.init()                                   # same
@@ -11,15 +12,15 @@ multiprocessing that pass the parent's ``NcclIdHolder`` to ``init``)::
     for X, y in loader:
         opt.reset_grad()                                         # same
         loss = loss_fn(model(X), y)
-        opt.backward(loss)                                       # seed: loss.backward()
+        opt.backward(loss)                                       # Needle: loss.backward()
         opt.step()                                               # same
-    ddp.check_parameter_closeness(model)                         # seed 003's debugging check
+    ddp.check_parameter_closeness(model)                         # the DDP exercises' check
 
 The one change is ``opt.backward(loss)`` for ``loss.backward()``: singa_lite's backward pass is a generator
 of ``(param, grad)`` pairs rather than ``.grad`` fields, so the optimizer runs it, and starts each fused
 bucket's all-reduce while the rest of the pass is still running (``opt.step(loss)`` does both). Averaging
 the gradients of k ranks that each took batch_size // k examples gives the gradient of the whole batch
-(seed 000's section 1), so the ranks stay identical and train as one process with batch_size would.
+(the project's section 1), so the ranks stay identical and train as one process with batch_size would.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def init(holder=None, rank: int | None = None, world_size: int | None = None, *,
          backend: str | None = None, timeout: float | None = None, communicator=None, **options):
     """Joins the group of training processes; returns ``(rank, device)``, the device this rank trains on.
 
-    Seed 000: ``rank, device = ddp.init()`` under ``mpiexec``, one GPU per rank. Here the group comes from
+    Needle's ddp: ``rank, device = ddp.init()`` under ``mpiexec``, one GPU per rank. Here the group comes from
     ``dist.init``: under ``mpiexec`` with no arguments; for processes started by multiprocessing, the
     parent's ``NcclIdHolder`` with this process's ``rank`` and the ``world_size``; or an existing
     ``communicator``. device: None picks ``cuda:<local rank>`` (nccl backend) when this build has CUDA and a
@@ -125,9 +126,9 @@ def _group(what: str) -> comm_layer.Communicator:
 # ---------------------------------------------------------------- data
 def partition_dataset(dataset, batch_size: int, device=None, dtype="float32", *, shuffle: bool = True,
                       seed: int = 0):
-    """This rank's share of `dataset`: returns ``(loader, per_rank_batch_size)``, as seed 000.
+    """This rank's share of `dataset`: returns ``(loader, per_rank_batch_size)``, as Needle's ddp.
 
-    The per-rank batch is ``batch_size // world_size`` (the seed's rule). dataset: ``(x, y)`` numpy arrays
+    The per-rank batch is ``batch_size // world_size`` (Needle's ddp rule). dataset: ``(x, y)`` numpy arrays
     (any number of arrays sharing their first axis), one array, or a Needle-style dataset (``len`` and
     ``dataset[i]`` giving an array or a tuple of arrays). The loader yields tuples of tensors on `device`
     (default: the one ``init`` returned); floating arrays are cast to `dtype` (None: kept), integer arrays
@@ -224,7 +225,7 @@ def _fetcher(dataset):
 
 # ---------------------------------------------------------------- parameters
 def broadcast_parameters(model, root: int = 0) -> None:
-    """Gives every rank rank `root`'s parameter values (seed 000: before training, so the replicas start
+    """Gives every rank rank `root`'s parameter values (Needle's ddp: before training, so the replicas start
     equal). The ranks' models are compared first (names, shapes, dtypes): a difference raises ValueError on
     every rank. model: a Layer / Model, a dict or list of parameter tensors, an object with ``parameters()``
     or a plain class with layer attributes."""
@@ -236,8 +237,8 @@ def broadcast_parameters(model, root: int = 0) -> None:
 
 def check_parameter_closeness(model, rtol: float = 1e-5, atol: float = 1e-8) -> bool:
     """True when every rank's parameters equal rank 0's within ``atol + rtol * |rank 0's|``; otherwise a
-    RuntimeWarning names the parameter that differs most, and False. The same answer on every rank (seed
-    003's debugging check, ``torch.allclose`` against rank 0)."""
+    RuntimeWarning names the parameter that differs most, and False. The same answer on every rank (the
+    DDP exercises' debugging check, ``torch.allclose`` against rank 0)."""
     comm = _group("ddp.check_parameter_closeness")
     named = replicas.named_parameters(model, "ddp.check_parameter_closeness")
     return replicas.check_parameter_closeness(comm, named, rtol, atol, who="ddp.check_parameter_closeness")
@@ -246,9 +247,9 @@ def check_parameter_closeness(model, rtol: float = 1e-5, atol: float = 1e-8) -> 
 # ---------------------------------------------------------------- the optimizer
 class DistributedOptimizer:
     """Wraps any optimizer of the ``opt.Optimizer`` contract; its updates use gradients averaged over the
-    ranks (seed 000's ``ddp.DistributedOptimizer(opt)``, after Horovod's).
+    ranks (Needle's ``ddp.DistributedOptimizer(opt)``, after Horovod's).
 
-    ``backward(loss)`` (the seed's ``loss.backward()``) runs the backward pass; each gradient goes into
+    ``backward(loss)`` (Needle's ``loss.backward()``) runs the backward pass; each gradient goes into
     DistOpt's fusion buffer as it comes, and a bucket's all-reduce starts as soon as it is full, overlapping
     the rest of the pass. ``step()`` waits for the exchange and updates every parameter once with the
     averaged gradients (a non-finite average skips the step on every rank, as DistOpt). ``reset_grad()``
@@ -303,7 +304,7 @@ class DistributedOptimizer:
         return self._dist.skipped_steps
 
     def backward(self, loss) -> None:
-        """The backward pass from `loss`, its gradients' exchange started (seed 000: ``loss.backward()``)."""
+        """The backward pass from `loss`, its gradients' exchange started (Needle: ``loss.backward()``)."""
         if self._pending is not None:
             raise RuntimeError("ddp.DistributedOptimizer.backward: the gradients of the previous backward were "
                                "not used; call step() to apply them, or reset_grad() to drop them, first")
@@ -330,7 +331,7 @@ class DistributedOptimizer:
             self.backward(loss)
         if self._pending is None:
             raise RuntimeError("ddp.DistributedOptimizer.step: no gradients; call opt.backward(loss) first (the "
-                               "seed's loss.backward()), or opt.step(loss)")
+                               "Needle's loss.backward()), or opt.step(loss)")
         pending, self._pending = self._pending, None
         pending.finish()
 

@@ -2,7 +2,7 @@
 averages gradients (or parameters) over the ranks of a Communicator, on any backend.
 
     sgd = opt.DistOpt(opt.SGD(lr=0.005, momentum=0.9))            # under mpiexec
-    sgd = opt.DistOpt(sgd, nccl_id=holder, gpu_num=r, gpu_per_node=n)  # multiprocessing, as seed 001
+    sgd = opt.DistOpt(sgd, nccl_id=holder, gpu_num=r, gpu_per_node=n)  # multiprocessing, as SINGA's page
     sgd.backward_and_update(loss)
 
 Four ways to synchronise, as SINGA, each an exchange strategy (parallel/exchange.py, which details them):
@@ -67,7 +67,7 @@ class DistOpt(SingaCalls):
     """Wraps `opt` (default ``SGD()``) for data-parallel training.
 
     nccl_id: None for the MPI bootstrap (``mpiexec``); the parent's ``NcclIdHolder`` for processes started by
-    multiprocessing, with local_rank / world_size (SINGA's seed scripts pass them as gpu_num / gpu_per_node, accepted
+    multiprocessing, with local_rank / world_size (SINGA's distributed-training page: gpu_num / gpu_per_node, accepted
     too). buffSize: the fusion buffer's size in elements. communicator: an existing ``dist.Communicator`` to use
     instead (backend / timeout otherwise go to ``dist.init``). overlap=False starts the gradient exchange only after
     the whole backward pass (to measure what overlapping gains). hierarchical=True: gradients are summed within each

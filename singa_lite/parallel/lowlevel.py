@@ -1,8 +1,8 @@
 """SINGA's lower-level calls of DistOpt (raw tensors accepted; results are sums, update() divides): all_reduce,
 fused_all_reduce and their _half forms, sparsification, wait, update. They complete before returning (their
-results are final, so scripts that scale the result right after the call, as seed 001's parameter
-synchronisation does, are correct); wait() is kept for SINGA's API. They go around the reducer: no buckets
-overlapping backward, no vote, no comm hook."""
+results are final, so scripts that scale the result right after the call, as SINGA's
+distributed-training page does in its parameter synchronisation, are correct); wait() is kept for SINGA's API.
+They go around the reducer: no buckets overlapping backward, no vote, no comm hook."""
 from __future__ import annotations
 
 from .. import _core, tensor

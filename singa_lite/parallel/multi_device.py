@@ -1,8 +1,8 @@
-"""Data parallelism over several devices inside one process (MXNet's "multi-GPU from scratch", seed 002).
+"""Data parallelism over several devices inside one process (MXNet's "multi-GPU training from scratch" tutorial).
 
 One process keeps a replica of the parameters on every device (:func:`replicate`), splits each batch
 across the devices (:func:`split_and_load`), runs forward and backward per replica, sums the gradients
-with :func:`all_reduce` (into the first replica, then copied back, as the seed does) and applies the same
+with :func:`all_reduce` (into the first replica, then copied back, as the tutorial does) and applies the same
 update on every replica, so the replicas stay identical (:func:`max_divergence` checks it).
 
 A device may be listed more than once: K replicas on the CPU device run one after the other and share the
@@ -19,7 +19,7 @@ How :func:`all_reduce` sums (``backend=``):
   GPU), contiguous, float16/32/64, bfloat16 or int32/64, and NCCL loadable (``pip install 'singa_lite[cuda13]'``).
   One clique is created per tuple of device ordinals on first use, kept, and closed at exit; one that failed
   is replaced on the next call. Its timeout is ``SINGA_LITE_COMM_TIMEOUT`` (default 300 s).
-* ``"host"``: the seed's way: the sum is formed on the first tensor's device (``Tensor.to`` copies, GPU to GPU
+* ``"host"``: the tutorial's way: the sum is formed on the first tensor's device (``Tensor.to`` copies, GPU to GPU
   through the host) and copied back. Works for any devices and dtypes, the same device listed several times
   included.
 * ``"auto"`` (default): ``"nccl"`` when all of its conditions hold, else ``"host"``; so CPU replicas, or
@@ -50,7 +50,7 @@ _nccl_ready = False  # nccl.readiness() said "" once: not asked again on every a
 def split_and_load(data, devices) -> list:
     """`data` (a numpy array or a Tensor) split along its first axis into len(devices) contiguous parts,
     part i copied to devices[i]. Sizes differ by at most one, the first ``n % k`` parts taking one more
-    example (the seed requires ``k`` to divide ``n``); every part must get at least one example."""
+    example (the tutorial requires ``k`` to divide ``n``); every part must get at least one example."""
     devices = [as_device(d) for d in devices]
     n, k = len(data), len(devices)
     if k == 0:
@@ -70,7 +70,7 @@ def split_and_load(data, devices) -> list:
 
 def replicate(params, devices) -> list:
     """One list of parameters per device: copies of `params` (trainable leaves, same names, so that
-    each replica's optimizer keys its state alike). The seed's ``get_params``."""
+    each replica's optimizer keys its state alike). The tutorial's ``get_params``."""
     return [[Tensor(data=p.data.to(as_device(dev).core).clone(), requires_grad=True, stores_grad=True,
                     name=p.name) for p in params] for dev in devices]
 

@@ -1,10 +1,10 @@
 """A model's replicas across ranks: finding its parameters, giving every rank the root's values, and checking
 that the ranks still agree. Shared by DistOpt, ``parallel.ddp`` and ``parallel.DataParallel``.
 
-``named_parameters(model)`` accepts what the seeds pass as a model: a Layer / Model (``get_params()``), a
+``named_parameters(model)`` accepts what the scripts it follows pass as a model: a Layer / Model (``get_params()``), a
 dict or list of parameter tensors, an object with ``parameters()`` (Needle / PyTorch style), or a plain
-object whose attributes are layers (seed 001's ``CNN``). The order is the model's own, the same on every
-rank that built the same model.
+object whose attributes are layers (the ``CNN`` of SINGA's distributed-training page). The order is the
+model's own, the same on every rank that built the same model.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def named_parameters(model, who: str) -> list:
     elif callable(getattr(model, "parameters", None)):
         found = [(p.name if isinstance(p, Tensor) and p.name else f"param{i}", p)
                  for i, p in enumerate(model.parameters())]
-    else:  # a plain class holding layers, as seed 001's CNN
+    else:  # a plain class holding layers, as the CNN of SINGA's distributed-training page
         found = []
         for attr, v in getattr(model, "__dict__", {}).items():
             layers = v if isinstance(v, (list, tuple)) else [v]

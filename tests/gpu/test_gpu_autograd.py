@@ -101,7 +101,7 @@ def test_optimizer_steps(gpu, make):
 
 
 class CNN(model.Model):
-    """Seed 001's CNN (conv 20@5x5, pool, conv 50@5x5, pool, fc 500, fc 10)."""
+    """The CNN of SINGA's distributed-training page (conv 20@5x5, pool, conv 50@5x5, pool, fc 500, fc 10)."""
 
     def __init__(self):
         super().__init__()

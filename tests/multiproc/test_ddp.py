@@ -1,5 +1,5 @@
-"""singa_lite.ddp (seed 000's API) and parallel.DataParallel (seed 003's MyDP) on the shm backend: 2 and 3
-ranks started by multiprocessing train seed 003's tanh MLP with batch n/k each and must end where one process
+"""singa_lite.ddp (Needle's ddp API) and parallel.DataParallel (the DDP exercises' MyDP) on the shm backend: 2 and
+3 ranks started by multiprocessing train the DDP exercises' tanh MLP with batch n/k each and must end where one process
 with batch n ends (rtol 1e-5); the replicas must agree after training, and disagree (with a warning) once one
 is perturbed. Scenarios live in ddp_cases.py (spawned children import them); the data partition and the
 one-process API are checked here in-process."""
@@ -138,7 +138,7 @@ def test_one_rank_api_and_parameter_forms(one_rank):
     ddp.broadcast_parameters(list(m.get_params().values()))
     ddp.broadcast_parameters(m.get_params())
 
-    class Plain:  # seed 001's CNN: a plain class whose attributes are layers
+    class Plain:  # SINGA's distributed-training CNN: a plain class whose attributes are layers
         def __init__(self):
             self.fc = layer.Linear(3, 2)
     ddp.broadcast_parameters(Plain())

@@ -1,4 +1,4 @@
-"""Convergence of examples/mnist_dist.py (seed 001's script) on the offline digits, 2 ranks, every dist
+"""Convergence of examples/mnist_dist.py (SINGA's distributed-training script) on the offline digits, 2 ranks, each dist
 option, with the multiprocessing launcher (shm backend) and once under mpiexec (mpi backend)."""
 import os
 import re

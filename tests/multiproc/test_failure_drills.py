@@ -1,6 +1,6 @@
 """Failure drills (issue 8): 3 ranks train with DistOpt and rank 1 fails in the middle of a training step --
 SIGKILLed, or raising in user code, inside its backward pass while the others' buckets are being exchanged --
-under each launcher: singa-run, mpiexec and seed 001's multiprocessing pattern. Every job must end within
+under each launcher: singa-run, mpiexec and SINGA's multiprocessing pattern. Every job must end within
 10 s, non-zero, with a message naming rank 1, the user's traceback shown once, and no process (rank or
 watcher) and no shared-memory segment (ours or MPICH's) left behind. A NaN gradient on one rank must skip the
 step on every rank, or raise on every rank, in every DistOpt mode: never on some ranks only.
@@ -111,7 +111,7 @@ def test_a_rank_failing_mid_step_ends_the_job_fast_and_is_named(launcher, failur
     if failure == "raise":
         assert out.count("RuntimeError: bug in user code at step 3") == 1, out  # the traceback, once
         assert out.count("Traceback") == (3 if launcher == "multiprocessing" else 1), out
-    if launcher == "multiprocessing":  # seed 001's pattern: every rank's own exit code is non-zero
+    if launcher == "multiprocessing":  # SINGA's pattern: every rank's own exit code is non-zero
         codes = ast.literal_eval(re.search(r"exit codes (\[.*\])", out).group(1))
         assert all(c != 0 for c in codes), out
 

@@ -177,7 +177,7 @@ def test_every_use_of_a_holder_gets_a_fresh_name_agreed_by_its_copies():
     other._secret = "guess"
     other.take_shm_name()
     assert other.take_shm_name() != names[1]
-    # A forked child counts its own uses (seed 001's pattern with fork: the parent may have used it first).
+    # A forked child counts its own uses (SINGA's multiprocessing pattern, forked: the parent may have used it first).
     r, w = os.pipe()
     pid = fork_as(None, lambda: os.write(w, h.take_shm_name().encode()))
     os.close(w)

@@ -346,9 +346,9 @@ def test_digits_shape_dtype_and_split():
     assert not np.array_equal(other_y, train_y)
 
 
-# ---------------------------------------------------------------- data_partition (seed 001)
+# ---------------------------------------------------------------- data_partition (SINGA's distributed-training page)
 def seed_data_partition(dataset_x, dataset_y, rank_in_global, world_size):
-    # verbatim from SINGA's distributed-training page (seed 001, step 5)
+    # verbatim from SINGA's distributed-training page (step 5)
     data_per_rank = dataset_x.shape[0] // world_size
     idx_start = rank_in_global * data_per_rank
     idx_end = (rank_in_global + 1) * data_per_rank
@@ -358,7 +358,7 @@ def seed_data_partition(dataset_x, dataset_y, rank_in_global, world_size):
 @pytest.mark.parametrize("n,world_size", [(n, w) for n in (1, 7, 12, 64, 101) for w in (1, 2, 3, 4, 7) if n >= w])
 def test_data_partition_is_seed_001s(n, world_size):
     x = np.arange(n * 4, dtype=np.float32).reshape(n, 1, 2, 2)
-    y = np.eye(10, dtype=np.float32)[np.arange(n) % 10]  # one-hot, as the seed's script has it
+    y = np.eye(10, dtype=np.float32)[np.arange(n) % 10]  # one-hot, as SINGA's page has it
     for rank in range(world_size):
         got, want = data_partition(x, y, rank, world_size), seed_data_partition(x, y, rank, world_size)
         for g, w in zip(got, want):

@@ -1,7 +1,7 @@
-"""Multi-process scenarios for singa_lite.ddp (seed 000's API) and parallel.DataParallel (seed 003's MyDP),
+"""Multi-process scenarios for singa_lite.ddp (Needle's ddp API) and parallel.DataParallel (the DDP exercises' MyDP),
 run by tests/multiproc/test_ddp.py on the shm backend (spawned children import this module).
 
-The model is seed 003's: a tanh MLP classifying generated data (small here). Every rank starts from a
+The model is the DDP exercises': a tanh MLP classifying generated data (small here). Every rank starts from a
 different, rank-dependent initialisation, so the tests fail unless the broadcast works; the reference is one
 process training the same model (rank 0's initialisation) on the whole batch, computed on every rank."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ EXAMPLES = 5 * N + 7  # 5 global batches per epoch, and an incomplete one that i
 
 
 class MLP(layer.Layer):
-    """Seed 003's MLP: Linear + tanh layers, then a classifier (dims scaled down)."""
+    """The DDP exercises' MLP: Linear + tanh layers, then a classifier (dims scaled down)."""
 
     def __init__(self, n_layers=3):
         super().__init__()
@@ -45,7 +45,7 @@ def make_model(seed: int) -> MLP:
 
 
 def gen_dataset(seed=0):
-    """Seed 003's gen_dataset: the same data on every rank (rand_state 0)."""
+    """The DDP exercises' gen_dataset: the same data on every rank (rand_state 0)."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((EXAMPLES, D)).astype(np.float32)
     teacher = rng.standard_normal((D, C))
@@ -89,9 +89,9 @@ def assert_drift_is_detected(check, m, comm):
     assert any("fc1.W" in str(w.message) and "drifted" in str(w.message) for w in caught), caught
 
 
-# ---------------------------------------------------------------- seed 000: the ddp module
+# ---------------------------------------------------------------- Needle's ddp project: the ddp module
 def scenario_ddp(rank, world_size, _name, holder, kind="sgd", epochs=2):
-    """Seed 000's script, with ddp.init from the parent's holder (processes started by multiprocessing)."""
+    """Needle's ddp script, with ddp.init from the parent's holder (processes started by multiprocessing)."""
     from singa_lite import device
 
     got_rank, dev = ddp.init(holder, rank, world_size, device=None if not device.cuda_is_available() else "cpu")
@@ -154,7 +154,7 @@ def scenario_ddp_errors(comm):
         ddp.shutdown()
 
 
-# ---------------------------------------------------------------- seed 003: the hook-based wrapper
+# ---------------------------------------------------------------- the DDP exercises: the hook-based wrapper
 def scenario_hook_dp(comm, kind="sgd", epochs=2, threshold=150, first_bucket=60):
     """MyDP: any optimizer, gradients averaged by the hooks, bucketed, overlapping backward."""
     m = make_model(seed=200 + comm.rank)

@@ -5,7 +5,7 @@ ranks' buckets are already being exchanged):
     python drill_job.py <launcher> <failure> [mode] [world_size]
 
 launcher: ``mpi`` (started by mpiexec), ``singa-run`` (started by singa-run) or ``multiprocessing`` (this
-script starts the ranks itself, sharing an NcclIdHolder, seed 001's pattern; it then exits with the first
+script starts the ranks itself, sharing an NcclIdHolder, SINGA's pattern; it then exits with the first
 non-zero exit code of its ranks). failure: ``sigkill`` (the rank SIGKILLs itself), ``raise`` (a RuntimeError
 from user code), ``sigkill-late`` (the same as sigkill, the mpiexec watcher stalled meanwhile as on a busy
 host), ``nan`` (the rank's gradient turns NaN: DistOpt must skip that step on every rank),

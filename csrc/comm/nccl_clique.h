@@ -1,5 +1,5 @@
 // NCCL's single-process multi-device communicator: one process drives several GPUs, one NCCL communicator
-// (rank) per GPU, all created and used from one thread (singa_lite.multi_device's all_reduce, seed 002).
+// (rank) per GPU, all created and used from one thread (singa_lite.multi_device's all_reduce, as in MXNet's multi-GPU tutorial).
 //
 // Creation (why this order): NCCL's rule for one thread managing several devices is a group: ncclGetUniqueId
 // once, then ncclGroupStart, for every device i (with that device current, since NCCL binds a communicator

@@ -34,8 +34,8 @@ from . import replicas
 from .fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD, check_threshold
 from .dist_opt import DistOpt
 
-__all__ = ["init", "shutdown", "communicator", "rank", "world_size", "partition_dataset", "ShardLoader",
-           "broadcast_parameters", "check_parameter_closeness", "DistributedOptimizer"]
+__all__ = ["init", "shutdown", "communicator", "current_communicator", "rank", "world_size", "partition_dataset",
+           "ShardLoader", "broadcast_parameters", "check_parameter_closeness", "DistributedOptimizer"]
 
 _state = {"comm": None, "device": None, "owned": False}
 
@@ -106,6 +106,12 @@ def shutdown() -> None:
 def communicator() -> comm_layer.Communicator:
     """The communicator of ``init``; RuntimeError before it."""
     return _group("ddp.communicator")
+
+
+def current_communicator() -> comm_layer.Communicator | None:
+    """The communicator of ``init``, or None before it (for code that falls back on it when given none, as
+    ``SyncBatchNorm2d`` does)."""
+    return _state["comm"]
 
 
 def rank() -> int:

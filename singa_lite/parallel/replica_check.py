@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import _core, tensor
 from ..tensor import Tensor
+from ..optim.optimizer import Optimizer
 from . import replicas
 
 __all__ = ["ReplicaMismatch", "ReplicaCheck", "check_replicas", "replica_digests"]
@@ -159,12 +160,10 @@ def _named(params) -> list:
 
 
 def _state_entries(states, order: dict) -> list:
-    from ..opt import Optimizer
-
     opt = states if isinstance(states, Optimizer) else getattr(states, "opt", None)
     if isinstance(opt, Optimizer):  # the live state: no get_states() copy of every tensor
-        tensors = {slot: getattr(opt, slot) for slot in opt._state_slots}
-        numbers_ = {slot: getattr(opt, slot) for slot in opt._scalar_slots}
+        tensors = opt.state_tensors()
+        numbers_ = opt.state_scalars()
         counter = opt.step_counter
     elif isinstance(states, dict) and "step_counter" in states:  # what get_states() returned
         tensors = {k: v for k, v in states.items() if isinstance(v, dict) and

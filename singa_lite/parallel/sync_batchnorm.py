@@ -1,8 +1,8 @@
-"""Synchronised batch normalisation: ``layer.SyncBatchNorm2d`` normalises with the statistics of the whole
+"""Synchronised batch normalisation: ``SyncBatchNorm2d`` normalises with the statistics of the whole
 global batch (every rank's share), as PyTorch's SyncBatchNorm, instead of each rank's own.
 
     sgd = opt.DistOpt(opt.SGD(lr=0.1))
-    bn = layer.SyncBatchNorm2d(16, communicator=sgd.communicator)   # or ddp.init()'s, found by itself
+    bn = SyncBatchNorm2d(16, communicator=sgd.communicator)   # or ddp.init()'s, found by itself
 
 In training, each rank sums x and x * x per channel (in float64) with its count of values, one all-reduce
 gives the global mean and (biased) variance, and the running statistics are updated with those (the
@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _core, autograd, tensor
-from .autograd import Operator
-from .layer import BatchNorm2d
+from .. import _core, engine, tensor
+from .. import functional as F
+from ..engine import Operator
+from ..layer.basic import BatchNorm2d
+from . import ddp
 
 __all__ = ["SyncBatchNorm2d", "sync_batchnorm_2d"]
 
@@ -101,8 +103,8 @@ class _SyncBatchNorm2d(Operator):
 def sync_batchnorm_2d(comm, x, scale, bias, running_mean, running_var, momentum=0.9, eps=1e-5):
     """Batch normalisation with the statistics of every rank's x (training mode; in evaluation mode the
     running statistics, as autograd.batchnorm_2d). comm: the Communicator of the ranks."""
-    if not autograd.training:
-        return autograd.batchnorm_2d(x, scale, bias, running_mean, running_var, momentum, eps)
+    if not engine.training:
+        return F.batchnorm_2d(x, scale, bias, running_mean, running_var, momentum, eps)
     op = _SyncBatchNorm2d(comm, running_mean.data, running_var.data, momentum, eps)
     return op(x, scale, bias)[0]
 
@@ -121,16 +123,15 @@ class SyncBatchNorm2d(BatchNorm2d):
     def _comm(self):
         if self.communicator is not None:
             return self.communicator
-        from .parallel import ddp
-
-        if ddp._state["comm"] is not None:
-            return ddp._state["comm"]
+        comm = ddp.current_communicator()
+        if comm is not None:
+            return comm
         raise RuntimeError(f"{self.name}: SyncBatchNorm2d needs the ranks' communicator for training: pass "
                            f"communicator=dist_opt.communicator (or call ddp.init() first); in one process "
                            f"use BatchNorm2d")
 
     def forward(self, x):
-        if not autograd.training:
+        if not engine.training:
             return super().forward(x)
         return sync_batchnorm_2d(self._comm(), x, self.scale, self.bias, self.running_mean, self.running_var,
                                  self.momentum, self.eps)

@@ -26,7 +26,7 @@ import sys
 import time
 
 from .. import _core, timeline
-from ..comm.communicator import CommError
+from ..comm.communicator import CollectiveMismatch, CommError
 
 CTensor = _core.Tensor
 DEFAULT_THRESHOLD = 2097152  # elements, SINGA's default
@@ -412,6 +412,4 @@ def user_line() -> str:
 def is_mismatch(error: Exception) -> bool:
     """Whether `error` is a communicator's report that the ranks' calls differ: the CollectiveMismatch every
     backend raises, on every rank alike."""
-    from ..comm.communicator import CollectiveMismatch  # (here: only this function's body is changed)
-
     return isinstance(error, CollectiveMismatch)

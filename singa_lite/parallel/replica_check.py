@@ -12,9 +12,8 @@ Cost: each rank hashes the host bytes of its tensors (no copy for contiguous CPU
 device-to-host copy for GPU ones) and all-gathers one 16-byte digest (blake2b of the per-tensor digests,
 names, shapes and dtypes); the per-tensor digests travel only when those differ. The per-tensor hash is
 SHA-256 (truncated to 16 bytes) rather than blake2b: CPUs with SHA extensions (x86 since Zen / Ice Lake,
-ARMv8) run it in hardware, 1.8 GB/s against blake2b's 0.45 GB/s on the machine of docs/benchmarks
-(without them the two are within 2x). ``bench/bench_replica_check.py`` measures the check against a
-training step.
+ARMv8) run it in hardware, several times faster, and the hash is most of the check's cost
+(docs/benchmarks/replica_check.md, measured with ``bench/bench_replica_check.py`` against a training step).
 
     check = ReplicaCheck(comm, every=100)
     for step in range(1, steps + 1):

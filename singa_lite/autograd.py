@@ -25,8 +25,7 @@ import sys
 import types
 
 from . import engine, tensor  # noqa: F401 - tensor: SINGA's autograd exports it
-from .engine import (CTensor, Gradients, Operation, Operator, backward, gradients,  # noqa: F401
-                     _axis, _const, _log_softmax, _reduce_to, _softmax, _swap_last)
+from .engine import CTensor, Gradients, Operation, Operator, backward, gradients  # noqa: F401
 from .autograd_graph import Dummy, infer_dependency  # noqa: F401
 from .functional import *  # noqa: F401,F403
 from .tensor import Tensor  # noqa: F401 - SINGA's autograd exports it

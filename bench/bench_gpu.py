@@ -134,7 +134,7 @@ def singa_step(net, gpu, x, y, dist_opt=None):
             optimizer.backward_and_update(loss)
         else:
             for p, g in autograd.backward(loss):
-                sgd.apply(sgd._name_of(p), p, g)
+                sgd.apply(sgd.name_of(p), p, g)
             sgd.step()
     return step
 

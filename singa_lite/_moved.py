@@ -36,6 +36,10 @@ MODULES: dict[str, str] = {
     "singa_lite.tensor_compat": "singa_lite.tensor.compat",
 
     # optimizers and layers
+    "singa_lite.amp": "singa_lite.optim.amp",
+    "singa_lite.clip": "singa_lite.optim.clip",
+    "singa_lite.layer_extra": "singa_lite.layer",
+    "singa_lite.sync_batchnorm": "singa_lite.parallel.sync_batchnorm",
 }
 
 # (module, old attribute) -> "new.module:attribute", for names that left a module which still exists.
@@ -45,6 +49,7 @@ NAMES: dict[tuple[str, str], str] = {
     # tensors, the engine, the runtime, SINGA's C++-level API, checkpoints
 
     # optimizers and layers
+    ("singa_lite.layer", "SyncBatchNorm2d"): "singa_lite.parallel.sync_batchnorm:SyncBatchNorm2d",
 }
 
 RELEASE = "0.2.0"  # the release that drops the old paths

@@ -4,10 +4,13 @@
   hooks and the ``training`` flag;
 - the operators and their function forms (the package :mod:`singa_lite.ops`);
 - the layer classes, under SINGA's autograd spellings (``autograd.Conv2d(1, 20, 5)``,
-  ``autograd.Linear(800, 500)``, ...), defined once in layer.py.
+  ``autograd.Linear(800, 500)``, ...), defined once in the layer package.
 
-Nothing is defined here: this module only re-exports, so nothing below it imports it back.
-``autograd.training = True`` sets the engine's flag (reading it reads the engine's), as SINGA scripts expect.
+Nothing is defined here: this module only re-exports, and library code imports the layers it re-exports
+from, never this module. ``autograd.training = True`` sets the engine's flag (reading it reads the
+engine's), as SINGA scripts expect. ``autograd.backward`` is the engine's too, read and written through
+here: the optimizers, ``MixedPrecision`` and ``DistOpt`` call ``engine.backward`` looked up at each call, so
+a script that replaces ``autograd.backward`` (to watch the gradients as they come, say) replaces it for them.
 
 Choices (differences from SINGA 3 noted; the engine's own are in engine.py):
 - ``mse_loss`` is SINGA's mean of squared errors over every element; the target gets no gradient.
@@ -31,8 +34,8 @@ from .layer import AvgPool2d, BatchNorm2d, Conv2d, GlobalAvgPool2d, Layer, Linea
 
 
 class _Autograd(types.ModuleType):
-    """The module's type: ``training`` and the profiler hook ``_timer`` are the engine's, read and written
-    through here, so ``autograd.training = True`` keeps working after the engine moved out."""
+    """The module's type: ``training``, ``backward`` and the profiler hook ``_timer`` are the engine's, read
+    and written through here, so that ``autograd.training = True`` sets the flag the engine reads."""
 
     @property
     def training(self):
@@ -41,6 +44,14 @@ class _Autograd(types.ModuleType):
     @training.setter
     def training(self, value):
         engine.training = value
+
+    @property
+    def backward(self):
+        return engine.backward
+
+    @backward.setter
+    def backward(self, value):
+        engine.backward = value
 
     @property
     def _timer(self):

@@ -47,8 +47,8 @@ from __future__ import annotations
 
 import functools
 
-from . import autograd, model_states, timeline
-from .layer import Layer
+from . import engine, model_states, timeline
+from .layer.base import Layer
 from .model_states import (  # noqa: F401
     AUX_STATE_TYPE,
     MODEL_STATE_TYPE,
@@ -148,13 +148,13 @@ class Model(Layer):
             raise TypeError("compile: expected a non-empty list of input Tensors (placeholders with the input "
                             f"shapes), e.g. model.compile([tx], is_train=True); got {inputs!r}")
         dev = inputs[0].device
-        was_training, graph_was = autograd.training, dev.graph_enabled()
-        autograd.training = False
+        was_training, graph_was = engine.training, dev.graph_enabled()
+        engine.training = False
         dev.EnableGraph(True)
         try:
             self.forward(*inputs)
         finally:
-            autograd.training = was_training
+            engine.training = was_training
             dev.EnableGraph(graph_was)
         dev.ResetGraph()
         object.__setattr__(self, "_initialized", True)
@@ -181,7 +181,7 @@ class Model(Layer):
         """Training mode (``mode=True``): calls run ``train_one_batch`` and operators record the graph for
         backward; ``train(False)`` is :meth:`eval`. Sets ``autograd.training``, as SINGA does."""
         self.training = bool(mode)
-        autograd.training = bool(mode)
+        engine.training = bool(mode)
 
     def eval(self) -> None:
         """Evaluation mode: calls run ``forward``, nothing is recorded, BatchNorm uses running statistics.

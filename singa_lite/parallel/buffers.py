@@ -19,6 +19,7 @@ resharded load gets the one model. Saving does not change the live buffers.
 """
 from __future__ import annotations
 
+from ..layer.base import Layer
 from ..tensor import Tensor
 from .replicas import check_same_layout
 
@@ -40,8 +41,6 @@ def check_mode(mode, who: str):
 def named_buffers(model, who: str) -> list:
     """[(name, tensor)] of the model's non-trainable states: a Layer / Model's get_states() that are not
     get_params(), or those of the Layer attributes of a plain class (the CNN of SINGA's distributed-training page)."""
-    from ..layer import Layer
-
     if isinstance(model, dict):
         return [(k, v) for k, v in model.items() if isinstance(v, Tensor)]
     if callable(getattr(model, "get_states", None)) and callable(getattr(model, "get_params", None)):

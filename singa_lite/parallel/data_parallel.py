@@ -24,7 +24,7 @@ The buckets are the reducer's (reducer.py, shared with DistOpt), so ``register_c
 replaces their all-reduce here as it does there (see DistOpt.register_comm_hook).
 
 Clipping by the global norm works on what backward yields, since those gradients are already averaged and
-the same on every rank (clip.py)::
+the same on every rank (optim/clip.py)::
 
     pairs = list(autograd.backward(loss))
     opt.clip_grad_norm(pairs, max_norm=1.0)
@@ -37,6 +37,7 @@ Gradient accumulation, buffers and uneven inputs are DistOpt's (``backward_passe
 """
 from __future__ import annotations
 
+from ..layer.base import Layer, is_initialized, sublayers
 from . import fusion, replicas
 from .fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD
 from .reducer import Reducer
@@ -172,8 +173,6 @@ MyDP = DataParallel  # the DDP exercises' name
 def _uninitialized_layers(model) -> list:
     """Attribute paths of the model's layers that create parameters on their first call and have not been
     called yet."""
-    from ..layer import Layer
-
     if isinstance(model, Layer):
         stack = [("", model)]
     elif hasattr(model, "__dict__") and not isinstance(model, (dict, list, tuple)):
@@ -183,7 +182,7 @@ def _uninitialized_layers(model) -> list:
     lazy = []
     while stack:
         path, layer = stack.pop()
-        if not layer._initialized and type(layer).initialize is not Layer.initialize:
+        if not is_initialized(layer) and type(layer).initialize is not Layer.initialize:
             lazy.append(f"{path or 'the model'} ({type(layer).__name__})")
-        stack.extend((f"{path}.{k}" if path else k, sub) for k, sub in layer._layers.items())
+        stack.extend((f"{path}.{k}" if path else k, sub) for k, sub in sublayers(layer).items())
     return sorted(lazy)

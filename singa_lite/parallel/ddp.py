@@ -35,8 +35,8 @@ from . import replicas
 from .fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD, check_threshold
 from .dist_opt import DistOpt
 
-__all__ = ["init", "shutdown", "communicator", "rank", "world_size", "partition_dataset", "ShardLoader",
-           "broadcast_parameters", "check_parameter_closeness", "DistributedOptimizer"]
+__all__ = ["init", "shutdown", "communicator", "current_communicator", "rank", "world_size", "partition_dataset",
+           "ShardLoader", "broadcast_parameters", "check_parameter_closeness", "DistributedOptimizer"]
 
 _state = {"comm": None, "device": None, "owned": False}
 
@@ -107,6 +107,12 @@ def shutdown() -> None:
 def communicator() -> comm_layer.Communicator:
     """The communicator of ``init``; RuntimeError before it."""
     return _group("ddp.communicator")
+
+
+def current_communicator() -> comm_layer.Communicator | None:
+    """The communicator of ``init``, or None before it (for code that falls back on it when given none, as
+    ``SyncBatchNorm2d`` does)."""
+    return _state["comm"]
 
 
 def rank() -> int:
@@ -230,7 +236,8 @@ def broadcast_parameters(model, root: int = 0) -> None:
     every rank. model: a Layer / Model, a dict or list of parameter tensors, an object with ``parameters()``
     or a plain class with layer attributes."""
     comm = _group("ddp.broadcast_parameters")
-    comm._check_rank(root, "ddp.broadcast_parameters", "root")
+    if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < comm.world_size:
+        raise ValueError(f"ddp.broadcast_parameters: root must be a rank in [0, {comm.world_size}), got {root!r}")
     replicas.broadcast_parameters(comm, replicas.named_parameters(model, "ddp.broadcast_parameters"), root,
                                   who="ddp.broadcast_parameters")
 

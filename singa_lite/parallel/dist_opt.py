@@ -1,5 +1,5 @@
-"""DistOpt: SINGA's distributed optimizer. It wraps any optimizer written to the contract in opt.py and
-averages gradients (or parameters) over the ranks of a Communicator, on any backend.
+"""DistOpt: SINGA's distributed optimizer. It wraps any optimizer written to the contract of
+optim/optimizer.py and averages gradients (or parameters) over the ranks of a Communicator, on any backend.
 
     sgd = opt.DistOpt(opt.SGD(lr=0.005, momentum=0.9))            # under mpiexec
     sgd = opt.DistOpt(sgd, nccl_id=holder, gpu_num=r, gpu_per_node=n)  # multiprocessing, as SINGA's page
@@ -25,9 +25,9 @@ before they are applied (every rank makes the same calls)::
 
 Training features built on it (each in its own module): gradient accumulation, ``backward_passes_per_step=k`` and
 ``no_sync()`` (parallel/accumulate.py); clipping by the global norm between the phases,
-``pending.clip_grad_norm(max_norm)`` / ``opt.clip_grad_norm(pairs, max_norm)`` (clip.py); buffers,
-``broadcast_buffers`` and ``sync_buffers(model)`` (parallel/buffers.py; ``layer.SyncBatchNorm2d`` in
-sync_batchnorm.py); uneven inputs, ``with sgd.join():`` (parallel/join.py); rank-dependent branches,
+``pending.clip_grad_norm(max_norm)`` / ``opt.clip_grad_norm(pairs, max_norm)`` (optim/clip.py); buffers,
+``broadcast_buffers`` and ``sync_buffers(model)`` (parallel/buffers.py; ``SyncBatchNorm2d`` in
+parallel/sync_batchnorm.py); uneven inputs, ``with sgd.join():`` (parallel/join.py); rank-dependent branches,
 ``find_unused_parameters=True`` (parallel/unused.py).
 
 Differences from SINGA, on purpose: buffer bounds are checked; float16 and sparse averages divide before the sum; top-K
@@ -47,8 +47,9 @@ import numbers
 
 import numpy as np
 
-from .. import _core, autograd, tensor  # noqa: F401  (autograd: scripts patch backward through this module)
-from ..opt import SGD, Optimizer
+from .. import tensor
+from ..optim.algorithms import SGD
+from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
 from . import buffers, replicas, unused
 from .accumulate import check_passes
@@ -57,7 +58,7 @@ from .fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD, check_first_bucket,
 from .join import Join
 from .lowlevel import SingaCalls
 from .pending import PendingStep
-from .reducer import Reducer, all_finite as _all_finite  # noqa: F401  (_all_finite: its old home)
+from .reducer import Reducer
 from .replica_check import ReplicaCheck
 
 __all__ = ["DistOpt", "PendingStep", "DEFAULT_THRESHOLD", "DEFAULT_FIRST_BUCKET"]

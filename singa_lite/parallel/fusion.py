@@ -26,7 +26,7 @@ import sys
 import time
 
 from .. import _core, timeline
-from ..comm.communicator import CommError
+from ..comm.communicator import CollectiveMismatch, CommError
 
 CTensor = _core.Tensor
 DEFAULT_THRESHOLD = 2097152  # elements, SINGA's default
@@ -203,7 +203,7 @@ class Fuser:
             self._in_flight.append((d, bucket))
             if self.reduce is not None:
                 self._hold(bucket, region, bucket.params, [off - bucket.start for _, off, _ in bucket.members])
-            elif timeline._active is not None:
+            elif timeline.recorder() is not None:
                 bucket.trace = self._traced_launch("bucket", t0, region.nbytes)
 
     def send_alone(self, t: CTensor, param=None) -> None:
@@ -222,7 +222,7 @@ class Fuser:
         self._direct.append(entry)
         if self.reduce is not None:
             self._hold(entry, sent.reshape([sent.numel]), [] if param is None else [param], [0])
-        elif timeline._active is not None:
+        elif timeline.recorder() is not None:
             entry[3] = self._traced_launch("tensor", t0, sent.nbytes)
 
     # ----- handing buckets to `reduce` (a comm hook)
@@ -242,7 +242,7 @@ class Fuser:
             raise
         self._index += 1
         what = "bucket" if isinstance(entry, _Bucket) else "tensor"
-        trace = self._traced_launch(what, t0, region.nbytes) if timeline._active is not None else None
+        trace = self._traced_launch(what, t0, region.nbytes) if timeline.recorder() is not None else None
         if isinstance(entry, _Bucket):
             entry.work, entry.trace = work, trace
         else:
@@ -360,7 +360,7 @@ class Fuser:
 
     # ----- timeline events (only while a timeline records)
     def _traced_launch(self, what: str, t0: float, nbytes: int):
-        rec = timeline._active
+        rec = timeline.recorder()
         if rec is None:  # stopped between the test and here
             return None
         rec.saw_communicator(self.comm)
@@ -370,7 +370,7 @@ class Fuser:
         return name, t0, nbytes
 
     def _traced_end(self, trace, work, elems: int, tensors: int, dtype) -> None:
-        rec = timeline._active
+        rec = timeline.recorder()
         if rec is not None:
             name, launched, nbytes = trace
             rec.bucket(name, work, launched, nbytes, elems, tensors, dtype)
@@ -412,6 +412,4 @@ def user_line() -> str:
 def is_mismatch(error: Exception) -> bool:
     """Whether `error` is a communicator's report that the ranks' calls differ: the CollectiveMismatch every
     backend raises, on every rank alike."""
-    from ..comm.communicator import CollectiveMismatch  # (here: only this function's body is changed)
-
     return isinstance(error, CollectiveMismatch)

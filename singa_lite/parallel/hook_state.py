@@ -17,7 +17,7 @@ class HookState:
 
     def __init__(self, process_group=None):
         if process_group is not None:
-            _check_group(process_group, f"{type(self).__name__}(process_group=...)")
+            check_group(process_group, f"{type(self).__name__}(process_group=...)")
         self.process_group = process_group
         self.reset_counters()
 
@@ -32,7 +32,8 @@ class HookState:
     def _group(self, bucket):
         return self.process_group if self.process_group is not None else bucket.communicator
 
-    def _count(self, sent: int, plain: int) -> None:
+    def count_bucket(self, sent: int, plain: int) -> None:
+        """Counts one bucket: `sent` bytes handed to collectives, `plain` what the plain all-reduce would send."""
         self.bytes_sent += int(sent)
         self.bytes_plain += int(plain)
         self.buckets += 1
@@ -78,13 +79,14 @@ class HookFuture:
         return self._result
 
 
-def _check_group(group, who: str) -> None:
+def check_group(group, who: str) -> None:
+    """A TypeError naming `who` unless `group` is a communicator (something with all_reduce and world_size)."""
     if not (callable(getattr(group, "all_reduce", None)) and hasattr(group, "world_size")):
         raise TypeError(f"{who}: expected a Communicator (singa_lite.comm.init(), or DistOpt's "
                         f".communicator) or None for the bucket's own, got {type(group).__name__}")
 
 
-def _resolve_state(state, bucket, who: str):
+def resolve_state(state, bucket, who: str):
     """(communicator, HookState or None) for a plain hook's state."""
     if not isinstance(bucket, GradBucket):
         raise TypeError(f"{who}: expected a parallel.bucket.GradBucket, got {type(bucket).__name__}")
@@ -92,5 +94,5 @@ def _resolve_state(state, bucket, who: str):
         return bucket.communicator, None
     if isinstance(state, HookState):
         return state._group(bucket), state
-    _check_group(state, f"{who}: state")
+    check_group(state, f"{who}: state")
     return state, None

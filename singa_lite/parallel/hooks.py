@@ -31,7 +31,7 @@ from __future__ import annotations
 from .. import _core, tensor
 from ..tensor import Tensor
 from .bucket import GradBucket, take_result
-from .hook_state import HookFuture, HookState, _check_group, _resolve_state
+from .hook_state import HookFuture, HookState, check_group, resolve_state
 from .powersgd import PowerSGDState, powerSGD_hook
 
 __all__ = ["HookState", "HookFuture", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook",
@@ -42,10 +42,10 @@ __all__ = ["HookState", "HookFuture", "allreduce_hook", "fp16_compress_hook", "b
 def allreduce_hook(state, bucket: GradBucket):
     """The average over the ranks of the bucket, in place in its buffer; returns the collective's handle
     (``wait()`` gives the buffer). PyTorch's ``default_hooks.allreduce_hook``."""
-    group, counter = _resolve_state(state, bucket, "allreduce_hook")
+    group, counter = resolve_state(state, bucket, "allreduce_hook")
     buf = bucket.buffer()
     if counter is not None:
-        counter._count(buf.memsize(), buf.memsize())
+        counter.count_bucket(buf.memsize(), buf.memsize())
     return group.all_reduce(buf, "avg", async_op=True)
 
 
@@ -64,14 +64,14 @@ def bf16_compress_hook(state, bucket: GradBucket):
 
 
 def _compress_hook(state, bucket, dtype, who: str):
-    group, counter = _resolve_state(state, bucket, who)
+    group, counter = resolve_state(state, bucket, who)
     buf = bucket.buffer()
     if not buf.dtype.is_floating:
         raise TypeError(f"{who}: the bucket holds {buf.dtype.name} gradients; a 16-bit float compression "
                         f"needs floating gradients (use allreduce_hook)")
     wire = buf.as_type(dtype)  # a copy, or the buffer itself when it already has the dtype
     if counter is not None:
-        counter._count(wire.memsize(), buf.memsize())
+        counter.count_bucket(wire.memsize(), buf.memsize())
     work = group.all_reduce(wire, "avg", async_op=True)
 
     def finish():
@@ -95,7 +95,7 @@ def check_comm_hook(state, hook, who: str = "register_comm_hook"):
                         f"{type(state).__name__}; e.g. PowerSGDState(matrix_approximation_rank=2)")
     if state is not None and not isinstance(state, HookState) and hook in (allreduce_hook, fp16_compress_hook,
                                                                               bf16_compress_hook):
-        _check_group(state, who + ": state")
+        check_group(state, who + ": state")
     return state, hook
 
 

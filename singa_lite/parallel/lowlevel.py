@@ -73,7 +73,7 @@ class SingaCalls:
         g = _raw(grad, "update")
         _core.mul_scalar(g, 1.0 / self.world_size, out=g)
         p = param if isinstance(param, tensor.Tensor) else tensor.Tensor(data=param, requires_grad=False)
-        self.opt.apply(self.opt._name_of(p), p, g)
+        self.opt.apply(self.opt.name_of(p), p, g)
 
     def wait(self) -> None:
         """Completes pending fused all-reduces (SINGA's API; the calls above already return complete)."""

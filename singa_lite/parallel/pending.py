@@ -4,13 +4,9 @@ the step forward through the reducer's public methods (complete, apply, drop, re
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from .. import timeline
-
-if TYPE_CHECKING:
-    from .fusion import Fuser
-    from .reducer import Reducer
+from ..optim.clip import clip_grad_norm
 
 __all__ = ["PendingStep"]
 
@@ -25,9 +21,12 @@ class PendingStep:
 
     A pass of gradient accumulation that exchanges nothing (``accumulating``; no exchange) gives no pairs:
     finish() adds its gradients to this rank's sums, discard() drops them.
+
+    Made by the reducer (reducer.py: ``reducer``, which imports this module, so it is not annotated here), with
+    the ``fusion.Fuser`` of the exchange under way (``exchange``; None for a pass that only accumulates).
     """
 
-    def __init__(self, reducer: Reducer, exchange: Fuser | None, triples: list, scale: float | None = None,
+    def __init__(self, reducer, exchange, triples: list, scale: float | None = None,
                  joined: bool = False):
         self._reducer, self._exchange, self._triples = reducer, exchange, triples
         self._scale = scale  # join(): world size / ranks that contributed (None: the plain average)
@@ -80,8 +79,6 @@ class PendingStep:
         """Scales the averaged gradients so that their global norm is at most max_norm (synchronizing first
         when needed); returns the norm before clipping (the same on every rank: the averaged gradients are).
         A pass that only accumulates has no gradients to clip: 0."""
-        from ..clip import clip_grad_norm
-
         return clip_grad_norm(self.synchronize(), max_norm, norm_type)
 
     @property

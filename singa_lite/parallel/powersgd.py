@@ -31,7 +31,7 @@ import numpy as np
 from .. import _core, tensor
 from ..tensor import Tensor
 from .bucket import GradBucket
-from .hook_state import HookFuture, HookState, _resolve_state
+from .hook_state import HookFuture, HookState, resolve_state
 
 __all__ = ["PowerSGDState", "powerSGD_hook", "orthogonalize"]
 
@@ -143,11 +143,11 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket):
     if not isinstance(state, PowerSGDState):
         raise TypeError(f"powerSGD_hook: state must be a PowerSGDState, got {type(state).__name__}; e.g. "
                         f"register_comm_hook(PowerSGDState(matrix_approximation_rank=1), powerSGD_hook)")
-    group, _ = _resolve_state(state, bucket, "powerSGD_hook")
+    group, _ = resolve_state(state, bucket, "powerSGD_hook")
     buf = bucket.buffer()
     if state.iter < state.start_powerSGD_iter:  # plain all-reduce until compression starts
         state.maybe_increase_iter(bucket)
-        state._count(buf.memsize(), buf.memsize())
+        state.count_bucket(buf.memsize(), buf.memsize())
         return group.all_reduce(buf, "avg", async_op=True)
     if not buf.dtype.is_floating:
         raise TypeError(f"powerSGD_hook: the bucket holds {buf.dtype.name} gradients; PowerSGD compresses "
@@ -155,7 +155,7 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket):
     mem = _memory(state, bucket)
     state.maybe_increase_iter(bucket)
     if not mem.matrices:  # nothing pays to compress in this bucket: the plain average
-        state._count(buf.memsize(), buf.memsize())
+        state.count_bucket(buf.memsize(), buf.memsize())
         return group.all_reduce(buf, "avg", async_op=True)
 
     work_buf = buf if buf.is_contiguous() else Tensor(data=buf.data.contiguous(), requires_grad=False)
@@ -187,7 +187,7 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket):
     p_work = group.all_reduce(mem.p, "sum", async_op=True)
 
     sent = mem.p.memsize() + mem.q.memsize() + (mem.plain_buffer.memsize() if mem.plain_buffer is not None else 0)
-    state._count(sent, buf.memsize())
+    state.count_bucket(sent, buf.memsize())
     state.total_numel_before_compression += mem.compressed_numel + mem.uncompressed_numel
     state.total_numel_after_compression += (mem.p.size() + mem.q.size() + mem.uncompressed_numel)
 

@@ -12,9 +12,8 @@ Cost: each rank hashes the host bytes of its tensors (no copy for contiguous CPU
 device-to-host copy for GPU ones) and all-gathers one 16-byte digest (blake2b of the per-tensor digests,
 names, shapes and dtypes); the per-tensor digests travel only when those differ. The per-tensor hash is
 SHA-256 (truncated to 16 bytes) rather than blake2b: CPUs with SHA extensions (x86 since Zen / Ice Lake,
-ARMv8) run it in hardware, 1.8 GB/s against blake2b's 0.45 GB/s on the machine of docs/benchmarks
-(without them the two are within 2x). ``bench/bench_replica_check.py`` measures the check against a
-training step.
+ARMv8) run it in hardware, several times faster, and the hash is most of the check's cost
+(docs/benchmarks/replica_check.md, measured with ``bench/bench_replica_check.py`` against a training step).
 
     check = ReplicaCheck(comm, every=100)
     for step in range(1, steps + 1):
@@ -35,6 +34,7 @@ import numpy as np
 
 from .. import _core, tensor
 from ..tensor import Tensor
+from ..optim.optimizer import Optimizer
 from . import replicas
 
 __all__ = ["ReplicaMismatch", "ReplicaCheck", "check_replicas", "replica_digests"]
@@ -159,12 +159,10 @@ def _named(params) -> list:
 
 
 def _state_entries(states, order: dict) -> list:
-    from ..opt import Optimizer
-
     opt = states if isinstance(states, Optimizer) else getattr(states, "opt", None)
     if isinstance(opt, Optimizer):  # the live state: no get_states() copy of every tensor
-        tensors = {slot: getattr(opt, slot) for slot in opt._state_slots}
-        numbers_ = {slot: getattr(opt, slot) for slot in opt._scalar_slots}
+        tensors = opt.state_tensors()
+        numbers_ = opt.state_scalars()
         counter = opt.step_counter
     elif isinstance(states, dict) and "step_counter" in states:  # what get_states() returned
         tensors = {k: v for k, v in states.items() if isinstance(v, dict) and

@@ -13,14 +13,12 @@ import warnings
 import numpy as np
 
 from ..raw import to_host
+from ..layer.base import Layer
 from ..tensor import Tensor
-
 
 
 def named_parameters(model, who: str) -> list:
     """[(name, parameter tensor)] of `model`; who: the caller, for the error."""
-    from ..layer import Layer
-
     if isinstance(model, Tensor):
         found = [(model.name or "param0", model)]
     elif isinstance(model, dict):

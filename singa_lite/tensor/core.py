@@ -41,7 +41,8 @@ _TO_NUMPY = {float16: np.float16, float32: np.float32, float64: np.float64, int3
              int64: np.int64, bool_: np.bool_}
 _FROM_NUMPY = {np.dtype(v): k for k, v in _TO_NUMPY.items()}
 # numpy has no bfloat16: values come in as float64 and are rounded once (to nearest even) by the C++ copy,
-# and a bfloat16 tensor reads out as float32, which holds every bfloat16 value exactly (docs/training.md, "Mixed precision").
+# and a bfloat16 tensor reads out as float32, which holds every bfloat16 value exactly (docs/training.md,
+# "Mixed precision").
 _TO_NUMPY[bfloat16] = np.float64
 
 

@@ -168,7 +168,7 @@ def test_the_finiteness_test_is_exact(dtype):
     import numpy as np
 
     from singa_lite import tensor
-    from singa_lite.parallel.dist_opt import _all_finite
+    from singa_lite.parallel.reducer import all_finite as _all_finite
 
     for n in (1, 7, 1000, 100003):
         x = np.random.default_rng(n).standard_normal(n).astype(dtype)

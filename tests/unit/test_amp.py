@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from singa_lite import amp, autograd, checkpoint, opt, tensor
+from singa_lite import autograd, checkpoint, opt, tensor
+from singa_lite.optim import amp
 
 
 # ---------------------------------------------------------------- LossScaler

@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from singa_lite import amp, autograd, opt, tensor
+from singa_lite import autograd, opt, tensor
+from singa_lite.optim import amp
 
 
 # ---------------------------------------------------------------- the digits CNN in float16

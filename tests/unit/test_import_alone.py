@@ -174,10 +174,11 @@ def test_autograd_is_a_facade_over_the_layers():
 
 
 def test_the_former_cycles_are_one_way():
-    # opt <-> DistOpt's module and holder <-> nccl were cycles through imports inside functions; the
-    # dependency now runs one way at import time (opt.DistOpt resolves through the module's __getattr__)
+    # DistOpt builds on the optimizers (optim/), and opt (SINGA's façade) resolves opt.DistOpt through the
+    # module's __getattr__; holder imports nccl, not the other way
     graph = singa_lite_graph()
-    assert "singa_lite.opt" in graph["singa_lite.parallel.dist_opt"]
+    assert "singa_lite.optim.optimizer" in graph["singa_lite.parallel.dist_opt"]
+    assert "singa_lite.opt" not in graph["singa_lite.parallel.dist_opt"]
     assert "singa_lite.parallel.dist_opt" not in graph["singa_lite.opt"]
     assert "singa_lite.comm.nccl" in graph["singa_lite.comm.holder"]
     assert "singa_lite.comm.holder" not in graph["singa_lite.comm.nccl"]
@@ -209,6 +210,28 @@ def test_the_communication_layer_sits_below_the_data_parallel_wrappers():
     assert not {m for m in graph["singa_lite.dist"] if m.startswith("singa_lite.parallel")}
     assert "singa_lite.comm.communicator" in graph["singa_lite.parallel.lowlevel"]  # DistOpt's SINGA calls
     assert not (PACKAGE_DIR / "dist").exists(), "a folder named dist is where packaging tools write wheels"
+
+
+def _names_autograd(text: str) -> bool:
+    """Whether an import as _every_import writes it ("module" or "module:name,name") imports singa_lite.autograd."""
+    module, _, names = text.partition(":")
+    if module.split(".")[-1] == "autograd" and module.strip(".") in ("autograd", "singa_lite.autograd"):
+        return True
+    return module.strip(".") in ("", "singa_lite") and "autograd" in names.split(",")
+
+
+def test_the_optimizers_and_layers_sit_below_the_data_parallel_wrappers():
+    # optim/ and layer/ know nothing of parallel/ (DistOpt, ddp, SyncBatchNorm2d), not even inside a function,
+    # and library code does not import the autograd façade (which re-exports the engine, operators and layers)
+    for folder in ("optim", "layer"):
+        for path in sorted((PACKAGE_DIR / folder).glob("*.py")):
+            bad = [(line, text) for line, text in _every_import(path) if "parallel" in text]
+            assert not bad, f"{folder}/{path.name} imports the data-parallel layer: {bad}"
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        if path.name == "__init__.py" and path.parent == PACKAGE_DIR:
+            continue  # the package imports autograd for SINGA's `from singa import layer` order
+        bad = [(line, text) for line, text in _every_import(path) if _names_autograd(text)]
+        assert not bad, f"{path.relative_to(PACKAGE_DIR)} imports the autograd façade: {bad}"
 
 
 def test_the_cycle_finder_on_a_small_package(tmp_path):

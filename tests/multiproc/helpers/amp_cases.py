@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from singa_lite import _core, amp, autograd, opt, tensor
+from singa_lite import _core, autograd, opt, tensor
+from singa_lite.optim import amp
 
 from distopt_cases import data, loss_of, make_opt, make_params, reference, shard_of, train
 

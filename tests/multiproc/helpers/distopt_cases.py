@@ -225,14 +225,13 @@ def scenario_buckets_leave_during_backward(comm):
     (200), b1 (40), W1 (280); with first_bucket=200 the first bucket leaves as soon as it holds 205 elements,
     before b1's gradient exists; the rest leaves with the last gradient. first_bucket=0 / overlap=False: one
     bucket, after the whole backward pass."""
-    import singa_lite.parallel.dist_opt as dist_optimizer
 
     def events_of_a_step(threshold=2097152, **kw):
         params = make_params(0)
         dopt = opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, **kw)
         shard = (comm.rank, comm.world_size)
         train(params, dopt, 1, shard=shard, threshold=threshold)  # the first step compares the models
-        events, real_backward, real_all_reduce = [], dist_optimizer.autograd.backward, comm.all_reduce
+        events, real_backward, real_all_reduce = [], autograd.backward, comm.all_reduce
 
         def backward(loss):
             for p, g in real_backward(loss):
@@ -242,11 +241,11 @@ def scenario_buckets_leave_during_backward(comm):
         def all_reduce(t, op="sum", async_op=False):
             events.append(("send", t.numel))
             return real_all_reduce(t, op, async_op)
-        dist_optimizer.autograd.backward, comm.all_reduce = backward, all_reduce
+        autograd.backward, comm.all_reduce = backward, all_reduce
         try:
             train(params, dopt, 1, shard=shard, threshold=threshold)
         finally:
-            dist_optimizer.autograd.backward = real_backward
+            autograd.backward = real_backward
             del comm.all_reduce
         return [e for e in events if e != ("send", 1)]  # the one-element finiteness vote
 

@@ -251,8 +251,9 @@ def bn_step(bn, w, x: np.ndarray, t: np.ndarray):
 
 def bn_model(layer_cls, **kw):
     from singa_lite import layer
+    from singa_lite.parallel import sync_batchnorm
 
-    bn = getattr(layer, layer_cls)(BN_C, **kw)
+    bn = getattr(sync_batchnorm if layer_cls == "SyncBatchNorm2d" else layer, layer_cls)(BN_C, **kw)
     rng = np.random.default_rng(7)
     bn.scale.copy_from_numpy((rng.standard_normal(BN_C) * 0.5 + 1).astype(np.float32))
     bn.bias.copy_from_numpy((rng.standard_normal(BN_C) * 0.5).astype(np.float32))
@@ -310,7 +311,7 @@ def scenario_sync_batchnorm(comm):
         np.testing.assert_allclose(y_eval, want, rtol=1e-4, atol=1e-4)
     comm.barrier()
     # bad input and a missing communicator: clear errors, no collective started
-    from singa_lite import layer
+    from singa_lite.parallel.sync_batchnorm import SyncBatchNorm2d
 
     autograd.training = True
     for bad in (np.ones((4, BN_C, 2), np.float32), np.ones((1, BN_C, 1, 1), np.float32) if P == 1 else None):
@@ -323,13 +324,13 @@ def scenario_sync_batchnorm(comm):
         else:
             raise AssertionError(f"input of shape {bad.shape} accepted")
     try:
-        layer.SyncBatchNorm2d(BN_C)(tensor.from_numpy(bn_data(0)[0]))
+        SyncBatchNorm2d(BN_C)(tensor.from_numpy(bn_data(0)[0]))
     except RuntimeError as e:
         assert "needs the ranks' communicator for training" in str(e), e
     else:
         raise AssertionError("SyncBatchNorm2d trained without a communicator")
     autograd.training = False
-    layer.SyncBatchNorm2d(BN_C)(tensor.from_numpy(bn_data(0)[0]))  # evaluation needs none
+    SyncBatchNorm2d(BN_C)(tensor.from_numpy(bn_data(0)[0]))  # evaluation needs none
     return "ok"
 
 

@@ -1,4 +1,4 @@
-"""SINGA's layers RNN, LSTM, Gemm and Embedding (``layer.RNN`` etc. resolve here on first use).
+"""SINGA's recurrent layers, RNN and LSTM (``layer.RNN``, ``layer.LSTM``).
 
 RNN and LSTM are SINGA's step-by-step recurrences written with autograd operators (matmul, add_bias,
 tanh / relu / sigmoid), so they run on any device and their gradients come from the operators':
@@ -14,13 +14,11 @@ refused by name.
 """
 from __future__ import annotations
 
-import math
+from .. import ops as F
+from ..tensor import Tensor
+from .base import Layer
 
-from . import ops as F
-from .layer import Layer
-from .tensor import Tensor
-
-__all__ = ["RNN", "LSTM", "Gemm", "Embedding"]
+__all__ = ["RNN", "LSTM"]
 
 
 def _seq(xs, what: str) -> list:
@@ -121,61 +119,3 @@ class LSTM(Layer):
         g = F.tanh(self._gate(x, h, "g"))
         c = F.add(F.mul(f, c), F.mul(i, g))
         return F.mul(o, F.tanh(c)), c
-
-
-class Gemm(Layer):
-    """y = alpha * x' W' + beta * b (ONNX Gemm with the weight W and bias b as parameters); x' = x.T when
-    transA, W' = W.T when transB (then W is (nb_kernels, in_features), SINGA's default). W ~ N(0, 2 / (in +
-    out)), b = 0 of shape bias_shape (default (1, nb_kernels))."""
-
-    def __init__(self, nb_kernels, alpha=1.0, beta=1.0, transA=False, transB=True, bias=True,  # noqa: N803
-                 bias_shape=None):
-        super().__init__()
-        self.nb_kernels, self.alpha, self.beta = int(nb_kernels), float(alpha), float(beta)
-        self.transA, self.transB, self.bias = int(bool(transA)), int(bool(transB)), bool(bias)
-        self.bias_shape = tuple(bias_shape) if bias_shape else (1, self.nb_kernels)
-
-    def initialize(self, x):
-        self.in_features = x.shape[0] if self.transA else x.shape[-1]
-        shape = (self.nb_kernels, self.in_features) if self.transB else (self.in_features, self.nb_kernels)
-        self._param(shape, "W").to_device(x.device).gaussian(
-            0.0, math.sqrt(2.0 / (self.in_features + self.nb_kernels)))
-        if self.bias:
-            self._param(self.bias_shape, "b").to_device(x.device)
-
-    def forward(self, x):
-        got = x.shape[0] if self.transA else x.shape[-1]
-        if got != self.in_features:
-            raise ValueError(f"Gemm: expects {self.in_features} input features, got {got} (input shape {x.shape})")
-        return F.gemm(x, self.W, self.b if self.bias else None, self.alpha, self.beta, self.transA,
-                             self.transB)
-
-
-class Embedding(Layer):
-    """Rows of a (input_dim, output_dim) table W picked by integer ids: (..., ) -> (..., output_dim).
-    W ~ N(0, 1) (initializer 'gaussian', SINGA's default) or U(-1, 1) ('uniform')."""
-
-    def __init__(self, input_dim, output_dim, initializer="gaussian"):
-        super().__init__()
-        if initializer not in ("gaussian", "uniform"):
-            raise ValueError(f"Embedding: initializer must be 'gaussian' or 'uniform', got {initializer!r}")
-        self.input_dim, self.output_dim, self.initializer = int(input_dim), int(output_dim), initializer
-
-    def initialize(self, x):
-        w = self._param((self.input_dim, self.output_dim), "W").to_device(x.device)
-        if self.initializer == "uniform":
-            w.uniform(-1.0, 1.0)
-        else:
-            w.gaussian(0.0, 1.0)
-
-    def from_pretrained(self, W, freeze=True):  # noqa: N803
-        """Copies W into the table (creating it if needed); freeze=True stops it from training."""
-        if "W" not in self.__dict__:
-            self._param((self.input_dim, self.output_dim), "W")
-            object.__setattr__(self, "_initialized", True)
-        self.set_params({"W": W})
-        self.W.requires_grad = not freeze
-        self.W.stores_grad = not freeze
-
-    def forward(self, x):
-        return F.embedding(x, self.W)

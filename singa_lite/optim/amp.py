@@ -47,9 +47,10 @@ import numbers
 
 import numpy as np
 
-from . import _core, tensor
-from .opt import Optimizer
-from .tensor import Tensor
+from .. import _core, engine, tensor
+from .. import ops as F
+from ..tensor import Tensor
+from .optimizer import Optimizer
 
 __all__ = ["LossScaler", "MixedPrecision"]
 
@@ -143,8 +144,9 @@ def _changed_outside(master: _core.Tensor, p: _core.Tensor) -> bool:
 
 
 class MixedPrecision(Optimizer):
-    """Wraps an optimizer (any of opt.py's, or one written to its contract) for mixed precision training:
-    float32 master weights for float16 / bfloat16 parameters, and loss scaling (see the module docstring).
+    """Wraps an optimizer (any of algorithms.py's, or one written to the contract of optimizer.py) for mixed
+    precision training: float32 master weights for float16 / bfloat16 parameters, and loss scaling (see the
+    module docstring).
 
     Args:
         optimizer: the optimizer that updates the float32 master weights.
@@ -192,28 +194,24 @@ class MixedPrecision(Optimizer):
     def lr_value(self) -> float:
         return self.opt.lr_value
 
-    def _name_of(self, param: Tensor):
-        return self.opt._name_of(param)
+    def name_of(self, param: Tensor):
+        return self.opt.name_of(param)
 
     # ----- loss scaling
     def scale_loss(self, loss: Tensor) -> Tensor:
         """loss * scale, recorded by autograd (a loss already scaled by this call is returned as it is)."""
-        from . import autograd
-
         if not isinstance(loss, Tensor):
             raise TypeError(f"MixedPrecision.scale_loss: expected the loss tensor, got {type(loss).__name__}")
         if getattr(loss, "_amp_scaled", False):
             return loss
-        scaled = autograd.mul(loss, self.scaler.scale)
+        scaled = F.mul(loss, self.scaler.scale)
         scaled._amp_scaled = True
         return scaled
 
     def call(self, loss) -> None:
         """Backward from the scaled loss and apply() every gradient (step() then updates or skips)."""
-        from . import autograd
-
-        for p, g in autograd.backward(self.scale_loss(loss)):
-            self.apply(self._name_of(p), p, g)
+        for p, g in engine.backward(self.scale_loss(loss)):  # looked up at each call, as Optimizer.call
+            self.apply(self.name_of(p), p, g)
 
     # ----- the update
     def apply(self, param_name, param_value: Tensor, param_grad: Tensor) -> None:

@@ -1,33 +1,24 @@
-"""Layers, with SINGA 3's names (``singa.layer``); the same classes are exported by ``autograd`` for
-scripts written against SINGA's autograd layers (``autograd.Conv2d(1, 20, 5)``, ``autograd.Linear(800, 500)``).
+"""SINGA's layers: ``Linear``, ``Conv2d``, ``SeparableConv2d``, ``BatchNorm2d``, pooling, activations,
+losses and the small structural layers (``Add``, ``Cat``, ``Reshape``), built on the operators' function
+forms and :class:`~singa_lite.layer.base.Layer`.
 
 A :class:`Layer` is called like a function. Parameters (tensors with ``stores_grad=True``) are created in
 the constructor when all shapes are known, otherwise lazily on the first call from the input's shape, as
 SINGA does: ``Linear(500)`` and ``Linear(800, 500)`` are both valid, and so are ``Conv2d(20, 5)`` and
 ``Conv2d(1, 20, 5)``.
-
-Names. Assigning a layer to an attribute of another layer makes it a sublayer. A parameter's name is its
-attribute path from the outermost layer (``conv1.W``, ``block.fc.b``): that is the key of ``get_params()``
-and ``get_states()`` and the name optimizers key their state by, so it is the same in every run. A layer
-used on its own (not an attribute of another layer, as in SINGA's example scripts where the model is a plain
-class) keeps a unique automatic prefix (``Conv2d#3.W``), so two such layers never share optimizer state.
 """
 from __future__ import annotations
 
 import math
 
-import numpy as np
+from .. import ops as F
+from ..raw import pair
+from .base import Layer
 
-from . import ops as F
-from . import tensor
-from .device import as_device
-from .raw import pair
-from .tensor import Tensor
-
-__all__ = ["Layer", "Linear", "Conv2d", "SeparableConv2d", "Pooling2d", "MaxPool2d", "AvgPool2d", "MaxPool1d",
+__all__ = ["Linear", "Conv2d", "SeparableConv2d", "Pooling2d", "MaxPool2d", "AvgPool2d", "MaxPool1d",
            "AvgPool1d", "GlobalAvgPool2d", "BatchNorm2d", "ReLU", "Sigmoid", "Tanh", "Gelu", "Flatten", "Dropout",
            "SoftMax", "SoftMaxCrossEntropy", "MeanSquareError", "CrossEntropy", "BinaryCrossEntropy", "Add", "Cat",
-           "Reshape"]
+           "Reshape", "Gemm", "Embedding"]
 
 # SINGA's padding modes: explicit padding, or "same" output size with an odd pixel after / before.
 PAD_MODES = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -46,7 +37,6 @@ def _padding(v, layer: str) -> tuple:
 
 
 NO_EXTRA = (0, 0, 0, 0)
-_FLOAT_DTYPES = (tensor.float16, tensor.bfloat16, tensor.float32, tensor.float64)
 
 
 def _choice(v, allowed: tuple, what: str) -> str:
@@ -77,172 +67,6 @@ def _no_extra_kwargs(layer: str, kwargs: dict, accepted: dict) -> None:
         if v != accepted[k]:
             raise NotImplementedError(f"{layer}: {k}={v!r} is not supported by singa_lite (only the default "
                                       f"{accepted[k]!r}); remove the argument")
-
-
-class Layer:
-    """Base of all layers. Subclasses implement ``forward`` and, for lazily shaped parameters,
-    ``initialize(*inputs)``; auxiliary (non-trainable) state tensors are listed in ``aux_states``."""
-
-    aux_states: tuple = ()  # attribute names of non-trainable state tensors (e.g. running statistics)
-    _count = 0
-
-    def __init__(self, name: str | None = None):
-        object.__setattr__(self, "_layers", {})
-        object.__setattr__(self, "_parent", None)
-        object.__setattr__(self, "_attr", None)
-        object.__setattr__(self, "_initialized", False)
-        if name is None:
-            name = f"{type(self).__name__}#{Layer._count}"
-            Layer._count += 1
-        object.__setattr__(self, "name", name)
-
-    # ----- structure and names
-    def __setattr__(self, key, value):
-        object.__setattr__(self, key, value)
-        self.__dict__.pop("_tensor_attrs", None)  # device_check's list of tensor attributes is stale
-        if isinstance(value, Layer) and not key.startswith("_"):
-            self._layers[key] = value
-            object.__setattr__(value, "_parent", self)
-            object.__setattr__(value, "_attr", key)
-            self._root()._rename()
-        elif isinstance(value, Tensor) and (value.stores_grad or key in self.aux_states):
-            value.name = self._prefix() + key
-
-    def _root(self) -> Layer:
-        layer = self
-        while layer._parent is not None:
-            layer = layer._parent
-        return layer
-
-    def _prefix(self) -> str:
-        if self._parent is not None:
-            return self._parent._prefix() + self._attr + "."
-        return "" if self._layers else self.name + "."
-
-    def _own_tensors(self) -> dict:
-        return {k: v for k, v in vars(self).items()
-                if isinstance(v, Tensor) and (v.stores_grad or k in self.aux_states)}
-
-    def _rename(self) -> None:
-        prefix = self._prefix()
-        for k, v in self._own_tensors().items():
-            v.name = prefix + k
-        for sub in self._layers.values():
-            sub._rename()
-
-    def _param(self, shape, attr: str) -> Tensor:
-        """A new zero parameter, named and registered as attribute `attr`."""
-        p = Tensor(tuple(shape), requires_grad=True, stores_grad=True)
-        setattr(self, attr, p)
-        return p
-
-    def _aux(self, shape, attr: str, value: float) -> Tensor:
-        t = Tensor(tuple(shape), requires_grad=False, stores_grad=False).set_value(value)
-        setattr(self, attr, t)
-        return t
-
-    # ----- calling
-    def __call__(self, *xs, **kwargs):
-        if not self._initialized:
-            self.initialize(*xs)
-            object.__setattr__(self, "_initialized", True)
-        self.device_check(*xs)
-        return self.forward(*xs, **kwargs)
-
-    def initialize(self, *xs) -> None:
-        """Creates parameters whose shapes depend on the input (called once, before the first forward)."""
-
-    def forward(self, *xs):
-        raise NotImplementedError(f"{type(self).__name__} must implement forward()")
-
-    def device_check(self, *xs) -> None:
-        """Moves this layer's tensors to the first input's device and, when that input is floating point,
-        casts them to its dtype (SINGA's device_check + dtype_check: a float16 input trains float16
-        parameters)."""
-        first = next((x.data for x in xs if isinstance(x, Tensor)), None)
-        if first is None:
-            return
-        core_dev, dtype = first.device, first.dtype
-        cast = dtype in _FLOAT_DTYPES
-        # Runs on every call: compare the C++ devices of the attributes listed once (the list is rebuilt
-        # when an attribute is assigned) instead of rescanning vars() and wrapping each device.
-        names = self.__dict__.get("_tensor_attrs")
-        if names is None:
-            names = tuple(self._own_tensors())
-            object.__setattr__(self, "_tensor_attrs", names)
-        for k in names:
-            t = self.__dict__[k]
-            if t.data.device != core_dev:
-                t.to_device(as_device(core_dev))
-            if cast and t.data.dtype != dtype:
-                t.to_type(dtype)
-
-    def dtype_check(self, *xs) -> None:
-        """Casts every tensor to the first one's dtype, in place (SINGA's behaviour)."""
-        dtype = xs[0].dtype
-        for x in xs[1:]:
-            if x.dtype != dtype:
-                x.to_type(dtype)
-
-    def register_layers(self, *layers) -> None:
-        """Registers sublayers given as arguments (named ``<Class>_<i>``) or as one dict of name -> layer,
-        as SINGA's models build lists of blocks; each is then also an attribute of this layer."""
-        if len(layers) == 1 and isinstance(layers[0], dict):
-            items = list(layers[0].items())
-        else:
-            items = [(f"{type(v).__name__}_{i}", v) for i, v in enumerate(layers)]
-        for name, value in items:
-            if not isinstance(value, Layer):
-                raise TypeError(f"register_layers: {name} is a {type(value).__name__}, not a Layer")
-            setattr(self, name, value)
-
-    # ----- parameters and states
-    def get_params(self) -> dict:
-        """Trainable tensors by attribute path relative to this layer."""
-        return self._collect(lambda layer: {k: v for k, v in vars(layer).items()
-                                            if isinstance(v, Tensor) and v.stores_grad})
-
-    def get_states(self) -> dict:
-        """Parameters plus auxiliary states (running statistics...): what a checkpoint must hold."""
-        return self._collect(lambda layer: layer._own_tensors())
-
-    def _collect(self, own) -> dict:
-        out = dict(own(self))
-        for attr, sub in self._layers.items():
-            out.update({f"{attr}.{k}": v for k, v in sub._collect(own).items()})
-        return out
-
-    def set_params(self, parameters=None, **kwargs) -> None:
-        """Copies values (Tensors or numpy arrays) into parameters, in place; all names are checked first."""
-        self._assign(self.get_params(), dict(parameters or {}, **kwargs), "set_params")
-
-    def set_states(self, states=None, **kwargs) -> None:
-        self._assign(self.get_states(), dict(states or {}, **kwargs), "set_states")
-
-    def _assign(self, targets: dict, values: dict, what: str) -> None:
-        values = _flatten(values)
-        checked = []
-        for k, v in values.items():  # validate everything before writing anything
-            if k not in targets:
-                kind = "parameter" if what == "set_params" else "state"
-                raise KeyError(f"{self.name}.{what}: no {kind} {k!r}; the {kind}s are {sorted(targets)}")
-            src = v if isinstance(v, Tensor) else tensor.from_numpy(np.asarray(v))
-            if src.shape != targets[k].shape:
-                raise ValueError(f"{self.name}.{what}: {k!r} has shape {targets[k].shape}, the value has "
-                                 f"{src.shape}")
-            checked.append((targets[k], src))
-        for dst, src in checked:
-            dst.copy_data(src)
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 # ---------------------------------------------------------------- layers with parameters
@@ -563,16 +387,60 @@ class Reshape(Layer):
         return F.reshape(x, shape)
 
 
-_EXTRA = ("RNN", "LSTM", "Gemm", "Embedding")
+# ---------------------------------------------------------------- ONNX's Gemm, embeddings
+class Gemm(Layer):
+    """y = alpha * x' W' + beta * b (ONNX Gemm with the weight W and bias b as parameters); x' = x.T when
+    transA, W' = W.T when transB (then W is (nb_kernels, in_features), SINGA's default). W ~ N(0, 2 / (in +
+    out)), b = 0 of shape bias_shape (default (1, nb_kernels))."""
+
+    def __init__(self, nb_kernels, alpha=1.0, beta=1.0, transA=False, transB=True, bias=True,  # noqa: N803
+                 bias_shape=None):
+        super().__init__()
+        self.nb_kernels, self.alpha, self.beta = int(nb_kernels), float(alpha), float(beta)
+        self.transA, self.transB, self.bias = int(bool(transA)), int(bool(transB)), bool(bias)
+        self.bias_shape = tuple(bias_shape) if bias_shape else (1, self.nb_kernels)
+
+    def initialize(self, x):
+        self.in_features = x.shape[0] if self.transA else x.shape[-1]
+        shape = (self.nb_kernels, self.in_features) if self.transB else (self.in_features, self.nb_kernels)
+        self._param(shape, "W").to_device(x.device).gaussian(
+            0.0, math.sqrt(2.0 / (self.in_features + self.nb_kernels)))
+        if self.bias:
+            self._param(self.bias_shape, "b").to_device(x.device)
+
+    def forward(self, x):
+        got = x.shape[0] if self.transA else x.shape[-1]
+        if got != self.in_features:
+            raise ValueError(f"Gemm: expects {self.in_features} input features, got {got} (input shape {x.shape})")
+        return F.gemm(x, self.W, self.b if self.bias else None, self.alpha, self.beta, self.transA,
+                             self.transB)
 
 
-def __getattr__(name):
-    # SINGA's RNN, LSTM, Gemm and Embedding live in layer_extra.py (which imports this module): resolved on
-    # first use so the import graph stays one way.
-    if name in _EXTRA:
-        from . import layer_extra
-        return getattr(layer_extra, name)
-    if name == "SyncBatchNorm2d":  # sync_batchnorm.py: BatchNorm2d with the statistics of every rank's batch
-        from .sync_batchnorm import SyncBatchNorm2d
-        return SyncBatchNorm2d
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+class Embedding(Layer):
+    """Rows of a (input_dim, output_dim) table W picked by integer ids: (..., ) -> (..., output_dim).
+    W ~ N(0, 1) (initializer 'gaussian', SINGA's default) or U(-1, 1) ('uniform')."""
+
+    def __init__(self, input_dim, output_dim, initializer="gaussian"):
+        super().__init__()
+        if initializer not in ("gaussian", "uniform"):
+            raise ValueError(f"Embedding: initializer must be 'gaussian' or 'uniform', got {initializer!r}")
+        self.input_dim, self.output_dim, self.initializer = int(input_dim), int(output_dim), initializer
+
+    def initialize(self, x):
+        w = self._param((self.input_dim, self.output_dim), "W").to_device(x.device)
+        if self.initializer == "uniform":
+            w.uniform(-1.0, 1.0)
+        else:
+            w.gaussian(0.0, 1.0)
+
+    def from_pretrained(self, W, freeze=True):  # noqa: N803
+        """Copies W into the table (creating it if needed); freeze=True stops it from training."""
+        if "W" not in self.__dict__:
+            self._param((self.input_dim, self.output_dim), "W")
+            object.__setattr__(self, "_initialized", True)
+        self.set_params({"W": W})
+        self.W.requires_grad = not freeze
+        self.W.stores_grad = not freeze
+
+    def forward(self, x):
+        return F.embedding(x, self.W)

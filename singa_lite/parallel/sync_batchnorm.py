@@ -1,8 +1,8 @@
-"""Synchronised batch normalisation: ``layer.SyncBatchNorm2d`` normalises with the statistics of the whole
+"""Synchronised batch normalisation: ``SyncBatchNorm2d`` normalises with the statistics of the whole
 global batch (every rank's share), as PyTorch's SyncBatchNorm, instead of each rank's own.
 
     sgd = opt.DistOpt(opt.SGD(lr=0.1))
-    bn = layer.SyncBatchNorm2d(16, communicator=sgd.communicator)   # or ddp.init()'s, found by itself
+    bn = SyncBatchNorm2d(16, communicator=sgd.communicator)   # or ddp.init()'s, found by itself
 
 In training, each rank sums x and x * x per channel (in float64) with its count of values, one all-reduce
 gives the global mean and (biased) variance, and the running statistics are updated with those (the
@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _core, engine, ops, tensor
-from .engine import Operator
-from .layer import BatchNorm2d
+from .. import _core, engine, ops, tensor
+from ..engine import Operator
+from ..layer.basic import BatchNorm2d
+from . import ddp
 
 __all__ = ["SyncBatchNorm2d", "sync_batchnorm_2d"]
 
@@ -121,10 +122,9 @@ class SyncBatchNorm2d(BatchNorm2d):
     def _comm(self):
         if self.communicator is not None:
             return self.communicator
-        from .parallel import ddp
-
-        if ddp._state["comm"] is not None:
-            return ddp._state["comm"]
+        comm = ddp.current_communicator()
+        if comm is not None:
+            return comm
         raise RuntimeError(f"{self.name}: SyncBatchNorm2d needs the ranks' communicator for training: pass "
                            f"communicator=dist_opt.communicator (or call ddp.init() first); in one process "
                            f"use BatchNorm2d")

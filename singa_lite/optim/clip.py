@@ -30,8 +30,8 @@ import numbers
 
 import numpy as np
 
-from . import _core, tensor
-from .tensor import Tensor
+from .. import _core, tensor
+from ..tensor import Tensor
 
 __all__ = ["clip_grad_norm", "grad_norm"]
 

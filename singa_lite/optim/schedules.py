@@ -1,0 +1,107 @@
+"""Schedules for hyper-parameters (the learning rate, momentum, weight decay...): a value as a function of
+the optimizer's step counter, ``scheduler(step) -> float``. Any :class:`DecayScheduler` may be given where an
+optimizer takes a number."""
+from __future__ import annotations
+
+import math
+import numbers
+
+__all__ = ["DecayScheduler", "Constant", "ExponentialDecay", "StepDecay", "LinearDecay"]
+
+
+def _real(what: str, value) -> float:
+    """value as a float; a TypeError for anything that is not a real number (bools included)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a number, got {value!r} ({type(value).__name__})")
+    return float(value)
+
+
+# ---------------------------------------------------------------- schedules
+class DecayScheduler:
+    """A value that changes with the optimizer's step: ``scheduler(step) -> float``.
+
+    Used for the learning rate, and for any other hyper-parameter (momentum, weight decay...). ``step`` is the
+    optimizer's step counter: 0 before the first :meth:`Optimizer.step`. It may be given as an int, a float
+    or a one-element tensor (SINGA passes its step-counter tensor). Subclasses implement ``call(step)``,
+    receiving the step as a float; what ``call`` returns is converted with ``float()``.
+    """
+
+    def __init__(self, init_value):
+        self.init_value = _real(f"{type(self).__name__}: init_value", init_value)
+
+    def __call__(self, step) -> float:
+        s = float(step)
+        if not s >= 0:
+            raise ValueError(f"{type(self).__name__}: the step must be >= 0, got {step!r}")
+        return float(self.call(s))
+
+    def call(self, step: float) -> float:
+        raise NotImplementedError(f"{type(self).__name__} must implement call(step)")
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({args})"
+
+
+class Constant(DecayScheduler):
+    """``value(step) = init_value``."""
+
+    def call(self, step: float) -> float:
+        return self.init_value
+
+
+class ExponentialDecay(DecayScheduler):
+    """``value(step) = init_value * decay_rate ** (step / decay_steps)``.
+
+    With ``staircase=True`` the exponent is ``floor(step / decay_steps)``: the value drops by a factor
+    ``decay_rate`` every ``decay_steps`` steps.
+    """
+
+    def __init__(self, init_value, decay_steps, decay_rate, staircase=False):
+        super().__init__(init_value)
+        self.decay_steps = _real("ExponentialDecay: decay_steps", decay_steps)
+        self.decay_rate = _real("ExponentialDecay: decay_rate", decay_rate)
+        self.staircase = bool(staircase)
+        if not self.decay_steps > 0:
+            raise ValueError(f"ExponentialDecay: decay_steps must be > 0, got {decay_steps!r}")
+        if not (math.isfinite(self.decay_rate) and self.decay_rate >= 0):
+            raise ValueError(f"ExponentialDecay: decay_rate must be >= 0, got {decay_rate!r}")
+
+    def call(self, step: float) -> float:
+        e = step / self.decay_steps
+        return self.init_value * self.decay_rate ** (math.floor(e) if self.staircase else e)
+
+
+class StepDecay(DecayScheduler):
+    """``value(step) = init_value * gamma ** floor(step / step_size)`` (``torch.optim.lr_scheduler.StepLR``)."""
+
+    def __init__(self, init_value, step_size, gamma=0.1):
+        super().__init__(init_value)
+        if isinstance(step_size, bool) or not isinstance(step_size, numbers.Integral) or step_size <= 0:
+            raise ValueError(f"StepDecay: step_size must be an int > 0, got {step_size!r}")
+        self.step_size = int(step_size)
+        self.gamma = _real("StepDecay: gamma", gamma)
+        if not (math.isfinite(self.gamma) and self.gamma >= 0):
+            raise ValueError(f"StepDecay: gamma must be >= 0, got {gamma!r}")
+
+    def call(self, step: float) -> float:
+        return self.init_value * self.gamma ** math.floor(step / self.step_size)
+
+
+class LinearDecay(DecayScheduler):
+    """``value(step) = init_value + (final_value - init_value) * min(step, decay_steps) / decay_steps``.
+
+    Goes in a straight line from ``init_value`` at step 0 to ``final_value`` at ``decay_steps``, then stays.
+    """
+
+    def __init__(self, init_value, final_value, decay_steps):
+        super().__init__(init_value)
+        self.final_value = _real("LinearDecay: final_value", final_value)
+        self.decay_steps = _real("LinearDecay: decay_steps", decay_steps)
+        if not self.decay_steps > 0:
+            raise ValueError(f"LinearDecay: decay_steps must be > 0, got {decay_steps!r}")
+
+    def call(self, step: float) -> float:
+        frac = min(step, self.decay_steps) / self.decay_steps
+        return self.init_value + (self.final_value - self.init_value) * frac
+

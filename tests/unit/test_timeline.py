@@ -63,10 +63,10 @@ def test_model_steps_ops_and_gaps(tmp_path):
     x, y = _data()
     m = _model(x)
     with timeline.timeline(str(tmp_path / "trace.json")) as rec:
-        assert engine._timer is rec  # recording takes the engine's one hook
+        assert engine.op_hook() is rec  # recording takes the engine's one hook
         for _ in range(3):
             m(x, y)
-    assert engine._timer is None  # and gives it back: one global test per op when off
+    assert engine.op_hook() is None  # and gives it back: one global test per op when off
     assert rec.path == str(tmp_path / "trace.rank0.json")
     doc, evs = _load(rec.path)
     assert doc["otherData"]["steps"] == 3 and doc["otherData"]["dropped_events"] == 0
@@ -95,7 +95,7 @@ def test_model_steps_ops_and_gaps(tmp_path):
 
 
 def test_off_records_nothing_and_hook_is_none(tmp_path):
-    assert not timeline.is_active() and engine._timer is None
+    assert not timeline.is_active() and engine.op_hook() is None
     assert timeline.stop() is None
     x, y = _data()
     _model(x)(x, y)
@@ -113,11 +113,11 @@ def test_profiler_and_timeline_together(tmp_path):
             for _ in range(7):
                 m(x, y)
             assert rec.inner is not None
-        assert engine._timer is not None and engine._timer is not rec  # the profiler keeps its hook
+        assert engine.op_hook() is not None and engine.op_hook() is not rec  # the profiler keeps its hook
         profiled = sum(calls for _, calls in dev._profile.forward.values())
     finally:
         dev.SetVerbosity(0)
-    assert engine._timer is None
+    assert engine.op_hook() is None
     _, evs = _load(rec.path)
     assert len([e for e in evs if e["cat"] == "forward"]) == 7 * 6
     assert profiled > 0

@@ -19,6 +19,15 @@ def training():
     autograd.training = saved
 
 
+@pytest.fixture(autouse=True)
+def _training_flag_restored():
+    """Model.train() and Model.eval() set autograd.training for the whole process, as SINGA's do; a test that calls
+    them must not hand its mode on to whichever test runs next."""
+    saved = autograd.training
+    yield
+    autograd.training = saved
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--shuffle", metavar="SEED", default=None,

@@ -40,14 +40,6 @@ def path(request):
     _core.set_cudnn_enabled(saved)
 
 
-@pytest.fixture
-def training():
-    saved = autograd.training
-    autograd.training = True
-    yield
-    autograd.training = saved
-
-
 def host(t):
     return np.asarray(t.to(CPU) if t.device.is_cuda() else t)
 

@@ -9,7 +9,7 @@ import pytest
 from singa_lite import _core, autograd, device, tensor
 
 
-pytestmark = pytest.mark.usefixtures("training_mode")
+pytestmark = pytest.mark.usefixtures("training")
 
 
 def param(a, name=None, dtype=np.float64):

@@ -15,7 +15,7 @@ from core_testutil import numeric_grads
 RTOL = ATOL = 1e-5
 
 
-pytestmark = pytest.mark.usefixtures("training_mode")
+pytestmark = pytest.mark.usefixtures("training")
 
 
 @pytest.mark.parametrize("name,fn,ref,specs", CASES, ids=[c[0] for c in CASES])

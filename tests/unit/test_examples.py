@@ -9,14 +9,17 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def run_example(name, *argv):
-    old = sys.argv
+    """Runs an example as its script would run; the argv and sys.path it changes (examples put their folder on
+    sys.path) are restored afterwards."""
+    old_argv, old_path = sys.argv, sys.path[:]
     sys.argv = [name, *argv]
     try:
         runpy.run_path(str(EXAMPLES / name), run_name="__main__")
     except SystemExit as e:
         return e.code
     finally:
-        sys.argv = old
+        sys.argv = old_argv
+        sys.path[:] = old_path
     return 0
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from singa_lite import autograd, engine, opt, tensor
 
-pytestmark = pytest.mark.usefixtures("training_mode")
+pytestmark = pytest.mark.usefixtures("training")
 
 
 def param(a, name):

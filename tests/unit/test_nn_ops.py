@@ -15,7 +15,7 @@ from core_testutil import np_pool, numeric_grads, out_size, pair as _pair
 RTOL = ATOL = 1e-5
 
 
-pytestmark = pytest.mark.usefixtures("training_mode")
+pytestmark = pytest.mark.usefixtures("training")
 
 
 def rng_for(name):

@@ -27,7 +27,7 @@ def blobs(n, classes, dim, seed):
     return x.astype(np.float32), labels.astype(np.int32)
 
 
-pytestmark = pytest.mark.usefixtures("training_mode")
+pytestmark = pytest.mark.usefixtures("training")
 
 
 def test_sgd_call_applies_exactly_the_autograd_gradients():

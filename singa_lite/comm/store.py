@@ -417,6 +417,13 @@ class TcpStore:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def client_address(self) -> tuple[str, int] | None:
+        """(local address, socket family) of this client's connection to the server: an address of the
+        interface that reaches the store's host (the tcp mesh listens there). None while not connected."""
+        sock = self._sock
+        return None if sock is None else (sock.getsockname()[0], sock.family)
+
     def refusals(self) -> list[str]:
         """On the server (rank 0): why the last few peers that spoke the protocol were refused, for the errors
         of a rank that waits for a missing one ("rank 1 never arrived; meanwhile the store refused ...")."""

@@ -150,7 +150,7 @@ class Communicator:
 
     ``backend`` is the backend's name, for people. Code that must decide what a communicator can do reads its
     capabilities instead: ``device_kind``, ``spans_hosts``, ``routes_across_hosts``, ``supports_groups``,
-    ``keeps_store``, ``is_member``.
+    ``keeps_store``, ``is_member``. ``rendezvous_store``: the store it holds open, if any (see there).
     """
 
     backend = "?"
@@ -161,6 +161,11 @@ class Communicator:
     supports_groups = False  # new_group() works
     keeps_store = False  # it keeps using its rendezvous store after its creation (tcp: addresses, failure reports)
     is_member = True  # False only for what new_group returns on a rank outside the group
+    # The rendezvous store (store.TcpStore) this communicator holds for as long as it lives, or None. tcp keeps
+    # the store it met its peers through (keeps_store); dist.init's environment rendezvous gives rank 0's store
+    # to the communicator of any other backend, so that rank 0 serves it as long as the job runs: stopping at
+    # once could cut off a rank whose last reply is still on its way.
+    rendezvous_store = None
     # True: the backend's calls time out by themselves (they raise CommError); waiters on asynchronous work
     # then allow a grace period for that error. False: only the waiter's timeout ends a stuck operation.
     _times_out_itself = True
@@ -170,7 +175,7 @@ class Communicator:
     def __init__(self, rank: int, world_size: int, local_rank: int, local_size: int, timeout: float):
         self._rank, self._world_size = int(rank), int(world_size)
         self._local_rank, self._local_size = int(local_rank), int(local_size)
-        self._timeout = _check_timeout(timeout)
+        self._timeout = check_timeout(timeout)
         self._runner = _Runner(f"{self.backend}-rank{rank}")
         self._broken = None  # the CommError that made this communicator unusable
         self.closed = False
@@ -204,7 +209,7 @@ class Communicator:
 
     @timeout.setter
     def timeout(self, seconds: float) -> None:
-        self._timeout = _check_timeout(seconds)
+        self._timeout = check_timeout(seconds)
         self._timeout_changed()
 
     @property
@@ -340,7 +345,7 @@ class Communicator:
             raise self._broken
         who = f"{self.backend} new_group (rank {self.rank} of {self.world_size})"
         members = check_group_ranks(ranks, self.world_size, who)
-        chosen = self.timeout if timeout is None else _check_timeout(timeout)
+        chosen = self.timeout if timeout is None else check_timeout(timeout)
         if not self.supports_groups:
             raise ValueError(f"{who}: the {type(self).__name__} communicator cannot make groups")
         group = self._new_group(members, chosen)
@@ -593,7 +598,8 @@ def check_group_ranks(ranks, world_size: int, who: str) -> list:
     return members
 
 
-def _check_timeout(seconds) -> float:
+def check_timeout(seconds) -> float:
+    """seconds as a float; ValueError unless it is a positive number (a communicator's timeout)."""
     try:
         value = float(seconds)
     except (TypeError, ValueError):

@@ -514,7 +514,7 @@ def rendezvous(launch: LaunchEnv, backend: str | None = None, timeout: float = 3
     if launch.rank == 0:
         # Rank 0 serves for as long as its communicator lives, as torch's store does: stopping at once could
         # cut off a rank whose last reply is still on its way.
-        comm._rendezvous_store = store
+        comm.rendezvous_store = store
     else:
         store.close()
     return comm

@@ -83,7 +83,7 @@ class TcpCommunicator(Communicator):
             raise ValueError(f"tcp communicator: need 0 <= local_rank < local_size, got local_rank={local_rank}, "
                              f"local_size={local_size}")
         super().__init__(rank, world_size, local_rank, local_size, timeout)
-        self._store = store
+        self._store = self.rendezvous_store = store
         self._host = host  # as given (None: found from the store connection); new_group() passes it on
         self._single_host = single_host
         self._credentials = credentials or getattr(store, "credentials", None) or auth.credentials(

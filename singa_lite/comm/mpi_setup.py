@@ -549,8 +549,9 @@ def _end_mpi() -> None:
         if _exit_guard["before_abort"] is not None:
             _exit_guard["before_abort"]()
         print(f"singa_lite: rank {rank}: aborting the MPI job at exit: {e}", file=sys.stderr, flush=True)
-        # (mpiexec ends every process at once on an abort and may drop output not yet forwarded: the line above
-        # was lost in 1 of ~20 runs without this pause)
+        # (mpiexec ends every process at once on an abort and may drop output not yet forwarded: the pause
+        # gives it time to pass the line above on; docs/benchmarks/communication.md, "Measurements behind the
+        # code's choices")
         time.sleep(ABORT_GRACE_S)
         abort_job(MPI.COMM_WORLD.Abort)
         return

@@ -233,7 +233,7 @@ class Communicator:
     def broadcast(self, t, root: int = 0, async_op: bool = False):
         """Rank `root`'s t copied into every rank's t, in place; returns t."""
         raw = self._check_tensor(t, "broadcast")
-        self._check_rank(root, "broadcast", "root")
+        self.check_rank(root, "broadcast", "root")
         return self._run("broadcast", lambda: self._in_place(raw, lambda c: self._broadcast(c, root)) or t,
                          async_op)
 
@@ -241,7 +241,7 @@ class Communicator:
         """op over ranks of t into rank `root`'s t (in place); other ranks' t are left as they were."""
         raw = self._check_tensor(t, "reduce")
         self._check_op(op, raw, "reduce")
-        self._check_rank(root, "reduce", "root")
+        self.check_rank(root, "reduce", "root")
         return self._run("reduce", lambda: self._in_place(raw, lambda c: self._reduce(c, root, op)) or t,
                          async_op)
 
@@ -271,7 +271,7 @@ class Communicator:
     def gather(self, t, root: int = 0, async_op: bool = False):
         """On `root`: a new tensor (world_size, *t.shape) of every rank's t; on the other ranks: None."""
         raw = self._check_tensor(t, "gather")
-        self._check_rank(root, "gather", "root")
+        self.check_rank(root, "gather", "root")
 
         def go():
             out = CTensor([self.world_size, *raw.shape], raw.dtype, raw.device) if self.rank == root else None
@@ -283,7 +283,7 @@ class Communicator:
         """t has shape (world_size * m, ...) on every rank (only root's values are used): rank r gets rows
         [r*m, (r+1)*m) of root's t, a new tensor of shape (m, ...)."""
         raw = self._check_tensor(t, "scatter")
-        self._check_rank(root, "scatter", "root")
+        self.check_rank(root, "scatter", "root")
         shape = self._split_shape(raw, "scatter")
 
         def go():
@@ -313,7 +313,7 @@ class Communicator:
     def broadcast_object(self, obj=None, root: int = 0):
         """Rank `root`'s obj on every rank. obj: JSON data (dict with str keys, list, str, int, float, bool,
         None) plus bytes; tuples come back as lists."""
-        self._check_rank(root, "broadcast_object", "root")
+        self.check_rank(root, "broadcast_object", "root")
         data = _encode(obj, "broadcast_object") if self.rank == root else b""
         size = self._int_tensor([len(data)])
         self.broadcast(size, root)
@@ -500,12 +500,14 @@ class Communicator:
             raise TypeError(f"{what}: op='avg' needs a floating dtype, got {raw.dtype.name}; use op='sum' and "
                             f"divide, or cast to float32")
 
-    def _check_rank(self, r, what: str, name: str) -> None:
+    def check_rank(self, r, what: str, name: str) -> None:
+        """ValueError naming `what` (the caller) and `name` (its argument) unless r is a rank of this
+        communicator."""
         if not isinstance(r, (int, np.integer)) or isinstance(r, bool) or not 0 <= r < self.world_size:
             raise ValueError(f"{what}: {name} must be a rank in [0, {self.world_size}), got {r!r}")
 
     def _check_peer(self, r, what: str, name: str) -> None:
-        self._check_rank(r, what, name)
+        self.check_rank(r, what, name)
         if r == self.rank:
             raise ValueError(f"{what}: {name}={r} is this rank itself")
 

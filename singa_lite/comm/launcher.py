@@ -192,7 +192,7 @@ class Job:
                 except subprocess.TimeoutExpired:
                     pass
             if holder is not None:
-                holder._cleanup()  # the segment's name, if the ranks did not remove it (one never joined)
+                holder.cleanup()  # the segment's name, if the ranks did not remove it (one never joined)
             for s, handler in previous.items():
                 signal.signal(s, handler)
 

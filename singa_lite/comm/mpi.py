@@ -187,7 +187,7 @@ class MpiCommunicator(Communicator):
             if self.local_rank == 0:
                 unlink_mpich_segments()
             self._watch_name = self._start_watcher(local)
-            abort_on_uncaught_exception(self, self._comm.Abort)
+            abort_on_uncaught_exception(self, self._comm.Abort, self._watch_name)
             watch_name, rank = self._watch_name, self.rank
             mpi_setup.arm_exit_guard(MPI, self._comm, timeout, before_abort=None if watch_name is None else
                                      lambda: watch.tell(watch_name, "reported", rank))

@@ -229,7 +229,7 @@ def broadcast_parameters(model, root: int = 0) -> None:
     every rank. model: a Layer / Model, a dict or list of parameter tensors, an object with ``parameters()``
     or a plain class with layer attributes."""
     comm = _group("ddp.broadcast_parameters")
-    comm._check_rank(root, "ddp.broadcast_parameters", "root")
+    comm.check_rank(root, "ddp.broadcast_parameters", "root")
     replicas.broadcast_parameters(comm, replicas.named_parameters(model, "ddp.broadcast_parameters"), root,
                                   who="ddp.broadcast_parameters")
 

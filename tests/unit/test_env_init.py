@@ -153,27 +153,27 @@ def rec(node, wanted=None, gpu=False):
 
 
 def test_backend_decision():
-    one_host = env._decide([rec("a"), rec("a")])
+    one_host = env.decide([rec("a"), rec("a")])
     assert one_host["backend"] == "shm" and one_host["shm_name"].startswith("/singa_lite_")
     assert one_host["nodes"] == [0, 0] and one_host["error"] is None
-    assert env._decide([rec("a"), rec("b")])["backend"] == "tcp"
-    assert env._decide([rec("a", gpu=True), rec("b", gpu=True)])["backend"] == "nccl"
-    assert env._decide([rec("a", "tcp"), rec("a", "tcp")])["backend"] == "tcp"  # asked for: on one host too
-    table = env._decide([rec("a", "shm"), rec("b", "shm"), rec("b", "shm")])
+    assert env.decide([rec("a"), rec("b")])["backend"] == "tcp"
+    assert env.decide([rec("a", gpu=True), rec("b", gpu=True)])["backend"] == "nccl"
+    assert env.decide([rec("a", "tcp"), rec("a", "tcp")])["backend"] == "tcp"  # asked for: on one host too
+    table = env.decide([rec("a", "shm"), rec("b", "shm"), rec("b", "shm")])
     assert "backend 'shm' needs every rank on one host, but the ranks run on 2 hosts (a: rank(s) 0; b: rank(s) " \
            "1, 2)" in table["error"]
-    assert "rank(s) 0: tcp; rank(s) 1: automatic" in env._decide([rec("a", "tcp"), rec("a")])["error"]
-    assert "rank(s) 1 made a GPU their default device" in env._decide([rec("a"), rec("a", gpu=True)])["error"]
+    assert "rank(s) 0: tcp; rank(s) 1: automatic" in env.decide([rec("a", "tcp"), rec("a")])["error"]
+    assert "rank(s) 1 made a GPU their default device" in env.decide([rec("a"), rec("a", gpu=True)])["error"]
 
 
 def test_backend_requests_under_env_init(monkeypatch):
     monkeypatch.delenv(env.BACKEND_VAR, raising=False)
-    assert env._wanted_backend(None) is None and env._wanted_backend("tcp") == "tcp"
+    assert env.wanted_backend(None) is None and env.wanted_backend("tcp") == "tcp"
     with pytest.raises(ValueError, match="backend 'mpi' takes its ranks from mpiexec"):
-        env._wanted_backend("mpi")
+        env.wanted_backend("mpi")
     monkeypatch.setenv(env.BACKEND_VAR, "gloo")
     with pytest.raises(ValueError, match="got 'gloo' \\(from SINGA_LITE_COMM_BACKEND\\)"):
-        env._wanted_backend(None)
+        env.wanted_backend(None)
 
 
 def test_init_method_arguments(monkeypatch):

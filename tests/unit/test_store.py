@@ -175,7 +175,7 @@ def test_server_drops_a_stray_client_and_survives_disconnects(server):
     auth.client(rogue, server.credentials, "store", {"store": store_mod.VERSION})
     rogue.settimeout(5)
     too_big = store_mod.MAX_PAYLOAD_BYTES + 1
-    rogue.sendall(struct.pack("!4sBBHI", b"SLKV", store_mod.VERSION, store_mod._SET, 0, too_big))
+    rogue.sendall(struct.pack("!4sBBHI", b"SLKV", store_mod.VERSION, store_mod.OP_SET, 0, too_big))
     assert hung_up(rogue)
     rogue.close()
     # a real client that goes away in the middle of a blocking get

@@ -314,19 +314,19 @@ class Communicator:
         """Rank `root`'s obj on every rank. obj: JSON data (dict with str keys, list, str, int, float, bool,
         None) plus bytes; tuples come back as lists."""
         self.check_rank(root, "broadcast_object", "root")
-        data = _encode(obj, "broadcast_object") if self.rank == root else b""
+        data = encode_object(obj, "broadcast_object") if self.rank == root else b""
         size = self._int_tensor([len(data)])
         self.broadcast(size, root)
         buf = self._bytes_tensor(data, int(np.asarray(size)[0]))
         self.broadcast(buf, root)
-        return _decode(np.asarray(buf).tobytes()[:int(np.asarray(size)[0])])
+        return decode_object(np.asarray(buf).tobytes()[:int(np.asarray(size)[0])])
 
     def all_gather_object(self, obj) -> list:
         """[obj of rank 0, obj of rank 1, ...] on every rank (same object rules as broadcast_object)."""
-        data = _encode(obj, "all_gather_object")
+        data = encode_object(obj, "all_gather_object")
         sizes = np.asarray(self.all_gather(self._int_tensor([len(data)])))[:, 0]
         gathered = np.asarray(self.all_gather(self._bytes_tensor(data, int(sizes.max()))))
-        return [_decode(gathered[r].tobytes()[:int(sizes[r])]) for r in range(self.world_size)]
+        return [decode_object(gathered[r].tobytes()[:int(sizes[r])]) for r in range(self.world_size)]
 
     # ----- process groups
     def new_group(self, ranks, timeout: float | None = None) -> "Communicator":
@@ -611,7 +611,9 @@ def check_timeout(seconds) -> float:
     return value
 
 
-def _encode(obj, what: str) -> bytes:
+def encode_object(obj, what: str) -> bytes:
+    """The bytes broadcast_object and all_gather_object send: obj as JSON, bytes in base64 (TypeError naming
+    `what` for anything JSON cannot hold)."""
     def default(o):
         if isinstance(o, (bytes, bytearray)):
             return {"__bytes__": base64.b64encode(bytes(o)).decode()}
@@ -622,7 +624,8 @@ def _encode(obj, what: str) -> bytes:
     return json.dumps(obj, default=default).encode()
 
 
-def _decode(data: bytes):
+def decode_object(data: bytes):
+    """The object encode_object's bytes hold (tuples come back as lists)."""
     def hook(d):
         return base64.b64decode(d["__bytes__"]) if set(d) == {"__bytes__"} else d
     return json.loads(data.decode(), object_hook=hook)

@@ -1,7 +1,7 @@
 """The ``tcp`` backend: CPU tensors between processes on any hosts, over TCP sockets, with no MPI.
 
-Bootstrap: every rank listens on a port, publishes ``host:port`` in the rendezvous store (store.py), and
-connects a full mesh: rank j connects to every rank i < j and says who it is; rank i accepts them. The
+Bootstrap (tcp_mesh.py): every rank listens on a port, publishes ``host:port`` in the rendezvous store
+(store.py), and connects a full mesh: rank j connects to every rank i < j and says who it is; rank i accepts them. The
 listening address defaults to the one this rank's store connection uses (the interface that reaches
 MASTER_ADDR), so the peers can reach it too; when that is a loopback address (MASTER_ADDR names this host),
 the rank listens on every interface and publishes MASTER_ADDR. Each communicator made on a store gets its
@@ -15,9 +15,9 @@ carry their data in the header and are reduced locally in rank order (float16 an
 so they cost one exchange. Larger ones are a ring: reduce-scatter then all-gather, each rank sending and
 receiving 2 (P - 1) / P of the tensor, reduced in place with numpy on views of the tensor's memory.
 
-Sockets are non-blocking and driven by one ``poll`` loop per operation, with the operation's deadline: a
-peer that closes its connection or resets it (killed, crashed) fails the operation at once, naming that
-rank and its address. A rank that fails (or aborts) writes the cause to the store and shuts its sockets,
+Sockets are non-blocking and driven by one ``poll`` loop per operation (tcp_peer.py), with the operation's
+deadline: a peer that closes its connection or resets it (killed, crashed) fails the operation at once, naming
+that rank and its address. A rank that fails (or aborts) writes the cause to the store and shuts its sockets,
 so its peers fail promptly too and report that first cause rather than only "rank k went away".
 """
 from __future__ import annotations
@@ -99,7 +99,7 @@ class TcpCommunicator(Communicator):
         self._seq = 0
         self._stash = collections.defaultdict(collections.deque)  # (src, tag) -> messages received early
         self._aborted = None
-        self._peers: dict[int, Peer] = {}
+        self._peers: dict[int, Peer] = {}  # (none until the mesh is made: a failed start leaves nothing to close)
         self._poller = Poller()
         self._peers = Mesh(store, prefix, rank, world_size, self.timeout, self._credentials).connect(host, single_host)
         for p in self._peers.values():

@@ -35,8 +35,9 @@ from . import averaging, mpi_hot, mpi_setup, watch
 from ._arrays import array as _array, bf16_to_f32 as _bf16_to_f32, f32_to_bf16 as _f32_to_bf16
 from .communicator import (DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CollectiveMismatch, CommError, Communicator,
                            check_timeout)
-# The hot path's switch and its library check are this backend's public names too (HOT_PATH_VAR, mpich_abi_library).
-from .mpi_hot import (DTYPE_CODE, HOT_PATH_VAR, KIND_CODE, KINDS, OP_CODE, SPIN_S,  # noqa: F401
+# The hot path's switch, spin and library check are this backend's public names too (HOT_PATH_VAR, HOT_SPIN_NS,
+# mpich_abi_library).
+from .mpi_hot import (DTYPE_CODE, HOT_PATH_VAR, HOT_SPIN_NS, KIND_CODE, KINDS, OP_CODE, SPIN_S,  # noqa: F401
                       mpich_abi_library)
 # Start-up, setup and abort helpers (mpi_setup.py); the names that other modules import from here stay here too.
 from .mpi_setup import (ABORT_EXIT_S, ABORT_GRACE_S, MPI_LAUNCH_VARS, abort_at_exit, abort_job,  # noqa: F401

@@ -135,7 +135,7 @@ MpiStatus MpiHotPath::poll(Settled&& settled, double timeout) {
     if (r != kPending) return MpiStatus(r);
     const auto now = Clock::now();
     // Spin first: every rank has a core in the common case and the peers arrive within microseconds; a
-    // sched_yield costs ~1 us (a third of a fused 4 KiB all_reduce).
+    // sched_yield costs a sizeable part of a fused 4 KiB all_reduce (docs/benchmarks/communication.md).
     if (now < spin_end) {
       cpu_relax();
       continue;

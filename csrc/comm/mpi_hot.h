@@ -1,7 +1,8 @@
-// The mpi backend's hot path (singa_lite/comm/mpi.py): the per-call work of a collective that Python made
-// slow (about 6 us of interpreter time per call against a 4 KiB all_reduce of 4-7 us): counting the call on
-// the arrival board, packing and starting the call-signature check, polling MPI_Test until done or the
-// timeout (with the GIL released), comparing the signatures, and the small all_reduce fused into the check.
+// The mpi backend's hot path (singa_lite/comm/mpi_hot.py): the per-call work of a collective, which costs more
+// in Python than a small all_reduce itself (docs/benchmarks/communication.md, "the per-call work in C++"):
+// counting the call on the arrival board, packing and starting the call-signature check, polling MPI_Test
+// until done or the timeout (with the GIL released), comparing the signatures, and the small all_reduce fused
+// into the check.
 //
 // MPI is not linked: the functions come by dlsym from the libmpi that mpi4py already loaded (dlopen of its
 // path with RTLD_NOLOAD), and handles are those of mpi4py's objects. That is only sound for the MPICH ABI

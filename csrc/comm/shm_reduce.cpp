@@ -87,8 +87,9 @@ void fold(const char* const* srcs, int n, char* dst, int64_t count) {
 }
 
 // ---------------------------------------------------------------- float16
-// Converting one half at a time in software costs ~3 ns, five times the rest of the fold: float16 (the
-// wire dtype of DistOpt's fp16 path) reduced slower than float32 of twice the bytes. So halves are
+// Converting one half at a time in software costs several times the rest of the fold, so float16 (the wire
+// dtype of DistOpt's fp16 path) would reduce slower than float32 of twice the bytes (measured:
+// docs/benchmarks/communication.md, "Measurements behind the code's choices"). So halves are
 // converted a block at a time, with the F16C instructions where the CPU has them (any x86-64 since
 // 2012, chosen at run time; the build targets baseline x86-64; other architectures, e.g. the aarch64 wheel,
 // take the software path). Both conversions round to nearest even

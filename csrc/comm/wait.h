@@ -16,8 +16,9 @@ namespace sl::comm {
 
 using Clock = std::chrono::steady_clock;
 
-// Spin this long before sleeping. A futex sleep and wake-up costs ~5-50 us; on 2 ranks / 2 cores a 4 KiB
-// all_reduce took 9 us with a 1 us spin, 1.25 us with 5 us and the same with 20 us (medians of 2000 calls).
+// Spin this long before sleeping: a futex sleep and wake-up costs more than a small all_reduce, and a peer
+// usually arrives within a few microseconds; a longer spin gains nothing (docs/benchmarks/communication.md,
+// "Measurements behind the code's choices").
 constexpr int64_t kSpinNs = 5'000;
 constexpr int64_t kSliceNs = 50'000'000;  // longest sleep between checks of abort and liveness
 

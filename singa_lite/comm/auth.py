@@ -292,7 +292,8 @@ def _create_host_key(directory: str, path: str) -> None:
 
 
 # ---------------------------------------------------------------- frames
-def _send(sock: socket.socket, obj: dict) -> bytes:
+def send_frame(sock: socket.socket, obj: dict) -> bytes:
+    """Sends one handshake message (a JSON object in a frame); returns its payload, for the transcript."""
     payload = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
     if len(payload) > MAX_FRAME:
         raise ValueError(f"handshake message of {len(payload)} bytes is over {MAX_FRAME}")
@@ -318,7 +319,8 @@ class _BadFrame(ValueError):
     """Bytes that are not a handshake message of ours."""
 
 
-def _recv(sock: socket.socket, deadline: float) -> tuple[dict, bytes]:
+def recv_frame(sock: socket.socket, deadline: float) -> tuple[dict, bytes]:
+    """(message, payload) of the next handshake message, by the deadline."""
     magic, version, length = _FRAME.unpack(_recv_exact(sock, _FRAME.size, deadline))
     if magic != MAGIC:
         raise _BadFrame(f"not a singa_lite handshake (first bytes {magic!r})")
@@ -399,8 +401,8 @@ def client(sock: socket.socket, creds: Credentials, purpose: str, extra: dict | 
     deadline = time.monotonic() + timeout
     try:
         try:
-            mine = _send(sock, _hello(creds, purpose, extra or {}))
-            theirs, raw = _recv(sock, deadline)
+            mine = send_frame(sock, _hello(creds, purpose, extra or {}))
+            theirs, raw = recv_frame(sock, deadline)
         except (ConnectionError, struct.error) as e:
             raise Dropped(f"{where} closed the connection without answering the handshake ({e})") from None
         if theirs.get("error"):
@@ -413,8 +415,8 @@ def client(sock: socket.socket, creds: Credentials, purpose: str, extra: dict | 
         if mode is None:
             raise Refused(f"{where} is not trusted: {_why_refused(creds, kind, where)}")
         transcript = hashlib.sha256(tls_binding(sock) + b"\0" + mine + b"\0" + raw).digest()
-        _send(sock, {"proof": _proof(creds.key, b"client", transcript) if mode == "key" else ""})
-        verdict, _ = _recv(sock, deadline)
+        send_frame(sock, {"proof": _proof(creds.key, b"client", transcript) if mode == "key" else ""})
+        verdict, _ = recv_frame(sock, deadline)
         if verdict.get("error"):
             raise Refused(f"{where} refused this process: {_text(verdict, 'error', 1024)}")
         if mode == "key":
@@ -455,11 +457,11 @@ def serve(sock: socket.socket, creds: Credentials, purpose: str, admit=None, ext
     deadline = time.monotonic() + timeout
 
     def refuse(why: str) -> None:
-        _send(sock, {"error": why})
+        send_frame(sock, {"error": why})
         if on_refuse is not None:
             on_refuse(f"{_peer_name(sock)} (claiming {_claim_text(theirs)}): {why}")
     try:
-        theirs, raw = _recv(sock, deadline)
+        theirs, raw = recv_frame(sock, deadline)
         for name in ("job", "kind", "key_id", "nonce", "purpose"):
             _text(theirs, name, MAX_JOB_ID if name == "job" else 256)
         hello = _hello(creds, purpose, extra or {})
@@ -473,9 +475,9 @@ def serve(sock: socket.socket, creds: Credentials, purpose: str, admit=None, ext
         if mode is None:
             refuse(_why_refused(creds, theirs["kind"], "this process"))
             return None
-        mine = _send(sock, hello)
+        mine = send_frame(sock, hello)
         transcript = hashlib.sha256(tls_binding(sock) + b"\0" + raw + b"\0" + mine).digest()
-        answer, _ = _recv(sock, deadline)
+        answer, _ = recv_frame(sock, deadline)
         if mode == "key" and not hmac.compare_digest(_text(answer, "proof"),
                                                      _proof(creds.key, b"client", transcript)):
             refuse("it did not prove it holds this job's key")
@@ -484,7 +486,7 @@ def serve(sock: socket.socket, creds: Credentials, purpose: str, admit=None, ext
         if problem:
             refuse(problem)
             return None
-        _send(sock, {"proof": _proof(creds.key, b"server", transcript) if mode == "key" else ""})
+        send_frame(sock, {"proof": _proof(creds.key, b"server", transcript) if mode == "key" else ""})
         if mode == "open":
             _warn_open(creds, f"a peer at {_peer_name(sock)}")
         return Peer(theirs, mode == "key")
@@ -499,8 +501,8 @@ def accept_tls(sock: socket.socket, creds: Credentials, timeout: float = HANDSHA
     try:
         sock.settimeout(timeout)
         if sock.recv(len(MAGIC), socket.MSG_PEEK) == MAGIC:
-            _recv(sock, deadline)
-            _send(sock, {"error": "this job encrypts its connections (SINGA_LITE_TLS=1): set it, with the same "
+            recv_frame(sock, deadline)
+            send_frame(sock, {"error": "this job encrypts its connections (SINGA_LITE_TLS=1): set it, with the same "
                                   "certificate settings, on every rank"})
             return None
         return creds.tls.accept(sock, max(deadline - time.monotonic(), 0.01))

@@ -150,7 +150,7 @@ class Communicator:
 
     ``backend`` is the backend's name, for people. Code that must decide what a communicator can do reads its
     capabilities instead: ``device_kind``, ``spans_hosts``, ``routes_across_hosts``, ``supports_groups``,
-    ``keeps_store``, ``is_member``.
+    ``keeps_store``, ``is_member``. ``rendezvous_store``: the store it holds open, if any (see there).
     """
 
     backend = "?"
@@ -161,6 +161,11 @@ class Communicator:
     supports_groups = False  # new_group() works
     keeps_store = False  # it keeps using its rendezvous store after its creation (tcp: addresses, failure reports)
     is_member = True  # False only for what new_group returns on a rank outside the group
+    # The rendezvous store (store.TcpStore) this communicator holds for as long as it lives, or None. tcp keeps
+    # the store it met its peers through (keeps_store); dist.init's environment rendezvous gives rank 0's store
+    # to the communicator of any other backend, so that rank 0 serves it as long as the job runs: stopping at
+    # once could cut off a rank whose last reply is still on its way.
+    rendezvous_store = None
     # True: the backend's calls time out by themselves (they raise CommError); waiters on asynchronous work
     # then allow a grace period for that error. False: only the waiter's timeout ends a stuck operation.
     _times_out_itself = True
@@ -170,7 +175,7 @@ class Communicator:
     def __init__(self, rank: int, world_size: int, local_rank: int, local_size: int, timeout: float):
         self._rank, self._world_size = int(rank), int(world_size)
         self._local_rank, self._local_size = int(local_rank), int(local_size)
-        self._timeout = _check_timeout(timeout)
+        self._timeout = check_timeout(timeout)
         self._runner = _Runner(f"{self.backend}-rank{rank}")
         self._broken = None  # the CommError that made this communicator unusable
         self.closed = False
@@ -204,7 +209,7 @@ class Communicator:
 
     @timeout.setter
     def timeout(self, seconds: float) -> None:
-        self._timeout = _check_timeout(seconds)
+        self._timeout = check_timeout(seconds)
         self._timeout_changed()
 
     @property
@@ -228,7 +233,7 @@ class Communicator:
     def broadcast(self, t, root: int = 0, async_op: bool = False):
         """Rank `root`'s t copied into every rank's t, in place; returns t."""
         raw = self._check_tensor(t, "broadcast")
-        self._check_rank(root, "broadcast", "root")
+        self.check_rank(root, "broadcast", "root")
         return self._run("broadcast", lambda: self._in_place(raw, lambda c: self._broadcast(c, root)) or t,
                          async_op)
 
@@ -236,7 +241,7 @@ class Communicator:
         """op over ranks of t into rank `root`'s t (in place); other ranks' t are left as they were."""
         raw = self._check_tensor(t, "reduce")
         self._check_op(op, raw, "reduce")
-        self._check_rank(root, "reduce", "root")
+        self.check_rank(root, "reduce", "root")
         return self._run("reduce", lambda: self._in_place(raw, lambda c: self._reduce(c, root, op)) or t,
                          async_op)
 
@@ -266,7 +271,7 @@ class Communicator:
     def gather(self, t, root: int = 0, async_op: bool = False):
         """On `root`: a new tensor (world_size, *t.shape) of every rank's t; on the other ranks: None."""
         raw = self._check_tensor(t, "gather")
-        self._check_rank(root, "gather", "root")
+        self.check_rank(root, "gather", "root")
 
         def go():
             out = CTensor([self.world_size, *raw.shape], raw.dtype, raw.device) if self.rank == root else None
@@ -278,7 +283,7 @@ class Communicator:
         """t has shape (world_size * m, ...) on every rank (only root's values are used): rank r gets rows
         [r*m, (r+1)*m) of root's t, a new tensor of shape (m, ...)."""
         raw = self._check_tensor(t, "scatter")
-        self._check_rank(root, "scatter", "root")
+        self.check_rank(root, "scatter", "root")
         shape = self._split_shape(raw, "scatter")
 
         def go():
@@ -308,20 +313,20 @@ class Communicator:
     def broadcast_object(self, obj=None, root: int = 0):
         """Rank `root`'s obj on every rank. obj: JSON data (dict with str keys, list, str, int, float, bool,
         None) plus bytes; tuples come back as lists."""
-        self._check_rank(root, "broadcast_object", "root")
-        data = _encode(obj, "broadcast_object") if self.rank == root else b""
+        self.check_rank(root, "broadcast_object", "root")
+        data = encode_object(obj, "broadcast_object") if self.rank == root else b""
         size = self._int_tensor([len(data)])
         self.broadcast(size, root)
         buf = self._bytes_tensor(data, int(np.asarray(size)[0]))
         self.broadcast(buf, root)
-        return _decode(np.asarray(buf).tobytes()[:int(np.asarray(size)[0])])
+        return decode_object(np.asarray(buf).tobytes()[:int(np.asarray(size)[0])])
 
     def all_gather_object(self, obj) -> list:
         """[obj of rank 0, obj of rank 1, ...] on every rank (same object rules as broadcast_object)."""
-        data = _encode(obj, "all_gather_object")
+        data = encode_object(obj, "all_gather_object")
         sizes = np.asarray(self.all_gather(self._int_tensor([len(data)])))[:, 0]
         gathered = np.asarray(self.all_gather(self._bytes_tensor(data, int(sizes.max()))))
-        return [_decode(gathered[r].tobytes()[:int(sizes[r])]) for r in range(self.world_size)]
+        return [decode_object(gathered[r].tobytes()[:int(sizes[r])]) for r in range(self.world_size)]
 
     # ----- process groups
     def new_group(self, ranks, timeout: float | None = None) -> "Communicator":
@@ -340,7 +345,7 @@ class Communicator:
             raise self._broken
         who = f"{self.backend} new_group (rank {self.rank} of {self.world_size})"
         members = check_group_ranks(ranks, self.world_size, who)
-        chosen = self.timeout if timeout is None else _check_timeout(timeout)
+        chosen = self.timeout if timeout is None else check_timeout(timeout)
         if not self.supports_groups:
             raise ValueError(f"{who}: the {type(self).__name__} communicator cannot make groups")
         group = self._new_group(members, chosen)
@@ -495,12 +500,14 @@ class Communicator:
             raise TypeError(f"{what}: op='avg' needs a floating dtype, got {raw.dtype.name}; use op='sum' and "
                             f"divide, or cast to float32")
 
-    def _check_rank(self, r, what: str, name: str) -> None:
+    def check_rank(self, r, what: str, name: str) -> None:
+        """ValueError naming `what` (the caller) and `name` (its argument) unless r is a rank of this
+        communicator."""
         if not isinstance(r, (int, np.integer)) or isinstance(r, bool) or not 0 <= r < self.world_size:
             raise ValueError(f"{what}: {name} must be a rank in [0, {self.world_size}), got {r!r}")
 
     def _check_peer(self, r, what: str, name: str) -> None:
-        self._check_rank(r, what, name)
+        self.check_rank(r, what, name)
         if r == self.rank:
             raise ValueError(f"{what}: {name}={r} is this rank itself")
 
@@ -593,7 +600,8 @@ def check_group_ranks(ranks, world_size: int, who: str) -> list:
     return members
 
 
-def _check_timeout(seconds) -> float:
+def check_timeout(seconds) -> float:
+    """seconds as a float; ValueError unless it is a positive number (a communicator's timeout)."""
     try:
         value = float(seconds)
     except (TypeError, ValueError):
@@ -603,7 +611,9 @@ def _check_timeout(seconds) -> float:
     return value
 
 
-def _encode(obj, what: str) -> bytes:
+def encode_object(obj, what: str) -> bytes:
+    """The bytes broadcast_object and all_gather_object send: obj as JSON, bytes in base64 (TypeError naming
+    `what` for anything JSON cannot hold)."""
     def default(o):
         if isinstance(o, (bytes, bytearray)):
             return {"__bytes__": base64.b64encode(bytes(o)).decode()}
@@ -614,7 +624,8 @@ def _encode(obj, what: str) -> bytes:
     return json.dumps(obj, default=default).encode()
 
 
-def _decode(data: bytes):
+def decode_object(data: bytes):
+    """The object encode_object's bytes hold (tuples come back as lists)."""
     def hook(d):
         return base64.b64decode(d["__bytes__"]) if set(d) == {"__bytes__"} else d
     return json.loads(data.decode(), object_hook=hook)

@@ -46,7 +46,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import socket
 from dataclasses import dataclass, field
 
@@ -407,7 +406,9 @@ def local_ranks(nodes: list) -> list[tuple[int, int]]:
     return out
 
 
-def _wanted_backend(backend) -> str | None:
+def wanted_backend(backend) -> str | None:
+    """The backend this rank asks the environment rendezvous for (backend=, else SINGA_LITE_COMM_BACKEND), None
+    for automatic; ValueError for one the rendezvous cannot give."""
     chosen = backend or os.environ.get(BACKEND_VAR) or None
     if chosen is None or chosen in ENV_BACKENDS:
         return chosen
@@ -420,7 +421,7 @@ def _wanted_backend(backend) -> str | None:
                      + source)
 
 
-def _decide(records: list) -> dict:
+def decide(records: list) -> dict:
     """Rank 0's decision from every rank's record: the backend and the node of each rank, or an error that
     every rank raises alike."""
     world = len(records)
@@ -451,13 +452,12 @@ def _decide(records: list) -> dict:
         return table
     table["backend"] = backend
     if backend == "shm":
-        from .holder import _pid_namespace, _start_time, sweep_stale_segments
+        from .holder import new_shm_name, sweep_stale_segments
 
         sweep_stale_segments()  # leftovers of killed jobs on this host, as a NcclIdHolder does
         # The holder's naming pattern: a later sweep recognises the name if this job dies before every rank
         # joined (and so before the ranks unlink it).
-        table["shm_name"] = (f"/singa_lite_{os.getpid()}_{_start_time(os.getpid()) or 0}_{_pid_namespace()}_"
-                             f"{secrets.token_hex(8)}")
+        table["shm_name"] = new_shm_name()
     return table
 
 
@@ -500,7 +500,7 @@ def open_store(launch: LaunchEnv, timeout: float, environ=None):
 
 def rendezvous(launch: LaunchEnv, backend: str | None = None, timeout: float = 300.0, **options) -> Communicator:
     """This rank's communicator for the job `launch` describes (see the module docstring)."""
-    wanted = _wanted_backend(backend)
+    wanted = wanted_backend(backend)
     from ..device import get_default_device
 
     store = open_store(launch, timeout)
@@ -514,7 +514,7 @@ def rendezvous(launch: LaunchEnv, backend: str | None = None, timeout: float = 3
     if launch.rank == 0:
         # Rank 0 serves for as long as its communicator lives, as torch's store does: stopping at once could
         # cut off a rank whose last reply is still on its way.
-        comm._rendezvous_store = store
+        comm.rendezvous_store = store
     else:
         store.close()
     return comm
@@ -528,7 +528,7 @@ def _join(store, launch: LaunchEnv, wanted, gpu: bool, timeout: float, options) 
         keys = [f"host/{r}" for r in range(world)]
         try:
             store.wait(keys, timeout)
-            table = _decide([json.loads(store.get(k)) for k in keys])
+            table = decide([json.loads(store.get(k)) for k in keys])
         except CommError as e:
             if "not set within" not in str(e):
                 raise

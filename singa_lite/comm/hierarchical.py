@@ -22,7 +22,7 @@ each all-reduce of floats is done in three steps instead, in one of two forms:
 
 Either way each host sends one copy of the data across hosts, the least an all-reduce can. The sharded form
 splits the shared-memory work and the link over all the host's ranks instead of funnelling it through one; on
-2 simulated hosts x 2 ranks of a 2-core machine the leader form was as fast or faster in most cases
+2 simulated hosts x 2 ranks of a 2-core machine the leader form measured as fast or faster in most cases
 (docs/benchmarks/communication.md), hence the default. The result is the same as the flat all-reduce up to
 the order of the floating-point sum (the test checks both) and the same bits on every rank. Every other
 collective, and all-reduce of integers, goes to the flat world communicator unchanged: they are metadata,

@@ -54,7 +54,7 @@ _OLD_NAME = re.compile(r"singa_lite_(\d+)_[0-9a-f]{16}")
 OLD_NAME_AGE_S = 3600.0
 
 
-def _start_time(pid: int):
+def start_time(pid: int):
     """Field 22 of /proc/<pid>/stat (clock ticks after boot), or None when there is no such process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -65,7 +65,8 @@ def _start_time(pid: int):
     return None if fields[0] in (b"Z", b"X") else int(fields[19])
 
 
-def _pid_namespace() -> int:
+def pid_namespace() -> int:
+    """The inode of this process's pid namespace (0 where /proc does not say): a pid means a process only within it."""
     try:
         return os.stat("/proc/self/ns/pid").st_ino
     except OSError:
@@ -82,9 +83,9 @@ def sweep_stale_segments(directory: str = SHM_DIR) -> list:
         entries = os.listdir(directory)
     except OSError:  # no /dev/shm (not Linux): nothing to sweep
         return removed
-    if _start_time(os.getpid()) is None:  # no readable /proc: every creator would look dead
+    if start_time(os.getpid()) is None:  # no readable /proc: every creator would look dead
         return removed
-    my_ns, now = _pid_namespace(), time.time()
+    my_ns, now = pid_namespace(), time.time()
     for entry in entries:
         new, old = _NAME.fullmatch(entry), _OLD_NAME.fullmatch(entry)
         if not (new or old):
@@ -98,9 +99,9 @@ def sweep_stale_segments(directory: str = SHM_DIR) -> list:
             continue
         if new:
             pid, start, ns = map(int, new.groups())
-            if ns != my_ns or _start_time(pid) == start:
+            if ns != my_ns or start_time(pid) == start:
                 continue
-        elif _start_time(int(old.group(1))) is not None or now - st.st_mtime < OLD_NAME_AGE_S:
+        elif start_time(int(old.group(1))) is not None or now - st.st_mtime < OLD_NAME_AGE_S:
             continue
         try:
             os.unlink(path)
@@ -114,7 +115,7 @@ def new_shm_name() -> str:
     """A name for a new shared-memory segment: owner-only and unguessable, so another user cannot pre-create
     or join it; the creator's pid, start time and pid namespace in it tell sweep_stale_segments when it is
     stale."""
-    return f"/singa_lite_{os.getpid()}_{_start_time(os.getpid()) or 0}_{_pid_namespace()}_{secrets.token_hex(8)}"
+    return f"/singa_lite_{os.getpid()}_{start_time(os.getpid()) or 0}_{pid_namespace()}_{secrets.token_hex(8)}"
 
 
 class NcclIdHolder:
@@ -136,7 +137,7 @@ class NcclIdHolder:
         self._owner_pid = os.getpid()
         # Named segments: the ranks unlink the name once all have joined; if a rank died before that, the parent
         # removes it when it exits. (memfd segments have no name to remove.)
-        atexit.register(self._cleanup)
+        atexit.register(self.cleanup)
 
     def take_shm_name(self) -> str:
         """The segment name for the next rendezvous of this process with this holder: ``shm_name`` the first
@@ -150,7 +151,7 @@ class NcclIdHolder:
         digest = hashlib.sha256(f"{self._secret}:{uses}".encode()).hexdigest()[:16]
         return f"{self.shm_name}_{digest}"
 
-    def _cleanup(self):
+    def cleanup(self):
         """In the process that created the holder, at its exit: removes the names of every use that a rank
         did not remove (one that never joined)."""
         if os.getpid() != self._owner_pid:

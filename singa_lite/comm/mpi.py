@@ -1,9 +1,9 @@
 """The ``mpi`` backend (CPU tensors, processes started by ``mpiexec``) and the MPI bootstrap helpers.
 
 The per-call work (the arrival board, the call check, polling, the small all_reduce) runs in C++
-(``_core.MpiHotPath``, csrc/comm/mpi_hot.h) when mpi4py speaks the MPICH ABI (MPICH, Intel MPI, MVAPICH): about
-6 us of Python per call was slower than MPI itself at 4 KiB. Elsewhere, or with SINGA_LITE_MPI_HOT_PATH=0, the
-same work runs in Python here, with the same results.
+(mpi_hot.py, ``_core.MpiHotPath``) when mpi4py speaks the MPICH ABI (MPICH, Intel MPI, MVAPICH): done in Python it
+costs more than MPI's own small all_reduce (docs/benchmarks/communication.md, "the per-call work in C++").
+Elsewhere, or with SINGA_LITE_MPI_HOT_PATH=0, the same work runs in Python here, with the same results.
 
 mpi4py works on the tensors' own memory (buffer protocol, no copies). float16 and bfloat16 have no MPI
 datatype: they travel as 2-byte integers reduced by user-defined operations that compute in float32 and
@@ -22,7 +22,6 @@ same timeout: a rank that never comes fails the others there too, named.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import struct
 import sys
@@ -32,10 +31,14 @@ import warnings
 import numpy as np
 
 from .. import _core, tensor
-from . import averaging, mpi_setup, watch
+from . import averaging, mpi_hot, mpi_setup, watch
 from ._arrays import array as _array, bf16_to_f32 as _bf16_to_f32, f32_to_bf16 as _f32_to_bf16
 from .communicator import (DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CollectiveMismatch, CommError, Communicator,
-                           _check_timeout)
+                           check_timeout)
+# The hot path's switch, spin and library check are this backend's public names too (HOT_PATH_VAR, HOT_SPIN_NS,
+# mpich_abi_library).
+from .mpi_hot import (DTYPE_CODE, HOT_PATH_VAR, HOT_SPIN_NS, KIND_CODE, KINDS, OP_CODE, SPIN_S,  # noqa: F401
+                      mpich_abi_library)
 # Start-up, setup and abort helpers (mpi_setup.py); the names that other modules import from here stay here too.
 from .mpi_setup import (ABORT_EXIT_S, ABORT_GRACE_S, MPI_LAUNCH_VARS, abort_at_exit, abort_job,  # noqa: F401
                         abort_on_uncaught_exception, await_setup, broadcast_bytes, import_mpi, join,
@@ -57,46 +60,13 @@ FUSE_TOTAL_BYTES = 64 << 10
 _SIG_BYTES = 6 * 8
 _UFUNCS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
 # A fused all_reduce reduces in numpy, which warns where MPI's own reduction silently gives inf or nan (a sum
-# that overflows, inf - inf). Filtered for this module only, once: np.errstate per call would cost ~2 us,
-# a fifth of a 4 KiB all_reduce.
+# that overflows, inf - inf). Filtered for this module only, once: np.errstate per call would be a sizeable
+# part of a small all_reduce (docs/benchmarks/communication.md, "Measurements behind the code's choices").
 warnings.filterwarnings("ignore", r"(overflow|invalid value) encountered in (reduce|cast|divide)", RuntimeWarning,
                         r"singa_lite\.comm\.mpi$")
-_KINDS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter", "barrier")
-_KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
-_DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
-_OP_CODE = {o: i for i, o in enumerate(REDUCE_OPS)}
-_ITEMSIZE = {d: d.itemsize for d in DTYPES}  # a dict lookup: the property costs ~0.5 us a call
+_ITEMSIZE = {d: d.itemsize for d in DTYPES}  # a dict lookup is cheaper per call than the property
 FP16_GATHER_MAX_RANKS = 4  # see _all_reduce_fp16_by_gather
 BOARD_QUERY_S = 3.0  # after a timeout: how long the ranks have to answer a query of their progress
-SPIN_S = 0.05  # seconds of continuous polling before a waiting rank starts to sleep between polls
-HOT_PATH_VAR = "SINGA_LITE_MPI_HOT_PATH"  # "0": the Python path even where the C++ one could run
-# The C++ wait polls MPI_Test without yielding, as MPI_Wait does, for SPIN_S when every rank of this host has a
-# CPU of its own; with more ranks than CPUs only this long (then sched_yield between polls, as the Python path:
-# the rank waited for may need this CPU). Measured, 2 ranks on 2 shared vCPUs: yielding after 10 us made a
-# 64-256 KiB all_reduce up to 2-4x slower than not yielding (after 300 us: up to 1.9x).
-HOT_SPIN_NS = 10_000
-# _core.MpiHotPath's results (csrc/comm/mpi_hot.h, MpiStatus)
-_HOT_DONE, _HOT_TIMEOUT, _HOT_MISMATCH, _HOT_MPI_ERROR, _HOT_REDUCE_IN_PYTHON, _HOT_NOT_HANDLED = range(6)
-# The MPICH ABI's handle values (mpi.h of MPICH): mpi4py must use them for the C++ path to pass its handles on.
-_MPICH_COMM_WORLD, _MPICH_REQUEST_NULL, _MPICH_FLOAT = 0x44000000, 0x2C000000, 0x4C00040A
-
-
-def mpich_abi_library(MPI) -> str | None:
-    """The path of the MPI library this process loaded when mpi4py talks to it through the MPICH ABI (4-byte
-    handles with MPICH's values; the library's soname libmpi.so.12), else None: the only case in which the C++
-    hot path may call it with mpi4py's handles (``py2f()`` is the C handle there: MPICH's f2c is a cast)."""
-    try:
-        if any(MPI._sizeof(k) != 4 for k in (MPI.Comm, MPI.Request, MPI.Win, MPI.Datatype, MPI.Op)):
-            return None
-        if (MPI._handleof(MPI.COMM_WORLD), MPI._handleof(MPI.REQUEST_NULL), MPI._handleof(MPI.FLOAT)) != \
-                (_MPICH_COMM_WORLD, _MPICH_REQUEST_NULL, _MPICH_FLOAT):
-            return None
-        with open("/proc/self/maps") as f:
-            paths = {line.split(None, 5)[5].strip() for line in f if "libmpi.so.12" in line}
-    except (AttributeError, TypeError, OSError, IndexError):  # an older mpi4py, not Linux
-        return None
-    paths = [p for p in paths if os.path.basename(p).split(".so.12")[0] == "libmpi"]
-    return paths[0] if len(paths) == 1 else None
 
 
 class _Mismatch(Exception):
@@ -142,15 +112,14 @@ class MpiCommunicator(Communicator):
     latency), and it is completed and compared before the result is handed back. After a mismatch the
     communicator stays usable when every rank called the same kind of collective and the data collectives
     ended (a wrong size, dtype or op); otherwise (different kinds) it is broken, like after a timeout, and
-    the job is aborted at exit. "auto" is the same as True (it used
-    to check only from 4 MiB). False: no check (a mismatched call may return garbage, hang until the timeout,
-    or fail with MPI's truncation error)."""
+    the job is aborted at exit. "auto" is accepted as True, for scripts that pass it. False: no check (a
+    mismatched call may return garbage, hang until the timeout, or fail with MPI's truncation error)."""
 
     backend = "mpi"
     _times_out_itself = False  # asynchronous work blocks in MPI on the background thread
 
     def __init__(self, comm=None, timeout: float = DEFAULT_TIMEOUT, verify=True):
-        timeout = _check_timeout(timeout)
+        timeout = check_timeout(timeout)
         if verify not in (True, False, "auto"):
             raise ValueError(f"verify must be True, False or 'auto', got {verify!r}")
         MPI = import_mpi(timeout)
@@ -196,7 +165,7 @@ class MpiCommunicator(Communicator):
         self._fused_views = {}  # (dtype, count) -> (this rank's data in the slot, every rank's rows)
         self._check = None  # (request, kind) of the signature all-gather in flight with the current call
         # The all-gather as a persistent collective (MPI-4): set up once, each call only starts it. That costs
-        # ~1 us of this rank's time against ~5 us for a new Iallgather (measured, mpi4py 4.1 and MPICH 5).
+        # a fraction of a new Iallgather's cost (docs/benchmarks/communication.md, "The mpi backend's call check").
         # The arrival board: entry = number of operations this rank has entered.
         # One passive-target epoch for the communicator's lifetime: a rank updates its own entry with a
         # local store + Win_sync, and a timed-out rank reads the others with Get + Flush.
@@ -219,50 +188,15 @@ class MpiCommunicator(Communicator):
             if self.local_rank == 0:
                 unlink_mpich_segments()
             self._watch_name = self._start_watcher(local)
-            abort_on_uncaught_exception(self, self._comm.Abort)
+            abort_on_uncaught_exception(self, self._comm.Abort, self._watch_name)
             watch_name, rank = self._watch_name, self.rank
             mpi_setup.arm_exit_guard(MPI, self._comm, timeout, before_abort=None if watch_name is None else
                                      lambda: watch.tell(watch_name, "reported", rank))
         local.Free()
         self._spin_free = self._own_cpus()  # the C++ wait polls without yielding the CPU (see HOT_SPIN_NS)
-        self._hot = self._make_hot_path()
+        self._hot = mpi_hot.make(MPI, self._comm, self._board, self._check_request, self._slot, self._slots,
+                                 self._entered, self._progress, self._types, self._ops, self._spin_free)
         atexit.register(self._at_exit)
-
-    def _make_hot_path(self):
-        """The C++ hot path over this communicator's handles and buffers, or None where it cannot run (see
-        mpich_abi_library; one rank; no persistent check; an MPI not initialised for threads: its wait releases
-        the GIL, so another thread may call MPI meanwhile)."""
-        MPI = self._MPI
-        if os.environ.get(HOT_PATH_VAR, "1") == "0" or self.world_size == 1 or self._check_request is None \
-                or not hasattr(_core, "MpiHotPath") or MPI.Query_thread() != MPI.THREAD_MULTIPLE:
-            return None
-        library = mpich_abi_library(MPI)
-        if library is None:
-            return None
-        progress = 0
-        if self._progress is not None:
-            board, slot = self._progress
-            progress = ctypes.addressof(ctypes.c_int64.from_buffer(board.obj, 8 * slot))
-        dtype_codes = [-1] * 8  # indexed by the core's DType value
-        mpi_types = [0] * 8
-        for d, code in _DTYPE_CODE.items():
-            dtype_codes[int(d)] = code
-            if d not in _HALF:  # 2-byte floats reduce through Python callbacks: the Python path's
-                mpi_types[int(d)] = self._types[d].py2f()
-        try:
-            return _core.MpiHotPath(
-                library=library, comm=self._comm.py2f(), win=self._board.py2f(),
-                check_request=MPI._addressof(self._check_request), slot=self._slot.ctypes.data,
-                slots=self._slots.ctypes.data, slot_bytes=self._slot.nbytes, world_size=self.world_size,
-                entered=self._entered.ctypes.data, progress=progress, dtype_codes=dtype_codes, mpi_types=mpi_types,
-                mpi_ops=[self._ops[o].py2f() for o in REDUCE_OPS], all_reduce_kind=_KIND_CODE["all_reduce"],
-                avg_op=_OP_CODE["avg"], max_op=_OP_CODE["max"], min_op=_OP_CODE["min"],
-                request_null=MPI.REQUEST_NULL.py2f(), spin_ns=int(SPIN_S * 1e9) if self._spin_free else HOT_SPIN_NS,
-                yield_ns=int(SPIN_S * 1e9))
-        except ValueError as e:  # the library or one of its functions not found: the Python path works
-            warnings.warn(f"singa_lite mpi backend: the C++ hot path is off ({e}); calls take the Python path",
-                          stacklevel=3)
-            return None
 
     def _own_cpus(self) -> bool:
         """Whether every rank of this host can have a CPU of its own (of those this process may run on)."""
@@ -333,8 +267,8 @@ class MpiCommunicator(Communicator):
         _complete() finishes and compares the check before it finishes the data."""
         if self._hot is not None and payload is None:
             check = self.verify is not False
-            self._hot.enter(_KIND_CODE[kind], -1 if t is None else _DTYPE_CODE[t.dtype], -1 if t is None else t.numel,
-                            root, _OP_CODE.get(op, -1), check)
+            self._hot.enter(KIND_CODE[kind], -1 if t is None else DTYPE_CODE[t.dtype], -1 if t is None else t.numel,
+                            root, OP_CODE.get(op, -1), check)
             self._check = (self._check_request, kind) if check else None
             return
         self._entered[0] += 1
@@ -347,9 +281,9 @@ class MpiCommunicator(Communicator):
         if self._check is not None:  # the previous call failed between its check and its data collective
             self._check[0].Wait()  # (that call raised already: its signatures do not matter any more)
             self._check = None
-        struct.pack_into("6q", self._descriptor_bytes, 0, _KIND_CODE[kind],
-                         -1 if t is None else _DTYPE_CODE[t.dtype], -1 if t is None else t.numel, root,
-                         _OP_CODE.get(op, -1), int(self._entered[0]))
+        struct.pack_into("6q", self._descriptor_bytes, 0, KIND_CODE[kind],
+                         -1 if t is None else DTYPE_CODE[t.dtype], -1 if t is None else t.numel, root,
+                         OP_CODE.get(op, -1), int(self._entered[0]))
         if payload is not None:  # a fused all_reduce: its data rides in the check's slot
             payload[1][...] = payload[0]
         # Every call starts with this all-gather, whatever its kind: the ranks' checks always pair up as MPI
@@ -378,13 +312,13 @@ class MpiCommunicator(Communicator):
     def _fused_signature(self, row) -> bool:
         """Whether the rank whose signature is `row` sent its all_reduce inside the check (see _fusable)."""
         kind, dtype, count = int(row[0]), int(row[1]), int(row[2])
-        return (kind == _KIND_CODE["all_reduce"] and 0 <= dtype < len(DTYPES) and self._check_request is not None
+        return (kind == KIND_CODE["all_reduce"] and 0 <= dtype < len(DTYPES) and self._check_request is not None
                 and count * DTYPES[dtype].itemsize <= self._fuse_bytes)
 
     def _mismatch_message(self, kind: str, every: np.ndarray) -> str:
         def says(r):
             k, d, n, rt, o, seq = every[r]
-            what = f"{_KINDS[k]}" + ("" if d < 0 else f" of {n} {DTYPES[d].name} elements")
+            what = f"{KINDS[k]}" + ("" if d < 0 else f" of {n} {DTYPES[d].name} elements")
             return (what + (f", root {rt}" if rt >= 0 else "") + (f", op {REDUCE_OPS[o]}" if o >= 0 else "")
                     + f" (its call #{seq})")
         bad = [r for r in range(self.world_size) if not np.array_equal(every[r], every[0])]
@@ -404,7 +338,7 @@ class MpiCommunicator(Communicator):
             kind = name if self._check is None else self._check[1]
             self._check = None
             status = self._hot.wait(self._MPI._addressof(request), self.timeout)
-            if status != _HOT_DONE:
+            if status != mpi_hot.DONE:
                 self._hot_failed(status, kind, lambda: self._drain(request))
             return
         if self._check is None:
@@ -469,13 +403,14 @@ class MpiCommunicator(Communicator):
             if waited > SPIN_S:
                 time.sleep(nap)
                 nap = min(nap * 2, 1e-3)
-            else:  # (without it: no faster at 4 KiB, and 0.21x raw at 64 KiB once on the loaded machine)
+            else:  # (without it no faster, and far slower under load: docs/benchmarks/communication.md)
                 os.sched_yield()  # with more ranks than cores, let the rank we wait for run
 
     # ----- hooks
     def all_reduce(self, t, op: str = "sum", async_op: bool = False):
         # The common call (in line, on a contiguous CPU tensor) straight to the C++ hot path, past the generic
-        # layers of Communicator.all_reduce (~3 us of Python); anything else, errors included, goes there.
+        # layers of Communicator.all_reduce (a measurable part of a small call: docs/benchmarks/communication.md);
+        # anything else, errors included, goes there.
         if self._hot is not None and not async_op and self._broken is None and self._runner.pending == 0 \
                 and type(op) is str:
             raw = t.data if isinstance(t, Tensor) else t
@@ -490,15 +425,15 @@ class MpiCommunicator(Communicator):
 
     def _hot_all_reduce(self, t, op: str) -> bool:
         """The all_reduce by the C++ hot path; False when it left the call to the Python path (nothing done)."""
-        code = _OP_CODE.get(op)
+        code = OP_CODE.get(op)
         if code is None:
             return False
         status = self._hot.all_reduce(t, code, self.verify is not False, self.timeout)
-        if status == _HOT_DONE:
+        if status == mpi_hot.DONE:
             return True
-        if status == _HOT_NOT_HANDLED:
+        if status == mpi_hot.NOT_HANDLED:
             return False
-        if status == _HOT_REDUCE_IN_PYTHON:
+        if status == mpi_hot.REDUCE_IN_PYTHON:
             self._reduce_fused_rows(t, op)
             return True
         self._hot_failed(status, "all_reduce", lambda: self._hot.drain(MISMATCH_DRAIN_S))
@@ -507,11 +442,11 @@ class MpiCommunicator(Communicator):
     def _hot_failed(self, status: int, kind: str, drain) -> None:
         """Raises what a C++ hot path call that did not finish ended with, as the Python path would: a timeout,
         MPI's own error, or a mismatch (drain(): whether the mismatched data collective ended in time)."""
-        if status == _HOT_TIMEOUT:
+        if status == mpi_hot.TIMEOUT:
             raise self._on_timeout(kind)
-        if status == _HOT_MPI_ERROR:
+        if status == mpi_hot.MPI_ERROR:
             raise self._MPI.Exception(self._hot.last_error)
-        if status != _HOT_MISMATCH:
+        if status != mpi_hot.MISMATCH:
             raise CommError(f"mpi {kind}: unexpected status {status} from the C++ hot path (please report)")
         mismatch = self._compare(kind)
         if mismatch is None:  # cannot be: C++ compared the same slots
@@ -527,8 +462,8 @@ class MpiCommunicator(Communicator):
         if self._fusable(t.dtype, t.numel):
             return self._all_reduce_fused(t, op)
         self._enter("all_reduce", t, op=op)
-        # float16 only: bfloat16's reduction callback widens with bit operations and is the faster one (1M
-        # elements, 2 ranks: 22-35 ms against 37-52 ms gathered and reduced in C++, on a shared 2-core machine).
+        # float16 only: bfloat16's reduction callback widens with bit operations and is faster than the gather
+        # (docs/benchmarks/communication.md, "Measurements behind the code's choices").
         if t.dtype == tensor.float16 and op in ("sum", "avg") and self.world_size <= FP16_GATHER_MAX_RANKS:
             return self._all_reduce_fp16_by_gather(t, op)
         if op == "avg":  # MPI's sum rounds at every step: the rule of comm/averaging.py

@@ -484,19 +484,19 @@ def unlink_mpich_segments() -> list:
     return removed
 
 
-def abort_on_uncaught_exception(comm, abort) -> None:
+def abort_on_uncaught_exception(comm, abort, watch_name=None) -> None:
     """An uncaught exception on one rank ends that rank, while the others wait for it inside a collective and
     MPI_Finalize (at its exit) would wait for them: the job would hang until the timeout. So, as mpi4py's
     ``python -m mpi4py`` does, such an exception aborts the job once its traceback is printed (the others
     print nothing: mpiexec ends them, and the traceback is shown once). comm: the rank's Communicator (mpi, or
-    nccl bootstrapped by MPI); abort: aborts the MPI job (``MPI.COMM_WORLD.Abort``)."""
+    nccl bootstrapped by MPI); abort: aborts the MPI job (``MPI.COMM_WORLD.Abort``); watch_name: the name this
+    host's watcher (watch.py) hears the rank's end by, told first that the rank reported its failure."""
     previous = sys.excepthook
 
     def hook(kind, value, tb):
         previous(kind, value, tb)
         if comm.closed or comm.world_size == 1:
             return
-        watch_name = getattr(comm, "_watch_name", None)
         if watch_name is not None:
             watch.tell(watch_name, "reported", comm.rank)
         print(f"singa_lite: rank {comm.rank} of {comm.world_size} ended with an uncaught {kind.__name__} "
@@ -549,8 +549,9 @@ def _end_mpi() -> None:
         if _exit_guard["before_abort"] is not None:
             _exit_guard["before_abort"]()
         print(f"singa_lite: rank {rank}: aborting the MPI job at exit: {e}", file=sys.stderr, flush=True)
-        # (mpiexec ends every process at once on an abort and may drop output not yet forwarded: the line above
-        # was lost in 1 of ~20 runs without this pause)
+        # (mpiexec ends every process at once on an abort and may drop output not yet forwarded: the pause
+        # gives it time to pass the line above on; docs/benchmarks/communication.md, "Measurements behind the
+        # code's choices")
         time.sleep(ABORT_GRACE_S)
         abort_job(MPI.COMM_WORLD.Abort)
         return

@@ -223,7 +223,7 @@ class NcclCommunicator(Communicator):
         with self._lock:
             if self._board is not None and name in host_board.KINDS:  # send / recv are not collectives
                 # GPU work is only queued here and its error surfaces later, elsewhere: the user's line is
-                # remembered now (~1 us)
+                # remembered now (cheap next to a collective: docs/benchmarks/communication.md)
                 site = host_board.call_site(2)
                 number = self._board.enter(name, site)
             self._pending = []

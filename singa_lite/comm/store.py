@@ -45,7 +45,7 @@ MAGIC = b"SLKV"
 VERSION = 2  # 2: after the job handshake of comm/auth.py
 _HEADER = struct.Struct("!4sBBHI")  # magic, version, op/status, reserved, payload length
 _FIELD = struct.Struct("!I")
-_DOUBLE = struct.Struct("!d")
+DOUBLE = struct.Struct("!d")
 _INT = struct.Struct("!q")
 MAX_KEY_BYTES = 4096
 MAX_VALUE_BYTES = 64 << 20
@@ -61,10 +61,13 @@ _RECV_CHUNK = 1 << 20
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
+# The wire protocol: a message is a header (magic, version, code, reserved, payload length) and a payload of
+# length-prefixed fields (pack_message, read_message_header, split_fields); a request's code is an operation,
+# a reply's a status. Public for the tests that speak it by hand.
 # operations (requests)
-_SET, _GET, _ADD, _WAIT, _DELETE = 2, 3, 4, 5, 6
+OP_SET, OP_GET, OP_ADD, OP_WAIT, OP_DELETE = 2, 3, 4, 5, 6
 # statuses (replies)
-_OK, _TIMEOUT, _ERROR = 100, 101, 102
+STATUS_OK, STATUS_TIMEOUT, STATUS_ERROR = 100, 101, 102
 _RANK_KEY = re.compile(r"^(.*)/(\d+)$")
 
 
@@ -72,12 +75,12 @@ class _Closed(Exception):
     """The peer closed the connection (EOF) in the middle of, or before, a message."""
 
 
-def _pack(code: int, fields=()) -> bytes:
+def pack_message(code: int, fields=()) -> bytes:
     body = b"".join(_FIELD.pack(len(f)) + bytes(f) for f in fields)
     return _HEADER.pack(MAGIC, VERSION, code, 0, len(body)) + body
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int) -> bytes:
     """n bytes, gathered as they arrive: memory grows with what the peer really sent, not with what its
     header announced."""
     parts, got = [], 0
@@ -90,9 +93,9 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(parts)
 
 
-def _read_header(sock: socket.socket) -> tuple[int, int, int]:
+def read_message_header(sock: socket.socket) -> tuple[int, int, int]:
     """(version, code, payload length); ValueError when the bytes are not a store message."""
-    magic, version, code, _, length = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    magic, version, code, _, length = _HEADER.unpack(recv_exact(sock, _HEADER.size))
     if magic != MAGIC:
         raise ValueError(f"not a singa_lite store message (first bytes {magic!r})")
     if length > MAX_PAYLOAD_BYTES:
@@ -100,7 +103,7 @@ def _read_header(sock: socket.socket) -> tuple[int, int, int]:
     return version, code, length
 
 
-def _fields(payload: bytes) -> list[bytes]:
+def split_fields(payload: bytes) -> list[bytes]:
     out, at = [], 0
     while at < len(payload):
         if at + _FIELD.size > len(payload):
@@ -224,10 +227,10 @@ class _Server:
                 return
             conn.settimeout(None)  # a client may stay quiet for long between calls
             while not self._stopped:
-                version, code, length = _read_header(conn)
+                version, code, length = read_message_header(conn)
                 if version != VERSION:
                     return
-                reply = self._handle(code, _fields(_recv_exact(conn, length)))
+                reply = self._handle(code, split_fields(recv_exact(conn, length)))
                 conn.sendall(reply)
         except Exception:  # noqa: BLE001 -- that client is gone or broken: drop it, serve the others
             pass
@@ -276,58 +279,60 @@ class _Server:
 
     def _handle(self, code: int, f: list[bytes]) -> bytes:
         try:
-            if code == _SET and len(f) == 2:
+            if code == OP_SET and len(f) == 2:
                 return self._set(f[0], f[1])
-            if code == _GET and len(f) == 2:
+            if code == OP_GET and len(f) == 2:
                 timeout = _wire_timeout(f[1])
                 with self._changed:
                     if not self._changed.wait_for(lambda: f[0] in self._data or self._stopped, timeout):
-                        return _pack(_TIMEOUT)
+                        return pack_message(STATUS_TIMEOUT)
                     if f[0] not in self._data:
-                        return _pack(_ERROR, [b"the store is closing"])
-                    return _pack(_OK, [self._data[f[0]]])
-            if code == _ADD and len(f) == 2:
+                        return pack_message(STATUS_ERROR, [b"the store is closing"])
+                    return pack_message(STATUS_OK, [self._data[f[0]]])
+            if code == OP_ADD and len(f) == 2:
                 (amount,) = _INT.unpack(f[1])
                 with self._changed:
                     try:
                         value = int(self._data.get(f[0], b"0")) + amount
                     except ValueError:
-                        return _pack(_ERROR, [b"add on a key whose value is not an integer"])
+                        return pack_message(STATUS_ERROR, [b"add on a key whose value is not an integer"])
                     if not _INT64[0] <= value <= _INT64[1]:
-                        return _pack(_ERROR, [b"add would overflow a 64-bit integer"])
+                        return pack_message(STATUS_ERROR, [b"add would overflow a 64-bit integer"])
                 reply = self._set(f[0], str(value).encode())
-                return _pack(_OK, [_INT.pack(value)]) if reply[4:6] == _pack(_OK)[4:6] else reply
-            if code == _WAIT and f and len(f) <= MAX_WAIT_KEYS + 1:
+                ok = reply[4:6] == pack_message(STATUS_OK)[4:6]
+                return pack_message(STATUS_OK, [_INT.pack(value)]) if ok else reply
+            if code == OP_WAIT and f and len(f) <= MAX_WAIT_KEYS + 1:
                 timeout = _wire_timeout(f[0])
                 keys = f[1:]
                 with self._changed:
                     done = self._changed.wait_for(lambda: all(k in self._data for k in keys) or self._stopped,
                                                   timeout)
                     missing = [k for k in keys if k not in self._data]
-                return _pack(_OK if done and not missing else _TIMEOUT, missing)
-            if code == _DELETE and len(f) == 1:
+                return pack_message(STATUS_OK if done and not missing else STATUS_TIMEOUT, missing)
+            if code == OP_DELETE and len(f) == 1:
                 with self._changed:
                     old = self._data.pop(f[0], None)
                     if old is not None:
                         self._bytes -= len(f[0]) + len(old)
-                return _pack(_OK, [b"1" if old is not None else b"0"])
+                return pack_message(STATUS_OK, [b"1" if old is not None else b"0"])
         except (struct.error, ValueError) as e:
-            return _pack(_ERROR, [f"malformed request (operation {code}): {e}".encode()])
-        return _pack(_ERROR, [f"malformed request (operation {code}, {len(f)} fields)".encode()])
+            return pack_message(STATUS_ERROR, [f"malformed request (operation {code}): {e}".encode()])
+        return pack_message(STATUS_ERROR, [f"malformed request (operation {code}, {len(f)} fields)".encode()])
 
     def _set(self, key: bytes, value: bytes) -> bytes:
         if not 0 < len(key) <= MAX_KEY_BYTES or len(value) > MAX_VALUE_BYTES:
-            return _pack(_ERROR, [b"key or value over the store's limits"])
+            return pack_message(STATUS_ERROR, [b"key or value over the store's limits"])
         with self._changed:
             old = self._data.get(key)
             grown = len(value) - (len(old) if old is not None else -len(key))
             if self._bytes + grown > QUOTA_BYTES or (old is None and len(self._data) >= MAX_KEYS):
-                return _pack(_ERROR, [f"the store is full (quota {QUOTA_BYTES} bytes in at most {MAX_KEYS} keys): "
-                                      f"it is for small rendezvous data".encode()])
+                full = f"the store is full (quota {QUOTA_BYTES} bytes in at most {MAX_KEYS} keys): it is for small " \
+                       f"rendezvous data"
+                return pack_message(STATUS_ERROR, [full.encode()])
             self._data[key] = value
             self._bytes += grown
             self._changed.notify_all()
-        return _pack(_OK)
+        return pack_message(STATUS_OK)
 
     def stop(self, shutdown: bool = True):
         """Stops serving. shutdown=False (a forked child's copy): only close this process's descriptors, as
@@ -352,7 +357,7 @@ class _Server:
 
 
 def _wire_timeout(field: bytes) -> float:
-    (value,) = _DOUBLE.unpack(field)
+    (value,) = DOUBLE.unpack(field)
     if not (math.isfinite(value) and 0 <= value <= MAX_TIMEOUT_S):
         raise ValueError(f"timeout {value!r} is not a finite number of seconds from 0 to {MAX_TIMEOUT_S:g}")
     return value
@@ -416,6 +421,13 @@ class TcpStore:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def client_address(self) -> tuple[str, int] | None:
+        """(local address, socket family) of this client's connection to the server: an address of the
+        interface that reaches the store's host (the tcp mesh listens there). None while not connected."""
+        sock = self._sock
+        return None if sock is None else (sock.getsockname()[0], sock.family)
 
     def refusals(self) -> list[str]:
         """On the server (rank 0): why the last few peers that spoke the protocol were refused, for the errors
@@ -517,7 +529,7 @@ class TcpStore:
 
     def _call(self, code: int, fields, what: str, wait_s: float = 0.0) -> tuple[int, list[bytes]]:
         """One request and its reply. wait_s: how long the server may block on it (get, wait)."""
-        message = _pack(code, fields)
+        message = pack_message(code, fields)
         if len(message) > MAX_PAYLOAD_BYTES + _HEADER.size:
             raise ValueError(f"TcpStore.{what}: {len(message)} bytes is over the store's limit of "
                              f"{MAX_PAYLOAD_BYTES}; the store is for small rendezvous data")
@@ -528,8 +540,8 @@ class TcpStore:
             try:
                 self._sock.settimeout(limit)
                 self._sock.sendall(message)
-                _, status, length = _read_header(self._sock)
-                return status, _fields(_recv_exact(self._sock, length))
+                _, status, length = read_message_header(self._sock)
+                return status, split_fields(recv_exact(self._sock, length))
             except socket.timeout:
                 error = f"no reply in {limit:g} s: rank 0, which serves the store, may be stuck or gone"
             except _Closed:
@@ -543,7 +555,7 @@ class TcpStore:
 
     @staticmethod
     def _check_reply(status, fields, what: str) -> None:
-        if status == _ERROR:
+        if status == STATUS_ERROR:
             raise CommError(f"TcpStore.{what}: the server says: {b''.join(fields).decode(errors='replace')}")
 
     def _limit(self, timeout) -> float:
@@ -557,15 +569,15 @@ class TcpStore:
         value = bytes(value)
         if len(value) > MAX_VALUE_BYTES:
             raise ValueError(f"TcpStore.set: a value of {len(value)} bytes is over the limit of {MAX_VALUE_BYTES}")
-        status, fields = self._call(_SET, [_key(key, "set"), value], "set")
+        status, fields = self._call(OP_SET, [_key(key, "set"), value], "set")
         self._check_reply(status, fields, "set")
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         """The value under key, waiting until some process sets it (at most timeout seconds, default the
         store's); CommError naming the key (and, for a key <prefix>/<rank>, that rank) after that."""
         limit = self._limit(timeout)
-        status, fields = self._call(_GET, [_key(key, "get"), _DOUBLE.pack(limit)], "get", wait_s=limit)
-        if status == _TIMEOUT:
+        status, fields = self._call(OP_GET, [_key(key, "get"), DOUBLE.pack(limit)], "get", wait_s=limit)
+        if status == STATUS_TIMEOUT:
             raise CommError(f"TcpStore.get at {self.address}: key {key!r} was not set within {limit:g} s"
                             f"{_missing_rank_hint([key])}")
         self._check_reply(status, fields, "get")
@@ -575,7 +587,7 @@ class TcpStore:
         """Adds amount to the integer under key (0 when absent), atomically; returns the new value."""
         if not isinstance(amount, int) or isinstance(amount, bool):
             raise TypeError(f"TcpStore.add: amount must be an int, got {type(amount).__name__}")
-        status, fields = self._call(_ADD, [_key(key, "add"), _INT.pack(amount)], "add")
+        status, fields = self._call(OP_ADD, [_key(key, "add"), _INT.pack(amount)], "add")
         self._check_reply(status, fields, "add")
         return _INT.unpack(fields[0])[0]
 
@@ -588,9 +600,9 @@ class TcpStore:
         if len(keys) > MAX_WAIT_KEYS:
             raise ValueError(f"TcpStore.wait: at most {MAX_WAIT_KEYS} keys, got {len(keys)}")
         limit = self._limit(timeout)
-        status, fields = self._call(_WAIT, [_DOUBLE.pack(limit)] + [_key(k, "wait") for k in keys], "wait",
+        status, fields = self._call(OP_WAIT, [DOUBLE.pack(limit)] + [_key(k, "wait") for k in keys], "wait",
                                     wait_s=limit)
-        if status == _TIMEOUT:
+        if status == STATUS_TIMEOUT:
             missing = [f.decode(errors="replace") for f in fields]
             shown = ", ".join(map(repr, missing[:10])) + (f" and {len(missing) - 10} more" if len(missing) > 10
                                                           else "")
@@ -600,7 +612,7 @@ class TcpStore:
 
     def delete_key(self, key: str) -> bool:
         """Removes key; whether it existed."""
-        status, fields = self._call(_DELETE, [_key(key, "delete_key")], "delete_key")
+        status, fields = self._call(OP_DELETE, [_key(key, "delete_key")], "delete_key")
         self._check_reply(status, fields, "delete_key")
         return fields[0] == b"1"
 

@@ -1,7 +1,7 @@
 """The ``tcp`` backend: CPU tensors between processes on any hosts, over TCP sockets, with no MPI.
 
-Bootstrap: every rank listens on a port, publishes ``host:port`` in the rendezvous store (store.py), and
-connects a full mesh: rank j connects to every rank i < j and says who it is; rank i accepts them. The
+Bootstrap (tcp_mesh.py): every rank listens on a port, publishes ``host:port`` in the rendezvous store
+(store.py), and connects a full mesh: rank j connects to every rank i < j and says who it is; rank i accepts them. The
 listening address defaults to the one this rank's store connection uses (the interface that reaches
 MASTER_ADDR), so the peers can reach it too; when that is a loopback address (MASTER_ADDR names this host),
 the rank listens on every interface and publishes MASTER_ADDR. Each communicator made on a store gets its
@@ -15,22 +15,18 @@ carry their data in the header and are reduced locally in rank order (float16 an
 so they cost one exchange. Larger ones are a ring: reduce-scatter then all-gather, each rank sending and
 receiving 2 (P - 1) / P of the tensor, reduced in place with numpy on views of the tensor's memory.
 
-Sockets are non-blocking and driven by one ``poll`` loop per operation, with the operation's deadline: a
-peer that closes its connection or resets it (killed, crashed) fails the operation at once, naming that
-rank and its address. A rank that fails (or aborts) writes the cause to the store and shuts its sockets,
+Sockets are non-blocking and driven by one ``poll`` loop per operation (tcp_peer.py), with the operation's
+deadline: a peer that closes its connection or resets it (killed, crashed) fails the operation at once, naming
+that rank and its address. A rank that fails (or aborts) writes the cause to the store and shuts its sockets,
 so its peers fail promptly too and report that first cause rather than only "rank k went away".
 """
 from __future__ import annotations
 
 import atexit
 import collections
-import errno
-import ipaddress
 import json
 import os
-import select
 import socket
-import struct
 import sys
 import threading
 import time
@@ -39,101 +35,17 @@ import weakref
 import numpy as np
 
 from .. import tensor
-from . import auth, averaging, tls
+from . import auth, averaging
 from ._arrays import array as _array, bf16_to_f32 as _bf16_to_f32, f32_to_bf16 as _f32_to_bf16
 from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CollectiveMismatch, CommError, Communicator
+from .tcp_mesh import Mesh
+from .tcp_peer import CODE, DTYPE_CODE, HEADER, KINDS, MAGIC, OP_CODE, P2P, Peer, PeerLost, Poller, as_bytes
 
 FUSE_BYTES = 64 << 10  # all-reduces up to this size travel inside the header exchange
-# header of every message on a connection: magic, kind, dtype, root, op or tag, call number, count, payload bytes
-_HEADER = struct.Struct("!2sBbiiqqq")
-_MAGIC = b"ST"
-_KINDS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "gather", "scatter", "barrier",
-          "send")
-_CODE = {k: i for i, k in enumerate(_KINDS)}
-_P2P = _CODE["send"]
-_DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
-_OP_CODE = {o: i for i, o in enumerate(REDUCE_OPS)}
 _UFUNCS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
 _HALF = (tensor.float16, tensor.bfloat16)
-_RECV_CHUNK = 4 << 20
 REDUCE_CHUNK_BYTES = 1 << 20  # the ring reduces what it received in chunks of this size
-_IOV_MAX = 64  # buffers per sendmsg
 REPORT_S = 1.0  # at most this long to write or read a failure report in the store
-
-
-class _PeerLost(Exception):
-    def __init__(self, peer, what: str):
-        super().__init__(what)
-        self.peer, self.what = peer, what
-
-
-class _Peer:
-    """One connection: what is queued to send, and the buffer being filled (with what to do once full)."""
-
-    def __init__(self, rank: int, address: str, sock: socket.socket, hostname: str = "?"):
-        self.rank, self.address, self.sock, self.hostname = rank, address, sock, hostname
-        self.fd = sock.fileno()
-        self.tls = tls.is_tls(sock)  # no sendmsg; decrypted bytes may wait inside it (pending)
-        self.retry = tls.retryable(sock)  # would-block, in TLS's words too
-        self.out: collections.deque = collections.deque()
-        self.want = None  # memoryview being received into
-        self.got = 0
-        self.on_full = None
-        self.mask = 0  # events registered with the poller
-
-    def expect(self, view: memoryview, on_full=None) -> None:
-        self.want, self.got, self.on_full = view, 0, on_full
-        if len(view) == 0:
-            self._filled()
-
-    def _filled(self):
-        callback, self.want, self.on_full = self.on_full, None, None
-        if callback is not None:
-            callback()
-
-    def buffered(self) -> bool:
-        """Bytes already decrypted inside a TLS socket: poll() would not report them."""
-        return self.tls and self.want is not None and self.sock.pending() > 0
-
-    def busy(self) -> bool:
-        return self.want is not None or bool(self.out)
-
-    def read(self) -> None:
-        while self.want is not None:
-            try:
-                k = self.sock.recv_into(self.want[self.got:self.got + _RECV_CHUNK])
-            except self.retry:
-                return
-            except OSError as e:
-                raise _PeerLost(self, f"broke the connection ({e.strerror or e})") from None
-            if k == 0:
-                raise _PeerLost(self, "closed its connection")
-            self.got += k
-            if self.got == len(self.want):
-                self._filled()
-
-    def write(self) -> None:
-        while self.out:
-            try:  # everything queued in one system call (a header and its data: one TCP segment when small)
-                n = self.sock.sendmsg(list(self.out)[:_IOV_MAX]) if len(self.out) > 1 and not self.tls else \
-                    self.sock.send(self.out[0])
-            except self.retry:
-                return
-            except OSError as e:
-                raise _PeerLost(self, f"broke the connection ({e.strerror or e})") from None
-            while self.out and (n or not len(self.out[0])):  # empty buffers go too
-                head = self.out[0]
-                if n >= len(head):
-                    n -= len(head)
-                    self.out.popleft()
-                else:
-                    self.out[0] = head[n:]
-                    return  # the socket's buffer is full
-
-
-def _bytes(a: np.ndarray) -> memoryview:
-    """The bytes of a contiguous array, writable in place."""
-    return memoryview(a.reshape(-1).view(np.uint8)) if a.size else memoryview(bytearray(0))
 
 
 def _reduce_into(dst: np.ndarray, src: np.ndarray, op: str, bf16: bool) -> None:
@@ -171,7 +83,7 @@ class TcpCommunicator(Communicator):
             raise ValueError(f"tcp communicator: need 0 <= local_rank < local_size, got local_rank={local_rank}, "
                              f"local_size={local_size}")
         super().__init__(rank, world_size, local_rank, local_size, timeout)
-        self._store = store
+        self._store = self.rendezvous_store = store
         self._host = host  # as given (None: found from the store connection); new_group() passes it on
         self._single_host = single_host
         self._credentials = credentials or getattr(store, "credentials", None) or auth.credentials(
@@ -185,18 +97,14 @@ class TcpCommunicator(Communicator):
             prefix = f"tcp{(store.add('tcp/joined', 1) - 1) // world_size}"
         self._prefix = prefix
         self._seq = 0
-        self._peers: dict[int, _Peer] = {}
         self._stash = collections.defaultdict(collections.deque)  # (src, tag) -> messages received early
         self._aborted = None
-        self._poller = select.poll()
-        self._listener = None
-        try:
-            self._connect(host)
-        except BaseException:
-            self._close()
-            raise
+        self._peers: dict[int, Peer] = {}  # (none until the mesh is made: a failed start leaves nothing to close)
+        self._poller = Poller()
+        self._peers = Mesh(store, prefix, rank, world_size, self.timeout, self._credentials).connect(host, single_host)
         for p in self._peers.values():
             p.sock.setblocking(False)
+        self._poller = Poller(self._peers.values())
         _exits.watch(self)
 
     supports_groups = True
@@ -214,178 +122,16 @@ class TcpCommunicator(Communicator):
                                timeout=timeout, host=self._host, prefix=f"{self._prefix}/split{self._splits}",
                                single_host=self._single_host, credentials=self._credentials)
 
-    # ----- bootstrap
-    def _listen_address(self, host) -> tuple[str, str]:
-        """(address to bind, host to publish). Default: the local address of this rank's store connection, the
-        interface that reaches MASTER_ADDR. When that is a loopback address, MASTER_ADDR names this very host
-        (rank 0's, or a rank beside it): on a job of one host the mesh stays on loopback; across hosts this
-        rank needs an address the other hosts reach: the host name's first address of this host that is not
-        loopback, else (a name only /etc/hosts maps, to 127.0.1.1) every interface, published as MASTER_ADDR."""
-        if host is not None:
-            return host, host
-        sock = getattr(self._store, "_sock", None)
-        if sock is None:
-            return "127.0.0.1", "127.0.0.1"
-        local = sock.getsockname()[0]
-        try:
-            loopback = ipaddress.ip_address(local.split("%")[0]).is_loopback
-        except ValueError:
-            loopback = False
-        if not loopback or self._single_host or self.world_size == 1:
-            return local, local
-        master = getattr(self._store, "host", None) or local
-        for address in _own_addresses(master, sock.family):
-            return address, address
-        return ("::" if sock.family == socket.AF_INET6 else "0.0.0.0"), master
-
-    def _connect(self, host) -> None:
-        """The full mesh: a listener (its greetings answered concurrently, so silent connections never delay
-        the real peers), then a connection to every lower rank; each connection proves the job's key both
-        ways and names its communicator and ranks (auth.py)."""
-        deadline = time.monotonic() + self.timeout
-        bind, host = self._listen_address(host)
-        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-        self._listener = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self._listener.bind((bind, 0))
-        except OSError as e:
-            raise CommError(f"tcp communicator (rank {self.rank} of {self.world_size}): cannot listen on {bind} "
-                            f"({e}); host= must be an address (or name) of this host that the other ranks can "
-                            f"reach") from None
-        self._listener.listen(max(self.world_size, 64))
-        me = f"{host}:{self._listener.getsockname()[1]}"
-        self._address = me
-        greeter = _Greeter(self, self._listener) if self.rank < self.world_size - 1 else None
-        try:
-            # the host's name first: whoever reads the address can read the name (for the errors)
-            self._store.set(f"{self._prefix}/hostname/{self.rank}", socket.gethostname().encode())
-            self._store.set(f"{self._prefix}/addr/{self.rank}", me.encode())
-            for r in range(self.rank):  # connect to the lower ranks; they accept us
-                address = self._store.get(f"{self._prefix}/addr/{r}",
-                                          max(deadline - time.monotonic(), 0.0)).decode()
-                sock = self._dial(r, address, deadline)
-                self._peers[r] = _Peer(r, address, sock, self._hostname(r))
-            if greeter is not None:
-                for r, sock in greeter.wait(deadline, me).items():
-                    self._peers[r] = _Peer(r, self._store.get(f"{self._prefix}/addr/{r}", 1.0).decode(), sock,
-                                           self._hostname(r))
-        finally:
-            if greeter is not None:
-                greeter.stop()
-            self._listener.close()
-            self._listener = None
-
-    def _mesh_hello(self, to: int) -> dict:
-        return {"prefix": self._prefix, "world": self.world_size, "rank": self.rank, "to": to}
-
-    def _dial(self, r: int, address: str, deadline: float) -> socket.socket:
-        host, _, port = address.rpartition(":")
-        pause = 0.01
-        while True:
-            try:
-                sock = socket.create_connection((host.strip("[]"), int(port)),
-                                                timeout=max(min(deadline - time.monotonic(), 5.0), 0.01))
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError as e:
-                if time.monotonic() + pause > deadline:
-                    raise CommError(f"tcp communicator (rank {self.rank} of {self.world_size}): cannot connect "
-                                    f"to rank {r} at {address} ({e}); check that it is reachable from this host "
-                                    f"(a firewall, or a host= address that is not routable)") from None
-                time.sleep(pause)
-                pause = min(pause * 2, 0.5)
-                continue
-            where = f"rank {r} at {address}"
-            try:
-                if self._credentials.tls is not None:
-                    sock = self._credentials.tls.connect(sock, max(deadline - time.monotonic(), 0.5), where)
-                # Rank r answers once it is listening, which it is before it publishes its address; a slow start
-                # of r is bounded by the communicator's timeout, not by the handshake's few seconds.
-                peer = auth.client(sock, self._credentials, "mesh", self._mesh_hello(r),
-                                   timeout=max(deadline - time.monotonic(), 0.5), where=where)
-            except auth.Dropped:  # its greeters were all busy (a flood): try again
-                sock.close()
-                if time.monotonic() + pause > deadline:
-                    raise CommError(f"tcp communicator (rank {self.rank} of {self.world_size}): {where} kept "
-                                    f"closing the connection before the handshake") from None
-                time.sleep(pause)
-                pause = min(pause * 2, 0.5)
-                continue
-            except CommError as e:
-                sock.close()
-                raise CommError(f"tcp communicator (rank {self.rank} of {self.world_size}): {e}") from None
-            if (peer.hello.get("rank"), peer.hello.get("prefix")) != (r, self._prefix):
-                sock.close()
-                raise CommError(f"tcp communicator (rank {self.rank} of {self.world_size}): {where} answered as "
-                                f"rank {peer.hello.get('rank')!r} of communicator {peer.hello.get('prefix')!r}")
-            return sock
-
-    def _admit(self, hello: dict, taken: set) -> str | None:
-        """Whether a greeted connection is a higher rank of this communicator not yet connected."""
-        r = hello.get("rank")
-        if hello.get("prefix") != self._prefix or hello.get("world") != self.world_size or \
-                hello.get("to") != self.rank:
-            return (f"this is rank {self.rank} of communicator {self._prefix!r} of {self.world_size} ranks, not "
-                    f"rank {hello.get('to')!r} of {hello.get('prefix')!r} of {hello.get('world')!r}")
-        if type(r) is not int or not self.rank < r < self.world_size:
-            return f"rank {r!r} does not connect to rank {self.rank} (only ranks above it do)"
-        if r in taken:
-            return f"rank {r} is already connected to rank {self.rank}: two processes claim to be rank {r}"
-        taken.add(r)
-        return None
-
-    def _hostname(self, r: int) -> str:
-        return self._store.get(f"{self._prefix}/hostname/{r}", 1.0).decode(errors="replace")
-
     # ----- the poll loop
     def _pump(self, name: str, deadline: float) -> None:
-        """Moves bytes until no peer has anything queued or expected; CommError on a lost peer or timeout. Only
-        busy peers are polled: an idle one that has gone is noticed when it is next needed."""
-        peers = list(self._peers.values())
+        """Moves the queued and expected bytes of every peer (tcp_peer.Poller); CommError on a lost peer or at
+        the deadline."""
         try:
-            for p in peers:  # what the sockets take or hold right now, before any poll (most small messages)
-                if p.out:
-                    p.write()
-                if p.want is not None:
-                    p.read()
-            while True:
-                busy = False
-                for p in peers:
-                    mask = (select.POLLIN if p.want is not None else 0) | (select.POLLOUT if p.out else 0)
-                    if mask:
-                        busy = True
-                    if mask != p.mask:
-                        if not p.mask:
-                            self._poller.register(p.fd, mask)
-                        elif mask:
-                            self._poller.modify(p.fd, mask)
-                        else:
-                            self._poller.unregister(p.fd)
-                        p.mask = mask
-                if not busy:
-                    return
-                ready = [p for p in peers if p.buffered()]
-                if ready:
-                    for p in ready:
-                        p.read()
-                    continue
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise self._timed_out(name, [p for p in peers if p.busy()])
-                for fd, ev in self._poller.poll(min(left, 1.0) * 1000 + 1):
-                    p = self._by_fd[fd]
-                    if p.out and ev & (select.POLLOUT | select.POLLERR | select.POLLHUP):
-                        p.write()
-                    if p.want is not None and ev & (select.POLLIN | select.POLLERR | select.POLLHUP):
-                        p.read()
-        except _PeerLost as e:
+            late = self._poller.pump(deadline)
+        except PeerLost as e:
             raise self._lost(name, e.peer, e.what) from None
-
-    @property
-    def _by_fd(self) -> dict:
-        fds = getattr(self, "_fds", None)
-        if fds is None:
-            fds = self._fds = {p.fd: p for p in self._peers.values()}
-        return fds
+        if late:
+            raise self._timed_out(name, late)
 
     def _timed_out(self, name: str, late) -> CommError:
         who = ", ".join(f"rank {p.rank} ({p.address})" for p in late) or "none"
@@ -400,7 +146,7 @@ class TcpCommunicator(Communicator):
                           f"output (is their host up and reachable from this one?), or raise the timeout (timeout= "
                           f"or SINGA_LITE_COMM_TIMEOUT)", report=True)
 
-    def _lost(self, name: str, peer: _Peer, what: str) -> CommError:
+    def _lost(self, name: str, peer: Peer, what: str) -> CommError:
         if self._aborted is not None:
             return CommError(f"tcp communicator of rank {self.rank}: aborted: {self._aborted}")
         here = f"tcp {name} #{self._seq} (rank {self.rank} of {self.world_size})"
@@ -461,9 +207,9 @@ class TcpCommunicator(Communicator):
 
     # ----- messages
     def _signature(self, kind, t=None, root=-1, op="") -> tuple:
-        dtype = -1 if t is None else _DTYPE_CODE[t.dtype]
+        dtype = -1 if t is None else DTYPE_CODE[t.dtype]
         count = 0 if t is None else t.numel
-        return (_CODE[kind], dtype, root, _OP_CODE.get(op, -1), self._seq, count)
+        return (CODE[kind], dtype, root, OP_CODE.get(op, -1), self._seq, count)
 
     def _header_exchange(self, kind, t=None, root=-1, op="", payload: memoryview | None = None,
                          payload_to=None) -> dict:
@@ -476,7 +222,7 @@ class TcpCommunicator(Communicator):
         got = {}
         for p in self._peers.values():
             data = payload if payload is not None and payload_to in (None, p.rank) else None
-            p.out.append(_HEADER.pack(_MAGIC, *mine[:4], mine[4], mine[5], 0 if data is None else len(data)))
+            p.out.append(HEADER.pack(MAGIC, *mine[:4], mine[4], mine[5], 0 if data is None else len(data)))
             if data is not None and len(data):
                 p.out.append(data)
             self._read_header(p, lambda p, h, sigs=sigs, got=got: self._on_collective(p, h, sigs, got))
@@ -485,16 +231,16 @@ class TcpCommunicator(Communicator):
             raise CollectiveMismatch(self._mismatch(sigs))
         return got
 
-    def _read_header(self, p: _Peer, on_collective, again: bool = True) -> None:
+    def _read_header(self, p: Peer, on_collective, again: bool = True) -> None:
         """Expects a message header from p: a collective's goes to on_collective(p, header); a point-to-point
         message is stashed for recv(), then (again=True) the next header is expected."""
-        buf = memoryview(bytearray(_HEADER.size))
+        buf = memoryview(bytearray(HEADER.size))
 
         def parsed():
-            magic, kind, dtype, root, op, seq, count, size = _HEADER.unpack(buf)
-            if magic != _MAGIC or not 0 <= kind < len(_KINDS) or size < 0:
-                raise _PeerLost(p, f"sent bytes out of step with the protocol ({bytes(buf[:8])!r})")
-            if kind == _P2P:  # a point-to-point message sent before this collective: kept for recv()
+            magic, kind, dtype, root, op, seq, count, size = HEADER.unpack(buf)
+            if magic != MAGIC or not 0 <= kind < len(KINDS) or size < 0:
+                raise PeerLost(p, f"sent bytes out of step with the protocol ({bytes(buf[:8])!r})")
+            if kind == P2P:  # a point-to-point message sent before this collective: kept for recv()
                 data = memoryview(bytearray(size))
 
                 def stash():
@@ -515,12 +261,12 @@ class TcpCommunicator(Communicator):
     def _mismatch(self, sigs: dict) -> str:
         def says(s) -> str:
             kind, dtype, root, op, seq, count = s
-            args = [] if _KINDS[kind] == "barrier" else [f"{count} {DTYPES[dtype].name}"]
+            args = [] if KINDS[kind] == "barrier" else [f"{count} {DTYPES[dtype].name}"]
             if root >= 0:
                 args.append(f"root={root}")
             if op >= 0:
                 args.append(f"op={REDUCE_OPS[op]}")
-            return f"{_KINDS[kind]}({', '.join(args)}) as its call #{seq}"
+            return f"{KINDS[kind]}({', '.join(args)}) as its call #{seq}"
         return ("tcp: the ranks made different collective calls: "
                 + "; ".join(f"rank {r} called {says(s)}" for r, s in sorted(sigs.items()))
                 + ". Every rank must make the same collective calls, with the same sizes, dtypes, roots and ops, "
@@ -555,13 +301,13 @@ class TcpCommunicator(Communicator):
                 _reduce_into(into[lo:hi], buf, op, bf16)
                 if hi < len(into):
                     receive(into, hi)
-            left.expect(_bytes(buf), arrived)
+            left.expect(as_bytes(buf), arrived)
 
         with np.errstate(over="ignore", invalid="ignore"):
             for s in range(P - 1):
                 out, into = seg[(r - s - 1) % P], seg[(r - s - 2) % P]
                 if len(out):
-                    right.out.append(_bytes(out))
+                    right.out.append(as_bytes(out))
                 if len(into):
                     receive(into, 0)
                 self._pump(name, time.monotonic() + self.timeout)
@@ -572,7 +318,7 @@ class TcpCommunicator(Communicator):
         right, left = (r + 1) % P, (r - 1) % P
         seg = [a[bounds[i]:bounds[i + 1]] for i in range(P)]
         for s in range(P - 1):
-            self._exchange(name, [(right, _bytes(seg[(r - s) % P]))], [(left, _bytes(seg[(r - s - 1) % P]))])
+            self._exchange(name, [(right, as_bytes(seg[(r - s) % P]))], [(left, as_bytes(seg[(r - s - 1) % P]))])
 
     def _reduce_rows(self, rows: np.ndarray, op: str, dtype) -> np.ndarray:
         """op over rows (one per rank, in rank order) -> one row: float16 / bfloat16 in float32 rounded once,
@@ -614,7 +360,7 @@ class TcpCommunicator(Communicator):
             return
         a = _array(t).reshape(-1)
         if a.nbytes <= FUSE_BYTES:
-            got = self._header_exchange("all_reduce", t, op=op, payload=_bytes(a))
+            got = self._header_exchange("all_reduce", t, op=op, payload=as_bytes(a))
             a[...] = self._reduce_rows(self._gathered_rows(a, got), op, t.dtype)
             return
         self._header_exchange("all_reduce", t, op=op)
@@ -628,22 +374,22 @@ class TcpCommunicator(Communicator):
     def _broadcast(self, t, root):
         a = _array(t).reshape(-1)
         small = a.nbytes <= FUSE_BYTES
-        got = self._header_exchange("broadcast", t, root, payload=_bytes(a) if small and self.rank == root
+        got = self._header_exchange("broadcast", t, root, payload=as_bytes(a) if small and self.rank == root
                                     else None)
         if self.rank == root or self.world_size == 1:
             if not small:
-                self._exchange("broadcast", [(q, _bytes(a)) for q in self._peers])
+                self._exchange("broadcast", [(q, as_bytes(a)) for q in self._peers])
             return
         if small:
             a[...] = np.frombuffer(got[root], a.dtype)
         else:
-            self._exchange("broadcast", recvs=[(root, _bytes(a))])
+            self._exchange("broadcast", recvs=[(root, as_bytes(a))])
 
     def _reduce(self, t, root, op):
         a = _array(t).reshape(-1)
         bf16 = t.dtype == tensor.bfloat16
         if a.nbytes <= FUSE_BYTES or self.world_size == 1:
-            got = self._header_exchange("reduce", t, root, op, payload=_bytes(a), payload_to=root)
+            got = self._header_exchange("reduce", t, root, op, payload=as_bytes(a), payload_to=root)
             if self.rank == root:
                 a[...] = self._reduce_rows(self._gathered_rows(a, got), op, t.dtype)
             return
@@ -655,16 +401,16 @@ class TcpCommunicator(Communicator):
         mine = work[bounds[self.rank]:bounds[self.rank + 1]]
         self._finish_avg(mine, t.dtype, op)
         if self.rank == root:
-            self._exchange("reduce", recvs=[(q, _bytes(work[bounds[q]:bounds[q + 1]])) for q in self._peers])
+            self._exchange("reduce", recvs=[(q, as_bytes(work[bounds[q]:bounds[q + 1]])) for q in self._peers])
         else:
-            self._exchange("reduce", sends=[(root, _bytes(mine))])
+            self._exchange("reduce", sends=[(root, as_bytes(mine))])
 
     def _all_gather(self, out, t):
         a, rows = _array(t).reshape(-1), _array(out).reshape(self.world_size, -1)
         self._header_exchange("all_gather", t)
         rows[self.rank] = a
-        self._exchange("all_gather", [(q, _bytes(a)) for q in self._peers],
-                       [(q, _bytes(rows[q])) for q in self._peers])
+        self._exchange("all_gather", [(q, as_bytes(a)) for q in self._peers],
+                       [(q, as_bytes(rows[q])) for q in self._peers])
 
     def _reduce_scatter(self, out, t, op):
         a, o = _array(t).reshape(-1), _array(out).reshape(-1)
@@ -683,42 +429,42 @@ class TcpCommunicator(Communicator):
         a = _array(t).reshape(-1)
         self._header_exchange("gather", t, root)
         if self.rank != root:
-            self._exchange("gather", sends=[(root, _bytes(a))])
+            self._exchange("gather", sends=[(root, as_bytes(a))])
             return
         rows = _array(out).reshape(self.world_size, -1)
         rows[self.rank] = a
-        self._exchange("gather", recvs=[(q, _bytes(rows[q])) for q in self._peers])
+        self._exchange("gather", recvs=[(q, as_bytes(rows[q])) for q in self._peers])
 
     def _scatter(self, out, t, root):
         o = _array(out).reshape(-1)
         self._header_exchange("scatter", out, root)
         if self.rank != root:
-            self._exchange("scatter", recvs=[(root, _bytes(o))])
+            self._exchange("scatter", recvs=[(root, as_bytes(o))])
             return
         rows = _array(t).reshape(self.world_size, -1)
         o[...] = rows[self.rank]
-        self._exchange("scatter", sends=[(q, _bytes(rows[q])) for q in self._peers])
+        self._exchange("scatter", sends=[(q, as_bytes(rows[q])) for q in self._peers])
 
     def _barrier(self):
         self._header_exchange("barrier")
 
     def _send(self, t, dst, tag):
         a = _array(t).reshape(-1)
-        data = _bytes(a)
+        data = as_bytes(a)
         p = self._peers[dst]
-        p.out.append(_HEADER.pack(_MAGIC, _P2P, _DTYPE_CODE[t.dtype], -1, tag, 0, t.numel, len(data)))
+        p.out.append(HEADER.pack(MAGIC, P2P, DTYPE_CODE[t.dtype], -1, tag, 0, t.numel, len(data)))
         p.out.append(data)
         self._pump("send", time.monotonic() + self.timeout)
 
     def _recv(self, t, src, tag):
         a = _array(t).reshape(-1)
-        want = (_DTYPE_CODE[t.dtype], t.numel)
+        want = (DTYPE_CODE[t.dtype], t.numel)
         deadline = time.monotonic() + self.timeout
         p = self._peers[src]
         while not self._stash[(src, tag)]:
             def on_collective(p, h):
                 raise ValueError(f"tcp recv(src={src}, tag={tag}) on rank {self.rank}: rank {src} started "
-                                 f"{_KINDS[h[0]]} (its call #{h[4]}) instead of sending: every rank must make the "
+                                 f"{KINDS[h[0]]} (its call #{h[4]}) instead of sending: every rank must make the "
                                  f"same calls in the same order")
             self._read_header(p, on_collective, again=False)
             try:
@@ -748,11 +494,8 @@ class TcpCommunicator(Communicator):
             self._close()
 
     def _close(self):
+        self._poller.forget()
         for p in self._peers.values():
-            try:
-                self._poller.unregister(p.fd)
-            except (KeyError, ValueError, OSError):
-                pass
             try:
                 if os.getpid() == self._pid:  # a forked child's copy must not cut its parent's connections
                     p.sock.shutdown(socket.SHUT_RDWR)
@@ -760,11 +503,6 @@ class TcpCommunicator(Communicator):
                 pass
             p.sock.close()
         self._peers = {}
-        self._fds = {}
-        self._poller = select.poll()
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
 
     def _on_timeout(self, name: str) -> CommError:
         busy = ", ".join(f"rank {p.rank} ({p.address})" for p in self._peers.values() if p.busy())
@@ -807,122 +545,6 @@ class _ExitRecords:
 
 
 _exits = _ExitRecords()
-
-
-class _Greeter:
-    """Accepts the higher ranks' connections on a rank's listener, from a thread, and greets each in a thread of
-    its own (auth.serve: each costs at most a few KiB and auth.HANDSHAKE_S seconds until it proves the key), so
-    silent or hostile connections never delay the real peers. At most MAX_AT_ONCE greetings run at once; more
-    connections are closed at once (a real peer that meets that retries)."""
-
-    MAX_AT_ONCE = 64
-
-    def __init__(self, comm: "TcpCommunicator", listener: socket.socket):
-        self._comm, self._listener = comm, listener
-        self._expect = comm.world_size - 1 - comm.rank
-        self._admitted: dict = {}  # rank -> socket
-        self._taken: set = set()
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._slots = threading.BoundedSemaphore(self.MAX_AT_ONCE)
-        self._stopped = False
-        listener.settimeout(0.2)  # the accept loop looks at _stopped this often
-        self._thread = threading.Thread(target=self._accept, name="singa_lite-tcp-accept", daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        pause = 0.05
-        while not self._stopped:
-            try:
-                sock, _ = self._listener.accept()
-            except socket.timeout:
-                continue
-            except OSError as e:
-                if self._stopped or e.errno in (errno.EBADF, errno.EINVAL):
-                    return
-                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    time.sleep(pause)  # the connection waits in the backlog
-                    pause = min(pause * 2, 1.0)
-                continue
-            pause = 0.05
-            if not self._slots.acquire(blocking=False):
-                sock.close()
-                continue
-            threading.Thread(target=self._greet, args=(sock,), name="singa_lite-tcp-greet", daemon=True).start()
-
-    def _greet(self, sock: socket.socket) -> None:
-        comm = self._comm
-
-        def admit(hello):
-            with self._lock:
-                return comm._admit(hello, self._taken)
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if comm._credentials.tls is not None:
-                wrapped = auth.accept_tls(sock, comm._credentials)
-                if wrapped is None:
-                    sock.close()
-                sock = wrapped
-            peer = None if sock is None else auth.serve(sock, comm._credentials, "mesh", admit=admit,
-                              extra={"prefix": comm._prefix, "rank": comm.rank})
-        except OSError:  # ssl.SSLError too: not a TLS peer of this job
-            peer = None
-        finally:
-            self._slots.release()
-        with self._lock:
-            if peer is None or self._stopped:
-                if sock is not None:
-                    sock.close()
-                return
-            sock.settimeout(None)
-            self._admitted[peer.hello["rank"]] = sock
-            if len(self._admitted) == self._expect:
-                self._done.set()
-
-    def wait(self, deadline: float, me: str) -> dict:
-        """{rank: socket} of every higher rank, or CommError naming those that did not connect in time."""
-        self._done.wait(max(deadline - time.monotonic(), 0.0))
-        with self._lock:
-            if len(self._admitted) == self._expect:
-                got, self._admitted = self._admitted, {}
-                return got
-            comm = self._comm
-            missing = [r for r in range(comm.rank + 1, comm.world_size) if r not in self._admitted]
-        raise CommError(f"tcp communicator (rank {comm.rank} of {comm.world_size}, listening at {me}): "
-                        f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not connect "
-                        f"within {comm.timeout:g} s; check that they started and that no firewall blocks {me} "
-                        f"(host= sets the address peers reach this rank at)")
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
-            left, self._admitted = self._admitted, {}
-        for sock in left.values():
-            sock.close()
-
-
-def _own_addresses(name: str, family: int) -> list:
-    """This host's addresses that are not loopback, among those `name` and the host name resolve to."""
-    found = []
-    for n in (name, socket.gethostname()):
-        try:
-            infos = socket.getaddrinfo(n, None, family, socket.SOCK_STREAM)
-        except OSError:
-            continue
-        for info in infos:
-            address = info[4][0]
-            try:
-                if ipaddress.ip_address(address.split("%")[0]).is_loopback or address in found:
-                    continue
-            except ValueError:
-                continue
-            with socket.socket(family, socket.SOCK_STREAM) as probe:
-                try:
-                    probe.bind((address, 0))
-                except OSError:  # not an address of this host
-                    continue
-            found.append(address)
-    return found
 
 
 def _bounded(fn, seconds: float):

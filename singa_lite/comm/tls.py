@@ -21,7 +21,7 @@ certificate; host names are not checked, ranks reach each other by address). Mak
     openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 365 \\
         -subj /CN=singa_lite -keyout tls.key -out tls.crt && chmod 600 tls.key
 
-Its cost was measured in docs/benchmarks/communication.md ("TLS").
+Its cost: docs/benchmarks/communication.md ("Authentication and TLS on the tcp backend").
 """
 from __future__ import annotations
 

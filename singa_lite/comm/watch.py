@@ -99,7 +99,7 @@ def open_board(watcher_pid: int, board_fd: int, slots: int):
         return None
 
 
-def _first_of(ended: list, board, order: dict) -> tuple:
+def first_of(ended: list, board, order: dict) -> tuple:
     """Of ranks that ended at the same wake-up, the one that died first, told by the progress board: the rank
     the others had gone past. (rank, how it was told) or (None, why not)."""
     if len(ended) == 1:
@@ -168,7 +168,7 @@ def watch(name: bytes, host: str, ready_fd: int, ranks: dict) -> str | None:
         if seen_alone is None and ended:
             seen_alone = ended[0] if len(ended) == 1 else -1
     if ended:
-        first, how = _first_of(ended, board, order)
+        first, how = first_of(ended, board, order)
         if first is None and seen_alone is not None and seen_alone >= 0:
             first, how = seen_alone, ""  # the board cannot tell them apart: the one whose end was seen first
         if first is None:

@@ -236,8 +236,7 @@ def broadcast_parameters(model, root: int = 0) -> None:
     every rank. model: a Layer / Model, a dict or list of parameter tensors, an object with ``parameters()``
     or a plain class with layer attributes."""
     comm = _group("ddp.broadcast_parameters")
-    if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < comm.world_size:
-        raise ValueError(f"ddp.broadcast_parameters: root must be a rank in [0, {comm.world_size}), got {root!r}")
+    comm.check_rank(root, "ddp.broadcast_parameters", "root")
     replicas.broadcast_parameters(comm, replicas.named_parameters(model, "ddp.broadcast_parameters"), root,
                                   who="ddp.broadcast_parameters")
 

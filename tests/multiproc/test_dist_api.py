@@ -86,7 +86,7 @@ def test_timeout_setting(monkeypatch):
 
 def test_object_codec_is_json_with_bytes():
     obj = {"a": [1, 2.5, None, True], "b": b"\x00\xff", "c": {"d": "e"}}
-    assert communicator._decode(communicator._encode(obj, "x")) == obj
-    assert communicator._decode(communicator._encode((1, 2), "x")) == [1, 2]
+    assert communicator.decode_object(communicator.encode_object(obj, "x")) == obj
+    assert communicator.decode_object(communicator.encode_object((1, 2), "x")) == [1, 2]
     with pytest.raises(TypeError, match="cannot send set"):
-        communicator._encode({1, 2}, "x")
+        communicator.encode_object({1, 2}, "x")

@@ -125,15 +125,15 @@ def test_mpiexec_watcher_names_the_dead_rank_when_it_wakes_late():
 
 
 def test_watcher_first_of():
-    from singa_lite.comm.watch import _first_of
+    from singa_lite.comm.watch import first_of
 
     order = {0: 0, 1: 1, 2: 2}
-    assert _first_of([2], None, order) == (2, "")
-    assert _first_of([0, 1, 2], [5, 4, 5], order)[0] == 1
-    assert _first_of([0, 1, 2], [5, 5, 5], order) == (None, "their progress was the same")
-    assert _first_of([0, 1, 2], [5, 4, 4], order) == (None, "their progress was the same")
-    assert _first_of([0, 1], None, order) == (None, "no progress board")
-    assert _first_of([0, 1], [7, 7, 9], order) == (None, "their progress was the same")  # rank 2 ran on
+    assert first_of([2], None, order) == (2, "")
+    assert first_of([0, 1, 2], [5, 4, 5], order)[0] == 1
+    assert first_of([0, 1, 2], [5, 5, 5], order) == (None, "their progress was the same")
+    assert first_of([0, 1, 2], [5, 4, 4], order) == (None, "their progress was the same")
+    assert first_of([0, 1], None, order) == (None, "no progress board")
+    assert first_of([0, 1], [7, 7, 9], order) == (None, "their progress was the same")  # rank 2 ran on
 
 
 @pytest.mark.parametrize("launcher", ["multiprocessing", "singa-run", "mpi"])

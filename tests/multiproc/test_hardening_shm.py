@@ -341,8 +341,8 @@ def test_a_killed_multiprocessing_job_leaves_no_segment(point, tmp_path):
 
 # ---------------------------------------------------------------- what the sweep removes, and what not
 def test_sweep_removes_only_our_dead_creators_names(tmp_path):
-    me, ns = os.getpid(), holder_mod._pid_namespace()
-    start = holder_mod._start_time(me)
+    me, ns = os.getpid(), holder_mod.pid_namespace()
+    start = holder_mod.start_time(me)
     dead = subprocess.Popen(["true"])
     dead.wait()
     old = time.time() - 2 * holder_mod.OLD_NAME_AGE_S
@@ -377,8 +377,8 @@ def test_sweep_removes_nothing_where_processes_cannot_be_looked_up(tmp_path, mon
     # Without a readable /proc every creator would look dead, live jobs' names included.
     dead = subprocess.Popen(["true"])
     dead.wait()
-    name = f"singa_lite_{dead.pid}_123_{holder_mod._pid_namespace()}_{'a' * 16}"
+    name = f"singa_lite_{dead.pid}_123_{holder_mod.pid_namespace()}_{'a' * 16}"
     (tmp_path / name).write_bytes(b"x")
-    monkeypatch.setattr(holder_mod, "_start_time", lambda pid: None)
+    monkeypatch.setattr(holder_mod, "start_time", lambda pid: None)
     assert holder_mod.sweep_stale_segments(str(tmp_path)) == []
     assert os.listdir(tmp_path) == [name]

@@ -149,7 +149,7 @@ def test_multiprocessing_ranks_name_their_files(tmp_path):
     finally:
         if env_rank is not None:
             os.environ["RANK"] = env_rank
-        holder._cleanup()
+        holder.cleanup()
     assert got == {r: str(tmp_path / f"trace.rank{r}.json") for r in range(2)}, got
     for r in range(2):
         doc, evs = _events(got[r])

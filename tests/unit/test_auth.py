@@ -152,10 +152,10 @@ def test_a_client_refuses_a_server_that_cannot_prove_the_key(key_dir):
     a, b = socket.socketpair()
 
     def impostor():  # speaks the protocol, claims the secret, has no key
-        obj, _ = auth._recv(a, time.monotonic() + 10)
-        auth._send(a, {"job": "j", "kind": "secret", "key_id": "", "nonce": "00" * 16, "purpose": "store"})
-        auth._recv(a, time.monotonic() + 10)
-        auth._send(a, {"proof": "00" * 32})
+        obj, _ = auth.recv_frame(a, time.monotonic() + 10)
+        auth.send_frame(a, {"job": "j", "kind": "secret", "key_id": "", "nonce": "00" * 16, "purpose": "store"})
+        auth.recv_frame(a, time.monotonic() + 10)
+        auth.send_frame(a, {"proof": "00" * 32})
     t = threading.Thread(target=impostor)
     t.start()
     with pytest.raises(auth.Refused, match="did not prove it holds this job's key"):

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from singa_lite import dist
-from singa_lite.comm import env, launcher
+from singa_lite.comm import env, launch_args
 
 TORCHRUN = {"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
 SLURM = {  # task 5 of `srun -N 3 -n 7` on nodes gpu[07-08],cpu1 (3 + 3 + 1 tasks)
@@ -153,27 +153,27 @@ def rec(node, wanted=None, gpu=False):
 
 
 def test_backend_decision():
-    one_host = env._decide([rec("a"), rec("a")])
+    one_host = env.decide([rec("a"), rec("a")])
     assert one_host["backend"] == "shm" and one_host["shm_name"].startswith("/singa_lite_")
     assert one_host["nodes"] == [0, 0] and one_host["error"] is None
-    assert env._decide([rec("a"), rec("b")])["backend"] == "tcp"
-    assert env._decide([rec("a", gpu=True), rec("b", gpu=True)])["backend"] == "nccl"
-    assert env._decide([rec("a", "tcp"), rec("a", "tcp")])["backend"] == "tcp"  # asked for: on one host too
-    table = env._decide([rec("a", "shm"), rec("b", "shm"), rec("b", "shm")])
+    assert env.decide([rec("a"), rec("b")])["backend"] == "tcp"
+    assert env.decide([rec("a", gpu=True), rec("b", gpu=True)])["backend"] == "nccl"
+    assert env.decide([rec("a", "tcp"), rec("a", "tcp")])["backend"] == "tcp"  # asked for: on one host too
+    table = env.decide([rec("a", "shm"), rec("b", "shm"), rec("b", "shm")])
     assert "backend 'shm' needs every rank on one host, but the ranks run on 2 hosts (a: rank(s) 0; b: rank(s) " \
            "1, 2)" in table["error"]
-    assert "rank(s) 0: tcp; rank(s) 1: automatic" in env._decide([rec("a", "tcp"), rec("a")])["error"]
-    assert "rank(s) 1 made a GPU their default device" in env._decide([rec("a"), rec("a", gpu=True)])["error"]
+    assert "rank(s) 0: tcp; rank(s) 1: automatic" in env.decide([rec("a", "tcp"), rec("a")])["error"]
+    assert "rank(s) 1 made a GPU their default device" in env.decide([rec("a"), rec("a", gpu=True)])["error"]
 
 
 def test_backend_requests_under_env_init(monkeypatch):
     monkeypatch.delenv(env.BACKEND_VAR, raising=False)
-    assert env._wanted_backend(None) is None and env._wanted_backend("tcp") == "tcp"
+    assert env.wanted_backend(None) is None and env.wanted_backend("tcp") == "tcp"
     with pytest.raises(ValueError, match="backend 'mpi' takes its ranks from mpiexec"):
-        env._wanted_backend("mpi")
+        env.wanted_backend("mpi")
     monkeypatch.setenv(env.BACKEND_VAR, "gloo")
     with pytest.raises(ValueError, match="got 'gloo' \\(from SINGA_LITE_COMM_BACKEND\\)"):
-        env._wanted_backend(None)
+        env.wanted_backend(None)
 
 
 def test_init_method_arguments(monkeypatch):
@@ -197,9 +197,9 @@ def hostfile(tmp_path, text):
 
 def test_hostfiles_of_both_forms(tmp_path):
     mpich = hostfile(tmp_path, "# MPICH\nnode1:2\n\n  node2:3   # the big one\nnode3\nnode1:1\n")
-    assert launcher.read_hostfile(mpich) == [("node1", 3), ("node2", 3), ("node3", 1)]  # node1 named twice: 3
+    assert launch_args.read_hostfile(mpich) == [("node1", 3), ("node2", 3), ("node3", 1)]  # node1 named twice: 3
     ompi = hostfile(tmp_path, "node1 slots=2 max_slots=4\n10.0.0.2 slots=2\n#node3 slots=8\nnode4\n")
-    assert launcher.read_hostfile(ompi) == [("node1", 2), ("10.0.0.2", 2), ("node4", 1)]
+    assert launch_args.read_hostfile(ompi) == [("node1", 2), ("10.0.0.2", 2), ("node4", 1)]
 
 
 @pytest.mark.parametrize("text,message", [
@@ -212,14 +212,14 @@ def test_hostfiles_of_both_forms(tmp_path):
 ])
 def test_bad_hostfile_lines_are_named(tmp_path, text, message):
     path = hostfile(tmp_path, text)
-    with pytest.raises(launcher.UsageError) as info:
-        launcher.read_hostfile(path)
+    with pytest.raises(launch_args.UsageError) as info:
+        launch_args.read_hostfile(path)
     assert message in str(info.value).replace(path, "hosts")
 
 
 def singa_run_args(argv):
-    args = launcher.parse_command_line(launcher.build_parser(), argv)
-    launcher.check_args(args)
+    args = launch_args.parse_command_line(launch_args.build_parser(), argv)
+    launch_args.check_args(args)
     return args
 
 
@@ -233,7 +233,7 @@ def test_hostfile_placement_and_rank_commands(tmp_path, monkeypatch):
         ("h1", 0, 0, 2), ("h1", 0, 1, 2), ("h2", 1, 0, 2), ("h2", 1, 1, 2)]
     args = singa_run_args(["--hostfile", path, "-np", "3", "--launcher-exec", "ssh -o BatchMode=yes",
                            "--master-addr", "10.0.0.1", "--master-port", "4000", "--backend", "tcp", "train.py"])
-    cmd = launcher.remote_command(args, 2)
+    cmd = launch_args.remote_command(args, 2)
     assert cmd[:4] == ["ssh", "-o", "BatchMode=yes", "h2"]
     assert cmd[4:8] == [sys.executable, "-m", "singa_lite.comm.launcher", "--singa-run-rank"]
     assert cmd[8] == str(tmp_path)
@@ -245,7 +245,7 @@ def test_hostfile_placement_and_rank_commands(tmp_path, monkeypatch):
     assert cmd[cmd.index("--") + 1:] == [sys.executable, "train.py"]
     # words with spaces are quoted for the remote shell, as ssh expects
     args = singa_run_args(["--hostfile", path, "train.py", "a b"])
-    assert launcher.remote_command(args, 0)[-1] == "'a b'"
+    assert launch_args.remote_command(args, 0)[-1] == "'a b'"
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -261,7 +261,7 @@ def test_singa_run_hostfile_errors(tmp_path, monkeypatch, argv, message):
     (tmp_path / "train.py").write_text("")
     path = hostfile(tmp_path, "h1:2\nh2 slots=2\n")
     argv = [path if a == "HOSTS" else a for a in argv]
-    with pytest.raises(launcher.UsageError) as info:
+    with pytest.raises(launch_args.UsageError) as info:
         singa_run_args(argv)
     assert message in str(info.value).replace(path, "HOSTS")
 
@@ -281,11 +281,11 @@ def test_singa_run_checks_a_given_secret_before_starting_anything(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("")
     monkeypatch.setenv("SINGA_LITE_JOB_SECRET", "short")
-    with pytest.raises(launcher.UsageError, match="a job secret must be 16 to 4096 characters, got 5"):
+    with pytest.raises(launch_args.UsageError, match="a job secret must be 16 to 4096 characters, got 5"):
         singa_run_args(["-np", "2", "train.py"])
     monkeypatch.setenv("SINGA_LITE_JOB_SECRET", "a-long-enough-secret")
     monkeypatch.setenv("SINGA_LITE_JOB_ID", "my-run")
     args = singa_run_args(["-np", "2", "train.py"])
     assert (args.job_id, args.secret) == ("my-run", "a-long-enough-secret")  # the user's choice stands
-    env = launcher.rank_environment(args, 1, "{}")
+    env = launch_args.rank_environment(args, 1, "{}")
     assert env["SINGA_LITE_JOB_ID"] == "my-run" and env["SINGA_LITE_JOB_SECRET"] == "a-long-enough-secret"

@@ -1,11 +1,11 @@
-"""When the mpi backend may run its C++ hot path (singa_lite/comm/mpi.py, mpich_abi_library): only when mpi4py
+"""When the mpi backend may run its C++ hot path (singa_lite/comm/mpi_hot.py, mpich_abi_library): only when mpi4py
 talks to the MPI library through the MPICH ABI, whose 4-byte handles the C++ side passes on as they are. Any
 other ABI (Open MPI's pointer handles, the MPI-5 standard ABI), or an mpi4py without the introspection, must
 keep the Python path. Stub MPI modules: no MPI library is needed."""
 import pytest
 
 from singa_lite import _core
-from singa_lite.comm import mpi
+from singa_lite.comm import mpi_hot
 
 
 class MpichLike:
@@ -38,7 +38,7 @@ class NoIntrospection:  # an mpi4py without _sizeof / _handleof
 
 @pytest.mark.parametrize("stub", [PointerHandles, OtherValues, NoIntrospection])
 def test_other_abis_keep_the_python_path(stub):
-    assert mpi.mpich_abi_library(stub) is None
+    assert mpi_hot.mpich_abi_library(stub) is None
 
 
 def test_the_mpich_abi_needs_its_library_loaded(monkeypatch):
@@ -52,7 +52,7 @@ def test_the_mpich_abi_needs_its_library_loaded(monkeypatch):
             return io.StringIO("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/libc.so.6\n")
         return real_open(path, *args, **kwargs)
     monkeypatch.setattr(builtins, "open", maps_without_mpi)
-    assert mpi.mpich_abi_library(MpichLike) is None
+    assert mpi_hot.mpich_abi_library(MpichLike) is None
 
 
 def test_the_mpich_abi_with_its_library_gives_its_path(monkeypatch):
@@ -63,7 +63,7 @@ def test_the_mpich_abi_with_its_library_gives_its_path(monkeypatch):
            "7f01-7f02 r--p 00001000 08:01 1 /opt/venv/lib/libmpi.so.12.5.0\n"
     monkeypatch.setattr(builtins, "open",
                         lambda p, *a, **k: io.StringIO(maps) if p == "/proc/self/maps" else real_open(p, *a, **k))
-    assert mpi.mpich_abi_library(MpichLike) == "/opt/venv/lib/libmpi.so.12.5.0"
+    assert mpi_hot.mpich_abi_library(MpichLike) == "/opt/venv/lib/libmpi.so.12.5.0"
 
 
 def test_the_hot_path_refuses_a_library_that_is_not_loaded():

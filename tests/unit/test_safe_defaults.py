@@ -1,7 +1,7 @@
 """Safe defaults (issue 8): nothing in the package loads a pickle from disk or network (except the CIFAR-10
 reader's restricted unpickler, which builds only plain data), the holder keeps NCCL's bootstrap on loopback,
 and nothing listens on a network socket except the two modules of a launch without MPI (comm/store.py, the
-rendezvous at MASTER_ADDR:MASTER_PORT, and comm/tcp.py, the tcp backend), used only when the user starts
+rendezvous at MASTER_ADDR:MASTER_PORT, and comm/tcp_mesh.py, the tcp backend's mesh), used only when the user starts
 ranks that way: singa-run on one host and the holder's ranks find each other through an owner-only
 shared-memory segment (tests/multiproc/test_shm_core.py), the mpiexec watcher on an abstract Unix socket."""
 import ast
@@ -43,10 +43,10 @@ def test_no_unrestricted_unpickling_and_no_listening_socket(path):
             assert "allow_pickle" in keywords and isinstance(keywords["allow_pickle"], ast.Constant) and \
                 keywords["allow_pickle"].value is False, f"{where}: np.load without allow_pickle=False"
         module = path.relative_to(PACKAGE).as_posix()
-        listens = module in ("comm/watch.py", "comm/store.py", "comm/tcp.py")
+        listens = module in ("comm/watch.py", "comm/store.py", "comm/tcp_mesh.py")
         assert name != "listen" or listens, f"{where}: a listening socket"
         # singa-run --hostfile binds (never listens) to find a free port for the rendezvous, then closes it
-        assert name != "bind" or listens or module == "comm/launcher.py", f"{where}: a bound socket"
+        assert name != "bind" or listens or module == "comm/launch_args.py", f"{where}: a bound socket"
     for node in ast.walk(tree):  # the one unpickler is the restricted one, whose every global is vetted
         if isinstance(node, ast.ClassDef):
             bases = [ast.unparse(b) for b in node.bases]

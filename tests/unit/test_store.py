@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from singa_lite.comm import auth
+from singa_lite.comm import auth, env
 from singa_lite.comm import store as store_mod
 from singa_lite.comm.communicator import CommError
 from singa_lite.comm.store import TcpStore, barrier
@@ -175,7 +175,7 @@ def test_server_drops_a_stray_client_and_survives_disconnects(server):
     auth.client(rogue, server.credentials, "store", {"store": store_mod.VERSION})
     rogue.settimeout(5)
     too_big = store_mod.MAX_PAYLOAD_BYTES + 1
-    rogue.sendall(struct.pack("!4sBBHI", b"SLKV", store_mod.VERSION, store_mod._SET, 0, too_big))
+    rogue.sendall(struct.pack("!4sBBHI", b"SLKV", store_mod.VERSION, store_mod.OP_SET, 0, too_big))
     assert hung_up(rogue)
     rogue.close()
     # a real client that goes away in the middle of a blocking get
@@ -242,3 +242,24 @@ def test_a_forked_child_closing_its_copy_leaves_the_parents_store_serving(server
         with client(server) as b:
             b.set("after", b"2")
         assert a.get("after") == b"2"
+
+
+def test_rank_0_keeps_serving_the_rendezvous_store_through_its_communicator(monkeypatch):
+    # The environment rendezvous of a one-rank job on loopback: the shm communicator it gives holds rank 0's
+    # store (Communicator.rendezvous_store), so that the store serves as long as the job runs.
+    monkeypatch.setenv("SINGA_LITE_JOB_SECRET", "a-long-enough-secret")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launch = env.read({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    comm = env.rendezvous(launch, timeout=30)
+    try:
+        assert comm.backend == "shm" and not comm.keeps_store
+        store = comm.rendezvous_store
+        assert isinstance(store, TcpStore) and store.is_server and store.port == port
+        assert store.client_address[0] == "127.0.0.1"  # its own connection, on loopback
+        assert store.get("table")  # still serving
+    finally:
+        comm.close()
+        comm.rendezvous_store.close()

@@ -49,9 +49,9 @@ def raw_client(server):
 
 
 def request(sock, code, fields):
-    sock.sendall(store_mod._pack(code, fields))
-    _, status, length = store_mod._read_header(sock)
-    return status, store_mod._fields(store_mod._recv_exact(sock, length))
+    sock.sendall(store_mod.pack_message(code, fields))
+    _, status, length = store_mod.read_message_header(sock)
+    return status, store_mod.split_fields(store_mod.recv_exact(sock, length))
 
 
 def hung_up(sock, within=5.0):
@@ -79,7 +79,7 @@ def test_a_stranger_reads_and_writes_nothing(server, tmp_path):
         TcpStore(HOST, server.port, 3, is_server=False, timeout=5, credentials=stranger)
     # the old protocol's first bytes (a set without any handshake) get the connection dropped, unanswered
     sock = socket.create_connection((HOST, server.port), timeout=5)
-    sock.sendall(struct.pack("!4sBBHI", b"SLKV", 1, store_mod._SET, 0, 12) + b"\0\0\0\x03key\0\0\0\x01v")
+    sock.sendall(struct.pack("!4sBBHI", b"SLKV", 1, store_mod.OP_SET, 0, 12) + b"\0\0\0\x03key\0\0\0\x01v")
     assert hung_up(sock)
     assert server.get("shm_name") == b"/singa_lite_secret_name" and not server.delete_key("key")
 
@@ -144,7 +144,7 @@ def test_announced_sizes_reserve_nothing(server):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     socks = [raw_client(server) for _ in range(8)]
     for s in socks:
-        s.sendall(struct.pack("!4sBBHI", b"SLKV", store_mod.VERSION, store_mod._SET, 0, store_mod.MAX_VALUE_BYTES))
+        s.sendall(struct.pack("!4sBBHI", b"SLKV", store_mod.VERSION, store_mod.OP_SET, 0, store_mod.MAX_VALUE_BYTES))
     time.sleep(0.5)
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown_mib < 64, f"the store grew by {grown_mib:.0f} MiB for announced, unsent messages"
@@ -168,12 +168,12 @@ def test_the_stores_data_has_a_quota(server, monkeypatch):
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 1e300])
 def test_every_timeout_read_from_the_wire_is_checked(server, bad):
     sock = raw_client(server)
-    status, fields = request(sock, store_mod._GET, [b"k", store_mod._DOUBLE.pack(bad)])
-    assert status == store_mod._ERROR and b"not a finite number of seconds" in b"".join(fields)
-    status, fields = request(sock, store_mod._WAIT, [store_mod._DOUBLE.pack(bad), b"k"])
-    assert status == store_mod._ERROR
-    status, _ = request(sock, store_mod._SET, [b"k", b"v"])  # the connection still serves
-    assert status == store_mod._OK
+    status, fields = request(sock, store_mod.OP_GET, [b"k", store_mod.DOUBLE.pack(bad)])
+    assert status == store_mod.STATUS_ERROR and b"not a finite number of seconds" in b"".join(fields)
+    status, fields = request(sock, store_mod.OP_WAIT, [store_mod.DOUBLE.pack(bad), b"k"])
+    assert status == store_mod.STATUS_ERROR
+    status, _ = request(sock, store_mod.OP_SET, [b"k", b"v"])  # the connection still serves
+    assert status == store_mod.STATUS_OK
     sock.close()
 
 

@@ -20,7 +20,8 @@ import time
 import numpy as np
 
 from singa_lite import _core, tensor
-from singa_lite.comm import mpi
+from singa_lite.comm import mpi, mpi_hot
+from singa_lite.comm._arrays import array
 from singa_lite.comm.communicator import REDUCE_OPS
 
 DTYPES = (tensor.float32, tensor.float64, tensor.int32, tensor.int64, tensor.float16, tensor.bfloat16)
@@ -47,12 +48,12 @@ def make(x: np.ndarray, dtype):
 
 
 def bits(t) -> bytes:
-    return mpi._array(t).tobytes()  # bfloat16 as its uint16 bits
+    return array(t).tobytes()  # bfloat16 as its uint16 bits
 
 
 def main():
     hot = mpi.MpiCommunicator(timeout=60)
-    os.environ[mpi.HOT_PATH_VAR] = "0"
+    os.environ[mpi_hot.HOT_PATH_VAR] = "0"
     cold = mpi.MpiCommunicator(timeout=60)
     rank = hot.rank
     print(f"HOT {rank} {hot._hot is not None} {cold._hot is not None}", flush=True)

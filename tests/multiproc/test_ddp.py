@@ -1,4 +1,4 @@
-"""singa_lite.ddp (Needle's ddp API) and parallel.DataParallel (the DDP exercises' MyDP) on the shm backend: 2 and
+"""parallel.ddp (Needle's ddp API) and parallel.DataParallel (the DDP exercises' MyDP) on the shm backend: 2 and
 3 ranks started by multiprocessing train the DDP exercises' tanh MLP with batch n/k each and must end where one process
 with batch n ends (rtol 1e-5); the replicas must agree after training, and disagree (with a warning) once one
 is perturbed. Scenarios live in ddp_cases.py (spawned children import them); the data partition and the

@@ -1,4 +1,4 @@
-"""Whose checkpoint it is (singa_lite/checkpoint.py, "Whose checkpoint it is"): the manifest records the saving
+"""Whose checkpoint it is (singa_lite/checkpoint/, "Whose checkpoint it is"): the manifest records the saving
 job's id (comm.auth.job_id()), and a save over another job's checkpoint is refused unless overwrite=True or
 this process loaded that checkpoint. In one process; tests/multiproc/test_checkpoint_resume.py has the same on
 2 ranks."""

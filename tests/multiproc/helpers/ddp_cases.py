@@ -1,4 +1,4 @@
-"""Multi-process scenarios for singa_lite.ddp (Needle's ddp API) and parallel.DataParallel (the DDP exercises' MyDP),
+"""Multi-process scenarios for parallel.ddp (Needle's ddp API) and parallel.DataParallel (the DDP exercises' MyDP),
 run by tests/multiproc/test_ddp.py on the shm backend (spawned children import this module).
 
 The model is the DDP exercises': a tanh MLP classifying generated data (small here). Every rank starts from a

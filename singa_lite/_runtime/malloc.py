@@ -10,9 +10,9 @@ glibc decides per free whether that memory goes back to the kernel:
   grows the heap and faults it in again.
 
 glibc starts both low (128 KiB) and raises them as the process frees large mappings (up to 32 MiB / 64 MiB),
-so the cost depends on what the process freed before: the numpy work of bench/train_loop.py (no singa_lite
-imported) took 0.27 ms in a fresh process and 0.61 ms in one that had run other numpy work first, and the loop
-with singa_lite's step paid 0 or 40-130 page faults an iteration depending on the thresholds. So at import,
+so the cost of a loop depends on what the process freed before: the same numpy work, or the same training
+step, runs at two speeds and pays page faults or none depending on the thresholds (measured in
+docs/benchmarks/training.md, "The loop, again"). So at import,
 singa_lite sets the thresholds where glibc's own heuristic ends up: mmap threshold 32 MiB, trim threshold
 64 MiB (``mallopt``; docs/benchmarks/training.md, "The loop, again", its malloc paragraph). The cost is memory: up to
 64 MiB of free heap per malloc arena stays with the process instead of going back to the system.

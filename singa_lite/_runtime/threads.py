@@ -4,16 +4,16 @@ singa_lite runs one pool: its OpenMP threads, each calling its own OpenBLAS (the
 a single thread (csrc/cpu/matmul.cpp). Two things follow.
 
 1. **Our OpenBLAS starts single-threaded, and only ours.** OpenBLAS reads ``OPENBLAS_NUM_THREADS`` once, when
-   it is loaded. The variable is set to 1 just while our library loads and restored right after. It used to
-   be set for the whole process, which also made numpy's OpenBLAS single-threaded whenever singa_lite was
-   imported before numpy (a 1024x1024 numpy matmul went from 11.4 to 21-24 ms on 2 cores).
+   it is loaded. The variable is set to 1 just while our library loads and restored right after: set for the
+   whole process, it would make numpy's OpenBLAS single-threaded too whenever singa_lite is imported before
+   numpy, and numpy's large matmuls about twice as slow (docs/benchmarks/training.md).
 
 2. **numpy's OpenBLAS stops spinning when its work is done.** After each call, numpy's BLAS worker threads
    keep spinning, 2^28 CPU cycles by default (``OPENBLAS_THREAD_TIMEOUT=28``, about 0.1 s), before they sleep.
    A training loop that does any numpy BLAS between steps (an accuracy matmul, augmentation) then runs every
-   step against those spinning threads. On 2 cores, SINGA's MNIST CNN's step plus 0.3 ms of numpy work took
-   2.8x the sum of the two alone. With numpy's timeout at 2^4 cycles it took 1.07x the sum, and numpy's own
-   large matmuls kept their speed (docs/benchmarks/training.md, "A training loop with numpy work").
+   step against those spinning threads, several times slower than the two alone; with numpy's timeout at 2^4
+   cycles the loop costs about the sum, and numpy's own large matmuls keep their speed (measured in
+   docs/benchmarks/training.md, "A training loop with numpy work").
    So at import, singa_lite sets numpy's OpenBLAS thread timeout to ``OPENBLAS_THREAD_TIMEOUT`` (default
    4, kept if the user set it). The timeout is only read when the threads start, so the library re-reads
    its environment (``openblas_read_env``) and stops its idle threads (``blas_thread_shutdown_``). They

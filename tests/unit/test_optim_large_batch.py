@@ -29,12 +29,8 @@ def make_data(seed, dtype, steps=8, shapes=SHAPES):
 
 
 def to_tensors(params):
-    out = {}
-    for n, a in params.items():
-        t = tensor.from_numpy(a.copy())
-        t.name = n
-        out[n] = t
-    return out
+    """Named parameter tensors (stores_grad: what a model's get_params() and checkpoints see)."""
+    return {n: tensor.Tensor(data=a.copy(), requires_grad=True, stores_grad=True, name=n) for n, a in params.items()}
 
 
 def run_steps(o, ptensors, grads):
@@ -414,3 +410,38 @@ def test_adamw_under_mixed_precision_updates_float32_masters():
     assert mp.step_counter == 6 and mp.opt.m["w"].dtype == tensor.float32
     states = mp.get_states()
     assert {"m", "v", "t", "masters", "loss_scale"} <= set(states)
+
+
+# ---------------------------------------------------------------- checkpoints on disk, the replica check
+@pytest.mark.parametrize("make", [lambda: opt.AdamW(lr=0.01, amsgrad=True),
+                                  lambda: opt.LAMB(lr=opt.WarmupCosineDecay(0.05, 20, 3)),
+                                  lambda: opt.LARS(lr=1.0, eta=0.05)], ids=["AdamW", "LAMB", "LARS"])
+def test_checkpoint_save_load_resumes_bit_for_bit(tmp_path, make):
+    from singa_lite import checkpoint
+
+    params, grads = make_data(6, np.float32, steps=6)
+    straight_o, straight_p = make(), to_tensors(params)
+    straight = run_steps(straight_o, straight_p, grads)[-1]
+    o, p = make(), to_tensors(params)
+    run_steps(o, p, grads[:3])
+    checkpoint.save(str(tmp_path / "ckpt"), p, o)
+    o2, p2 = make(), to_tensors({n: np.zeros_like(a) for n, a in params.items()})
+    checkpoint.load(str(tmp_path / "ckpt"), p2, o2)
+    assert o2.step_counter == 3 and o2.lr_value == o.lr_value
+    resumed = run_steps(o2, p2, grads[3:])[-1]
+    for n in params:
+        np.testing.assert_array_equal(resumed[n], straight[n], err_msg=n)
+
+
+def test_replica_digests_cover_the_new_state_slots():
+    from singa_lite.parallel.replica_check import replica_digests
+
+    params, grads = make_data(7, np.float32, steps=1, shapes={"w": (3, 2)})
+    o = opt.AdamW(amsgrad=True)
+    pt = to_tensors(params)
+    run_steps(o, pt, grads)
+    names = [name for _, name, *_ in replica_digests(pt, o)]
+    assert {"m of w", "v of w", "v_max of w"} <= set(names), names
+    base = replica_digests(pt, o)
+    o.v_max["w"].copy_from_numpy(tensor.to_numpy(o.v_max["w"]) * 2)
+    assert replica_digests(pt, o) != base

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from .data.partition import data_partition  # noqa: F401 - SINGA scripts partition with DistOpt's rank
 from .optim.algorithms import SGD, AdaGrad, Adam, RMSProp
-from .optim.large_batch import LAMB, LARS, AdamW  # beyond SINGA: large-batch training
 from .optim.clip import clip_grad_norm, grad_norm  # between DistOpt's exchange and update
+from .optim.large_batch import LAMB, LARS, AdamW  # beyond SINGA: large-batch training
 from .optim.optimizer import Optimizer
 from .optim.schedules import Constant, DecayScheduler, ExponentialDecay, LinearDecay, StepDecay, WarmupCosineDecay
 

@@ -14,8 +14,8 @@ nothing of the data-parallel layer (``singa_lite.parallel``), which builds on it
 from __future__ import annotations
 
 from .algorithms import SGD, AdaGrad, Adam, RMSProp
-from .large_batch import LAMB, LARS, AdamW, one_dimensional
 from .clip import clip_grad_norm, grad_norm
+from .large_batch import LAMB, LARS, AdamW, one_dimensional
 from .optimizer import Optimizer
 from .schedules import Constant, DecayScheduler, ExponentialDecay, LinearDecay, StepDecay, WarmupCosineDecay
 

@@ -11,7 +11,7 @@ Where things are
 ----------------
 This module only re-exports (SINGA's names in one place): the schedules, the :class:`Optimizer` base class
 with the contract an optimizer keeps to work inside ``DistOpt``, and the optimizers are defined in
-``singa_lite/optim/`` (schedules.py, optimizer.py, algorithms.py; mixed precision in amp.py, clipping in
+``singa_lite/optim/`` (schedules.py, optimizer.py, algorithms.py, large_batch.py; mixed precision in amp.py, clipping in
 clip.py); ``DistOpt`` in ``singa_lite/parallel/dist_opt.py``.
 
 Differences from SINGA, on purpose
@@ -33,12 +33,14 @@ from __future__ import annotations
 from .data.partition import data_partition  # noqa: F401 - SINGA scripts partition with DistOpt's rank
 from .optim.algorithms import SGD, AdaGrad, Adam, RMSProp
 from .optim.clip import clip_grad_norm, grad_norm  # between DistOpt's exchange and update
+from .optim.large_batch import LAMB, LARS, AdamW  # beyond SINGA: large-batch training
 from .optim.optimizer import Optimizer
-from .optim.schedules import Constant, DecayScheduler, ExponentialDecay, LinearDecay, StepDecay
+from .optim.schedules import Constant, DecayScheduler, ExponentialDecay, LinearDecay, StepDecay, WarmupCosineDecay
 
 __all__ = [
-    "DecayScheduler", "Constant", "ExponentialDecay", "StepDecay", "LinearDecay",
-    "Optimizer", "SGD", "RMSProp", "AdaGrad", "Adam", "data_partition", "clip_grad_norm", "grad_norm",
+    "DecayScheduler", "Constant", "ExponentialDecay", "StepDecay", "LinearDecay", "WarmupCosineDecay",
+    "Optimizer", "SGD", "RMSProp", "AdaGrad", "Adam", "AdamW", "LAMB", "LARS", "data_partition",
+    "clip_grad_norm", "grad_norm",
 ]
 
 

@@ -4,6 +4,7 @@
 - optimizer.py: the :class:`Optimizer` base class and the contract an optimizer keeps (so that it works
   inside ``DistOpt``);
 - algorithms.py: ``SGD``, ``RMSProp``, ``AdaGrad``, ``Adam``;
+- large_batch.py: ``AdamW``, ``LAMB``, ``LARS`` (the optimizers of large-batch training);
 - amp.py: mixed precision (``MixedPrecision``, ``LossScaler``);
 - clip.py: clipping by the global norm (``clip_grad_norm``, ``grad_norm``).
 
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 from .algorithms import SGD, AdaGrad, Adam, RMSProp
 from .clip import clip_grad_norm, grad_norm
+from .large_batch import LAMB, LARS, AdamW, one_dimensional
 from .optimizer import Optimizer
-from .schedules import Constant, DecayScheduler, ExponentialDecay, LinearDecay, StepDecay
+from .schedules import Constant, DecayScheduler, ExponentialDecay, LinearDecay, StepDecay, WarmupCosineDecay
 
-__all__ = ["DecayScheduler", "Constant", "ExponentialDecay", "StepDecay", "LinearDecay",
-           "Optimizer", "SGD", "RMSProp", "AdaGrad", "Adam", "clip_grad_norm", "grad_norm"]
+__all__ = ["DecayScheduler", "Constant", "ExponentialDecay", "StepDecay", "LinearDecay", "WarmupCosineDecay",
+           "Optimizer", "SGD", "RMSProp", "AdaGrad", "Adam", "AdamW", "LAMB", "LARS", "one_dimensional",
+           "clip_grad_norm", "grad_norm"]

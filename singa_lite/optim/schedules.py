@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["DecayScheduler", "Constant", "ExponentialDecay", "StepDecay", "LinearDecay"]
+__all__ = ["DecayScheduler", "Constant", "ExponentialDecay", "StepDecay", "LinearDecay", "WarmupCosineDecay"]
 
 
 def _real(what: str, value) -> float:
@@ -105,3 +105,44 @@ class LinearDecay(DecayScheduler):
         frac = min(step, self.decay_steps) / self.decay_steps
         return self.init_value + (self.final_value - self.init_value) * frac
 
+
+
+class WarmupCosineDecay(DecayScheduler):
+    """Linear warmup, then cosine decay: the learning-rate schedule of large-batch training (Goyal et al. 2017's
+    warmup; Loshchilov & Hutter's cosine annealing without restarts)::
+
+        value(step) = start_value + (init_value - start_value) * step / warmup_steps     step < warmup_steps
+        value(step) = final_value + (init_value - final_value) * (1 + cos(pi * s / n)) / 2
+                      with s = step - warmup_steps, n = total_steps - warmup_steps      up to total_steps
+        value(step) = final_value                                                        after total_steps
+
+    ``init_value`` is the peak (the base learning rate), reached at ``warmup_steps``; ``total_steps`` counts
+    the warmup. The same as torch's ``SequentialLR([LinearLR(start_value / init_value, 1, warmup_steps),
+    CosineAnnealingLR(total_steps - warmup_steps, final_value)], [warmup_steps])`` up to ``total_steps``
+    (torch's cosine turns back up after it; this one stays at ``final_value``).
+    """
+
+    def __init__(self, init_value, total_steps, warmup_steps=0, start_value=0.0, final_value=0.0):
+        super().__init__(init_value)
+        for what, v in (("total_steps", total_steps), ("warmup_steps", warmup_steps)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
+                raise ValueError(f"WarmupCosineDecay: {what} must be an int >= 0, got {v!r}")
+        if not total_steps > warmup_steps:
+            raise ValueError(f"WarmupCosineDecay: total_steps (the whole schedule, warmup included) must be "
+                             f"greater than warmup_steps, got total_steps={total_steps}, "
+                             f"warmup_steps={warmup_steps}")
+        self.total_steps, self.warmup_steps = int(total_steps), int(warmup_steps)
+        self.start_value = _real("WarmupCosineDecay: start_value", start_value)
+        self.final_value = _real("WarmupCosineDecay: final_value", final_value)
+        for what, v in (("init_value", self.init_value), ("start_value", self.start_value),
+                        ("final_value", self.final_value)):
+            if not math.isfinite(v):
+                raise ValueError(f"WarmupCosineDecay: {what} must be finite, got {v!r}")
+
+    def call(self, step: float) -> float:
+        if step < self.warmup_steps:
+            return self.start_value + (self.init_value - self.start_value) * step / self.warmup_steps
+        if step >= self.total_steps:
+            return self.final_value
+        frac = (step - self.warmup_steps) / (self.total_steps - self.warmup_steps)
+        return self.final_value + (self.init_value - self.final_value) * (1.0 + math.cos(math.pi * frac)) / 2.0

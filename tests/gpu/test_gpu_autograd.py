@@ -83,8 +83,10 @@ def test_operator_forward_and_backward_in_float16(gpu, name, fn, ref, specs):
 @pytest.mark.parametrize("make", [lambda: opt.SGD(lr=0.1, momentum=0.9, weight_decay=1e-4),
                                   lambda: opt.SGD(lr=0.1, momentum=0.9, nesterov=True),
                                   lambda: opt.Adam(lr=0.01), lambda: opt.RMSProp(lr=0.01),
-                                  lambda: opt.AdaGrad(lr=0.05)],
-                         ids=["sgd", "nesterov", "adam", "rmsprop", "adagrad"])
+                                  lambda: opt.AdaGrad(lr=0.05),
+                                  lambda: opt.AdamW(lr=0.01, weight_decay=0.1, amsgrad=True),
+                                  lambda: opt.LAMB(lr=0.05), lambda: opt.LARS(lr=1.0, eta=0.05)],
+                         ids=["sgd", "nesterov", "adam", "rmsprop", "adagrad", "adamw", "lamb", "lars"])
 def test_optimizer_steps(gpu, make):
     rng = np.random.default_rng(0)
     w0, grads = rng.standard_normal((13, 7)), [rng.standard_normal((13, 7)) for _ in range(5)]

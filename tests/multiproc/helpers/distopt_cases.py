@@ -40,7 +40,11 @@ def make_opt(kind: str):
     if kind == "user":
         return UserSGD(lr=0.2)
     return {"sgd": lambda: opt.SGD(lr=0.1, momentum=0.9), "adam": lambda: opt.Adam(lr=0.01),
-            "rmsprop": lambda: opt.RMSProp(lr=0.01), "adagrad": lambda: opt.AdaGrad(lr=0.05)}[kind]()
+            "rmsprop": lambda: opt.RMSProp(lr=0.01), "adagrad": lambda: opt.AdaGrad(lr=0.05),
+            # large-batch optimizers: per-parameter norms of the averaged gradients must give 1-process ratios
+            "adamw": lambda: opt.AdamW(lr=0.01, weight_decay=0.1, amsgrad=True),
+            "lamb": lambda: opt.LAMB(lr=0.02, weight_decay=0.01),
+            "lars": lambda: opt.LARS(lr=1.0, momentum=0.9, eta=0.02, weight_decay=1e-3)}[kind]()
 
 
 def shard_of(x, y, rank: int, world: int):
@@ -264,8 +268,8 @@ SCENARIOS = {
     "singa_low_level": scenario_singa_low_level,
     "equivalence_sgd": lambda c: scenario_equivalence(c, "sgd"),
     "equivalence_adam": lambda c: scenario_equivalence(c, "adam"),
-    "equivalence_other_optimizers": lambda c: [scenario_equivalence(c, k, steps=10)
-                                               for k in ("rmsprop", "adagrad", "user")],
+    "equivalence_other_optimizers": lambda c: [scenario_equivalence(c, k, steps=10) for k in
+                                               ("rmsprop", "adagrad", "user", "adamw", "lamb", "lars")],
     "equivalence_small_buckets": lambda c: scenario_equivalence(c, "sgd", threshold=50, buff=100),
     "equivalence_small_first_bucket": lambda c: scenario_equivalence(c, "sgd", threshold=300, first_bucket=100),
     "buckets_leave_during_backward": scenario_buckets_leave_during_backward,

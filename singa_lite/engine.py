@@ -57,6 +57,7 @@ Choices (differences from SINGA 3 noted):
 from __future__ import annotations
 
 import numbers
+import weakref
 
 from . import _core, device
 from .raw import zeros
@@ -64,7 +65,8 @@ from .tensor import Tensor
 
 CTensor = _core.Tensor
 training = False
-# Ops that ran a backward: their state is dropped when the next recorded forward begins (see the module doc).
+# Weak references to the ops that ran a backward: their state is dropped when the next recorded forward
+# begins (see the module doc); weak, so that a graph nobody refers to is freed at once, as before.
 _spent = []
 # The operator hook (device.on_op_hook): None unless a device profiles or the timeline records; then the
 # engine calls _timer.forward(op, raw_inputs) / _timer.backward(op, dys) instead of op.forward / op.backward.
@@ -152,10 +154,11 @@ Operation = Operator  # SINGA 2's name
 def release_spent() -> None:
     """Drops the state of every op that ran a backward (called when a new graph starts recording): their
     graphs cannot be differentiated again, and their activations are freed."""
-    ops = list(_spent)
+    refs = list(_spent)
     _spent.clear()
-    for op in ops:
-        if not getattr(op, "released", False):
+    for ref in refs:
+        op = ref()
+        if op is not None and not getattr(op, "released", False):
             op._release()
 
 
@@ -234,7 +237,7 @@ def backward(y: Tensor, dy=None):
         del dxs
         if not getattr(op, "spent", False):
             op.spent = True
-            _spent.append(op)
+            _spent.append(weakref.ref(op))
     for node, grad in held:
         yield node, _resolve(node, grad)
 

@@ -183,3 +183,18 @@ def test_raw_tensor_in_place_operators():
     np.testing.assert_array_equal(npy(W), np.ones((2, 3)))
     with pytest.raises(TypeError, match="pass its .data"):
         W.data += delta
+
+
+def test_a_layer_forward_called_directly_initializes_first():
+    class Scale(layer.Layer):
+        def initialize(self, x):
+            self.w = tensor.Tensor((x.shape[1],), requires_grad=True, stores_grad=True).set_value(2.0)
+
+        def forward(self, x):
+            return autograd.mul(x, self.w)
+
+    s = Scale()
+    y = s.forward(t(np.ones((2, 3))))  # SINGA's LayerMeta initializes here too, not only in __call__
+    np.testing.assert_array_equal(npy(y), np.full((2, 3), 2.0))
+    s.w.set_value(3.0)
+    np.testing.assert_array_equal(npy(s(t(np.ones((2, 3))))), np.full((2, 3), 3.0))  # once only

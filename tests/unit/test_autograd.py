@@ -411,3 +411,16 @@ def test_nested_layers_train():
         for p, g in autograd.backward(loss):
             tensor.axpy(-0.5, g, p)
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_a_dropped_graph_is_freed_without_a_new_forward():
+    w = param(np.ones((3, 2)))
+    h = autograd.matmul(data(np.ones((4, 3))), w)
+    z = autograd.mul(h, h)
+    probe = weakref.ref(z.creator.a)
+    del h
+    loss = autograd.reduce_mean(z)
+    autograd.gradients(loss)
+    del z, loss  # nothing refers to the graph any more: its state goes with it
+    gc.collect()
+    assert probe() is None

@@ -75,7 +75,8 @@ def _edges(op):
     if not isinstance(op, Operator):
         raise TypeError(f"expected an autograd operator (e.g. loss.creator), got {type(op).__name__}")
     if getattr(op, "released", False):
-        raise ValueError(f"the graph through {op.name} was freed by backward; run the forward pass again")
+        raise ValueError(f"the graph through {op.name} was freed: a new forward pass began recording after its "
+                         f"backward; run its forward pass again")
     if not hasattr(op, "src"):
         raise ValueError(f"{op.name} recorded no graph: set autograd.training = True before the forward pass "
                          f"and give some input requires_grad=True")

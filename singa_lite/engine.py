@@ -19,8 +19,12 @@ How backward works
    gradient is final and is yielded at once; an op has all its output gradients and becomes ready.
    Ready ops run last-in first-out, which is a valid reverse topological order and walks the network from
    the loss towards the inputs, so the last layer's parameters come out first.
-3. Each op's state (cached inputs, masks) is dropped right after its backward, so activations are freed as
-   the pass goes; a second backward through the same graph raises ``ValueError``.
+3. The graph outlives its backward, as in SINGA: a second backward through it (a GAN's discriminator
+   loss read by two optimizers, say) gives the same gradients. Its ops' state (cached inputs, masks) is
+   dropped when the next recorded forward begins (or with the graph, when nothing refers to it any more),
+   so a training loop holds one step's activations, never two; a backward through ops dropped that way
+   raises ``ValueError``. The cost: the activations live until the end of the backward pass instead of
+   being freed as it goes (SINGA's too).
 4. Gradient hooks (``Tensor.register_hook``) run here, when a parameter's gradient is final and before it is
    yielded, so they run whoever consumes the generator (:func:`gradients`, an optimizer, DistOpt). A hook
    ``hook(grad)`` returns None (keep ``grad``), a replacement gradient (the next hook sees it), or a
@@ -53,6 +57,7 @@ Choices (differences from SINGA 3 noted):
 from __future__ import annotations
 
 import numbers
+import weakref
 
 from . import _core, device
 from .raw import zeros
@@ -60,6 +65,9 @@ from .tensor import Tensor
 
 CTensor = _core.Tensor
 training = False
+# Weak references to the ops that ran a backward: their state is dropped when the next recorded forward
+# begins (see the module doc); weak, so that a graph nobody refers to is freed at once, as before.
+_spent = []
 # The operator hook (device.on_op_hook): None unless a device profiles or the timeline records; then the
 # engine calls _timer.forward(op, raw_inputs) / _timer.backward(op, dys) instead of op.forward / op.backward.
 _timer = None
@@ -109,6 +117,8 @@ class Operator:
         ys = ys if isinstance(ys, tuple) else (ys,)
         self.requires_grad = requires_grad
         record = training and requires_grad
+        if record and _spent:
+            release_spent()
         creator = self if record else None
         outs = tuple([Tensor(data=y, requires_grad=requires_grad, creator=creator, name=f"{self.name}:{i}")
                       for i, y in enumerate(ys)])
@@ -139,6 +149,17 @@ class Operator:
 
 
 Operation = Operator  # SINGA 2's name
+
+
+def release_spent() -> None:
+    """Drops the state of every op that ran a backward (called when a new graph starts recording): their
+    graphs cannot be differentiated again, and their activations are freed."""
+    refs = list(_spent)
+    _spent.clear()
+    for ref in refs:
+        op = ref()
+        if op is not None and not getattr(op, "released", False):
+            op._release()
 
 
 def _edge(x: Tensor):
@@ -214,7 +235,9 @@ def backward(y: Tensor, dy=None):
                 else:
                     ready.append(node)
         del dxs
-        op._release()
+        if not getattr(op, "spent", False):
+            op.spent = True
+            _spent.append(weakref.ref(op))
     for node, grad in held:
         yield node, _resolve(node, grad)
 
@@ -334,8 +357,8 @@ def _graph(root: Operator) -> list:
 
 def _src(op: Operator):
     if getattr(op, "released", False):
-        raise ValueError(f"backward: the graph through {op.name} was freed by an earlier backward; run the "
-                         f"forward pass again")
+        raise ValueError(f"backward: the graph through {op.name} was freed: a new forward pass began recording "
+                         f"after its backward; run its forward pass again")
     return op.src
 
 

@@ -171,11 +171,12 @@ class Model(Layer):
     def __call__(self, *args, **kwargs):
         """Training mode: ``train_one_batch(*args, **kwargs)``; evaluation mode: ``forward(*args, **kwargs)``
         (extra arguments such as SINGA's examples' ``dist_option, spars`` are passed on)."""
-        if not self._initialized:
-            object.__setattr__(self, "_initialized", True)
         if self.training:
-            return self.train_one_batch(*args, **kwargs)
-        return self.forward(*args, **kwargs)
+            out = self.train_one_batch(*args, **kwargs)  # its self.forward(x) runs initialize(x) first
+        else:
+            out = self.forward(*args, **kwargs)
+        object.__setattr__(self, "_initialized", True)
+        return out
 
     def train(self, mode: bool = True) -> None:
         """Training mode (``mode=True``): calls run ``train_one_batch`` and operators record the graph for

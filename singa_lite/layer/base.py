@@ -9,6 +9,8 @@ class) keeps a unique automatic prefix (``Conv2d#3.W``), so two such layers neve
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import tensor
@@ -26,6 +28,14 @@ class Layer:
 
     aux_states: tuple = ()  # attribute names of non-trainable state tensors (e.g. running statistics)
     _count = 0
+
+    def __init_subclass__(cls, **kwargs):
+        # As SINGA's layer metaclass: a subclass's own forward runs initialize(*inputs) on its first call,
+        # also when called directly (a model's train_one_batch calls self.forward, never self(...)).
+        super().__init_subclass__(**kwargs)
+        fn = cls.__dict__.get("forward")
+        if fn is not None and not getattr(fn, "__singa_lite_init_first__", False):
+            cls.forward = _initializing_forward(fn)
 
     def __init__(self, name: str | None = None):
         object.__setattr__(self, "_layers", {})
@@ -184,6 +194,18 @@ def _flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def _initializing_forward(forward):
+    @functools.wraps(forward)
+    def wrapper(self, *xs, **kwargs):
+        if not self._initialized:
+            self.initialize(*xs)
+            object.__setattr__(self, "_initialized", True)
+        return forward(self, *xs, **kwargs)
+
+    wrapper.__singa_lite_init_first__ = True
+    return wrapper
 
 
 def is_initialized(layer: Layer) -> bool:

@@ -32,15 +32,19 @@ def _dy(dy, like: CTensor) -> CTensor:
 def _targets(t: CTensor, x: CTensor, op: str):
     """t as a (N, C) tensor in x's dtype, and whether each row is known to sum to 1.
 
-    Integer labels of shape (N,) become one-hot rows; integer or bool (N, C) tensors are one-hot already
-    (SINGA scripts pass int32 one-hot); floating (N, C) targets may be soft."""
+    Integer labels of shape (N,) or (N, 1) (SINGA's column of labels, as its char-RNN example passes) become
+    one-hot rows; other integer or bool (N, C) tensors are one-hot already (SINGA scripts pass int32 one-hot);
+    floating (N, C) targets may be soft. With C == 1 a (N, 1) integer column is read as labels: the only
+    valid label, 0, and the only valid one-hot row, [1], give the same one-hot target."""
     if x.ndim != 2:
         raise CompatError(f"{op}: expected (batch, classes) predictions, got shape {x.shape}")
     integral = not t.dtype.is_floating
-    if integral and t.ndim == 1 and t.shape[0] == x.shape[0]:
-        return _core.one_hot(t, x.shape[1], x.dtype), True
+    if integral and t.shape[0] == x.shape[0] and (t.ndim == 1 or (t.ndim == 2 and t.shape[1] == 1)):
+        labels = t if t.ndim == 1 else t.reshape([t.shape[0]])
+        return _core.one_hot(labels, x.shape[1], x.dtype), True
     if t.shape != x.shape:
-        raise CompatError(f"{op}: targets must be class labels of shape ({x.shape[0]},) or one-hot / "
+        raise CompatError(f"{op}: targets must be integer class labels of shape ({x.shape[0]},) or "
+                          f"({x.shape[0]}, 1), or one-hot / "
                           f"probability rows of shape {x.shape}; got shape {t.shape} ({t.dtype.name})")
     return (t if t.dtype == x.dtype else t.cast(x.dtype)), integral
 

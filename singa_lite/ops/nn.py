@@ -216,7 +216,6 @@ class _Conv2d(Operator):
                     _core.matmul(W2T.slice(1, i * OCg, (i + 1) * OCg), dy2.slice(0, i * OCg, (i + 1) * OCg),
                                  out=dcols.slice(0, i * Kg, (i + 1) * Kg))
             dx = _core.col2im(dcols, self.x_shape, self.kernel, self.stride, self.padding, self.dilation)
-        self.cols = None  # the columns are the largest cached tensor: release them with the graph
         return (dx, dW, db) if self.has_bias else (dx, dW)
 
     def _backward_cudnn(self, dy):
@@ -226,7 +225,6 @@ class _Conv2d(Operator):
         dx = _core.cudnn_conv2d_backward_data(W, dy, list(x.shape), *args) if need[0] else None
         dW = _core.cudnn_conv2d_backward_filter(x, dy, list(W.shape), *args) if need[1] else None
         db = _core.sum(dy, [0, 2, 3], False) if self.has_bias and need[2] else None
-        self.x = self.W = None
         return (dx, dW, db) if self.has_bias else (dx, dW)
 
 
@@ -301,7 +299,6 @@ class _MaxPool2d(Operator):
     def backward(self, dy):
         if self.cudnn:
             dx = _core.cudnn_pool2d_backward(self.x, self.y, dy, "max", self.kernel, self.stride, self.padding)
-            self.x = self.y = None
         else:
             dx = _core.max_pool2d_backward(dy, self.argmax, self.x_shape)
         return _crop_edges(dx, self.odd) if self.odd else dx
@@ -353,7 +350,6 @@ class _AvgPool2d(Operator):
     def backward(self, dy):
         if self.cudnn:
             dx = _core.cudnn_pool2d_backward(self.x, self.y, dy, self.mode, self.kernel, self.stride, self.padding)
-            self.x = self.y = None
         elif self.counts is not None:
             dx = _core.avg_pool2d_backward(_core.div(dy, self.counts), self.x_shape, self.kernel, self.stride,
                                            self.padding, True)
@@ -502,7 +498,6 @@ class _BatchNorm2d(Operator):
         need = _needs(self)
         if self.cudnn and self.training:
             x4, scale, saved_mean, saved_inv_std = self.saved
-            self.saved = None
             dx, dscale, dbias = _core.cudnn_batch_norm_backward(x4, dy.reshape(list(x4.shape)), scale, saved_mean,
                                                                 saved_inv_std, self.eps)
             return (dx.reshape(list(dy.shape)) if need[0] else None, dscale if need[1] else None,

@@ -189,7 +189,9 @@ def expand(x, shape):
 
 
 class Tile(_Reshaping):
-    """numpy.tile: repeats x `repeats[i]` times along axis i (x gains leading axes if repeats is longer)."""
+    """SINGA's tile: repeats x `repeats[i]` times along axis i. A shorter `repeats` (or one int) lines up
+    from axis 0, the axes after it repeated once (SINGA; numpy.tile lines it up from the last axis); a
+    longer one gives x leading axes of size 1 first, as numpy.tile."""
 
     def __init__(self, repeats):
         super().__init__()
@@ -198,7 +200,7 @@ class Tile(_Reshaping):
     def f(self, x):
         nd = builtins.max(x.ndim, len(self.repeats))
         shape = [1] * (nd - x.ndim) + list(x.shape)
-        reps = [1] * (nd - len(self.repeats)) + self.repeats
+        reps = self.repeats + [1] * (nd - len(self.repeats))
         if any(r < 0 for r in reps):
             raise ValueError(f"tile: repeats must be >= 0, got {self.repeats}")
         self.split = [v for r, s in zip(reps, shape) for v in (r, s)]  # (r0, s0, r1, s1, ...)

@@ -16,6 +16,8 @@ Differences from SINGA, on purpose:
 - comparisons (``<``, ``lt``...) return ``bool`` tensors, as numpy; ``bool`` tensors combine with
   numeric ones by promotion to the numeric dtype;
 - ``Tensor(shape)`` is zero-filled rather than uninitialised;
+- ``t[i]`` keeps the axis as SINGA's, but is a view (SINGA's is a copy: ``t[i].clone()``); steps, ``None``
+  and ``...`` are accepted too;
 - ``t == x`` with a number or an array is element-wise (a bool tensor), as in SINGA, but between two
   tensors it keeps Python's identity meaning (``t in some_list`` and dictionary keys work); use
   :func:`eq` to compare two tensors element-wise.
@@ -35,7 +37,9 @@ from .functions import (  # noqa: F401
 )
 
 from .. import _core
-from . import functions as _functions
+from . import functions as _functions, raw_inplace as _raw_inplace
+
+_raw_inplace.install()  # SINGA's `t.data += d.data` on the raw tensor (raw_inplace.py)
 
 # The element-wise unary functions (exp, log, relu, ...): functions.py makes one per op of the core's list.
 globals().update({_name: getattr(_functions, _name) for _name, _domain in _core.unary_ops()})

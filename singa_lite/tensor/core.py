@@ -331,10 +331,9 @@ class Tensor(SingaTensorMethods):
         return str(to_numpy(self))
 
     def __bool__(self):
-        if self.size() != 1:
-            raise ValueError(f"the truth value of a tensor with {self.size()} elements is ambiguous; "
-                             f"use tensor.to_numpy(t).any() or .all()")
-        return bool(self.item())
+        # SINGA's tensors are always true (``if labels:`` tests that a tensor was given, as in its examples);
+        # a value test is to_numpy(t).any() / .all(), or float(t) for one element.
+        return True
 
     def __float__(self):
         return float(self.item())
@@ -344,7 +343,7 @@ class Tensor(SingaTensorMethods):
 
     # ----- indexing: ints, slices, None and ... give views
     def __getitem__(self, key) -> Tensor:
-        return self._derive(_index(self.data, key))
+        return self._derive(_index(self.data, key, keep_int_axes=True))
 
     def __setitem__(self, key, value) -> None:
         view = _index(self.data, key)
@@ -477,8 +476,9 @@ def promoted(a: _core.Tensor, b: _core.Tensor) -> tuple:
     return a, b
 
 
-def _index(t: _core.Tensor, key) -> _core.Tensor:
-    """Basic numpy indexing (ints, slices, None, Ellipsis) as views."""
+def _index(t: _core.Tensor, key, keep_int_axes: bool = False) -> _core.Tensor:
+    """Basic indexing (ints, slices, None, Ellipsis) as views. An int drops its axis as in numpy, or with
+    keep_int_axes selects a length-1 slice as SINGA's ``t[i]`` does."""
     if not isinstance(key, tuple):
         key = (key,)
     n_real = builtins.sum(1 for k in key if k is not None and k is not Ellipsis)
@@ -509,7 +509,15 @@ def _index(t: _core.Tensor, key) -> _core.Tensor:
             t = t.slice(axis, int(start), int(stop), step)
             axis += 1
         elif isinstance(k, (numbers.Integral, np.integer)) and not isinstance(k, bool):
-            t = t.select(axis, int(k))
+            if not keep_int_axes:
+                t = t.select(axis, int(k))
+                continue
+            n, i = t.shape[axis], int(k)
+            if not -n <= i < n:  # IndexError, so that iterating over a tensor stops at its end
+                raise IndexError(f"index {i} is out of bounds for axis {axis} of size {n}")
+            i += n if i < 0 else 0
+            t = t.slice(axis, i, i + 1, 1)
+            axis += 1
         else:
             raise TypeError(f"unsupported index {k!r}: use ints, slices, None or '...'; for gathers, "
                             f"index the numpy array from tensor.to_numpy(t)")

@@ -194,14 +194,16 @@ def test_dy_scales_and_defaults_to_ones():
         autograd.gradients(y, data(np.ones(3)))
 
 
-def test_graph_is_freed_after_backward():
+def test_graph_is_kept_for_a_second_backward_and_freed_by_the_next_forward():
     w = param(np.ones((3, 2)))
     h = autograd.matmul(data(np.ones((4, 3))), w)
     z = autograd.mul(h, h)
     probe = weakref.ref(z.creator.a)  # the activation Mul cached for its backward; only the graph holds it
     del h
     loss = autograd.reduce_mean(z)
-    autograd.gradients(loss)
+    first = npy(autograd.gradients(loss)[w])
+    np.testing.assert_allclose(npy(autograd.gradients(loss)[w]), first)  # SINGA keeps the graph
+    autograd.mul(w, w)  # a new recorded forward pass drops the spent graph's state
     gc.collect()
     assert probe() is None
     assert not hasattr(z.creator, "a") and not hasattr(z.creator, "src")
@@ -409,3 +411,16 @@ def test_nested_layers_train():
         for p, g in autograd.backward(loss):
             tensor.axpy(-0.5, g, p)
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_a_dropped_graph_is_freed_without_a_new_forward():
+    w = param(np.ones((3, 2)))
+    h = autograd.matmul(data(np.ones((4, 3))), w)
+    z = autograd.mul(h, h)
+    probe = weakref.ref(z.creator.a)
+    del h
+    loss = autograd.reduce_mean(z)
+    autograd.gradients(loss)
+    del z, loss  # nothing refers to the graph any more: its state goes with it
+    gc.collect()
+    assert probe() is None

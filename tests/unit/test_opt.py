@@ -394,7 +394,7 @@ def test_update_is_in_place(case):
     cls, _, kw = case
     w = tensor.from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4))
     core, ptr = w.data, w.data.data_ptr
-    row = w[1]          # a view: shares the storage
+    row = w[1]          # a view (1, 4): shares the storage
     npview = np.asarray(w)  # numpy reads the tensor's memory
     g = tensor.from_numpy(np.ones((3, 4), np.float32))
     g_before = tensor.to_numpy(g)
@@ -405,7 +405,7 @@ def test_update_is_in_place(case):
     assert w.data is core and w.data.data_ptr == ptr
     after = tensor.to_numpy(w)
     assert not np.array_equal(after, np.arange(12).reshape(3, 4))
-    np.testing.assert_array_equal(tensor.to_numpy(row), after[1])
+    np.testing.assert_array_equal(tensor.to_numpy(row), after[1:2])
     np.testing.assert_array_equal(npview, after)
     np.testing.assert_array_equal(tensor.to_numpy(g), g_before)  # the gradient is left as it was
 

@@ -18,9 +18,10 @@ __all__ = ["EXPORT_OPSET", "MIN_IMPORT_OPSET", "MAX_IMPORT_OPSET", "OnnxAttribut
 # The opset to_onnx writes: 13 is the first with single-axis Softmax and the axes of Squeeze / Unsqueeze /
 # ReduceSum as inputs, and every onnxruntime release since 1.7 runs it.
 EXPORT_OPSET = 13
-# What the importer reads: the attribute-versus-input forms of every opset from 7 (ONNX 1.2) up to 21 are
-# handled per operator (Softmax's axis, the axes of Squeeze / Unsqueeze / Reduce*, Split, Pad, Clip, Slice).
-MIN_IMPORT_OPSET = 7
+# What the importer reads: the attribute-versus-input forms of every opset up to 21 are handled per operator
+# (Softmax's axis, the axes of Squeeze / Unsqueeze / Reduce*, Split, Pad, Clip, Slice); opsets before 7 add
+# only the legacy "broadcast" attribute, which numpy broadcasting makes moot.
+MIN_IMPORT_OPSET = 1
 MAX_IMPORT_OPSET = 21
 
 

@@ -106,9 +106,11 @@ class SingaFrontend:
         b = GraphBuilder(cls._target_opset_version)
         graph_inputs, names = [], {}  # names: id(op) or ("param", id(tensor)) or (id(op), i) -> value name
 
+        order = {id(x): k for k, x in enumerate(given)}
+
         def input_name(x) -> str:
-            name = b.unique(x.name if isinstance(x.name, str) and x.name else f"input{len(graph_inputs)}")
-            graph_inputs.append(_value_info(name, x))
+            name = b.unique(x.name if isinstance(x.name, str) and x.name else f"input{order[id(x)]}")
+            graph_inputs.append((order[id(x)], _value_info(name, x)))
             return name
 
         items = _walk([out.creator for out in outputs])
@@ -141,6 +143,7 @@ class SingaFrontend:
         for out in outputs:
             name = names[(id(out.creator), "out", out.creator.y_id2idx[id(out)])]
             graph_outputs.append(_value_info(name, out))
+        graph_inputs = [info for _, info in sorted(graph_inputs, key=lambda p: p[0])]  # in the order given
         return helper.make_graph(b.nodes, model_name, graph_inputs, graph_outputs, b.initializers)
 
     @classmethod

@@ -17,10 +17,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from onnx import numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from .. import engine, ops as F, tensor
-from .common import SonnxError, np_dtype_of
+from .common import SonnxError, onnx_type_to_singa_type
 
 __all__ = ["IMPORTERS", "SINGA_NAMES", "NodeContext"]
 
@@ -92,12 +92,12 @@ _UNARY = {"Relu": ("ReLU", F.relu), "Sigmoid": ("Sigmoid", F.sigmoid), "Tanh": (
           "Asinh": ("Asinh", F.asinh), "Acosh": ("Acosh", F.acosh), "Atanh": ("Atanh", F.atanh),
           "Erf": ("Erf", F.erf), "Ceil": ("Ceil", F.ceil), "Floor": ("Floor", F.floor),
           "Round": ("Rounde", F.rounde), "Softplus": ("SoftPlus", F.softplus),
-          "Softsign": ("SoftSign", F.softsign), "Identity": ("Identity", F.identity), "Not": ("Not", F._not),
+          "Softsign": ("SoftSign", F.softsign), "Identity": ("Identity", F.identity),
           "NonZero": ("NonZero", F.nonzero)}
 _BINARY = {"Add": ("Add", F.add), "Sub": ("Sub", F.sub), "Mul": ("Mul", F.mul), "Div": ("Div", F.div),
-           "Pow": ("Pow", F.pow), "Less": ("Less", F.less), "Greater": ("Greater", F.greater),
-           "Equal": ("Equal", F.equal), "And": ("And", F._and), "Or": ("Or", F._or), "Xor": ("Xor", F._xor),
-           "PRelu": ("PRelu", F.prelu)}
+           "Less": ("Less", F.less), "Greater": ("Greater", F.greater),
+           "Equal": ("Equal", F.equal), "PRelu": ("PRelu", F.prelu)}
+_LOGIC = {"And": ("And", F._and), "Or": ("Or", F._or), "Xor": ("Xor", F._xor)}
 _VARIADIC = {"Sum": ("Sum", F.sum), "Mean": ("Mean", F.mean), "Max": ("Max", F.max), "Min": ("Min", F.min)}
 
 
@@ -108,7 +108,28 @@ def _table(entries, run):
 
 _table(_UNARY, lambda ctx, fn: fn(ctx.x(0)))
 _table(_BINARY, lambda ctx, fn: fn(ctx.x(0), ctx.x(1)))
+
+
+def _logic(ctx, fn):
+    """ONNX's And / Or / Xor take bool tensors; ours compute on numbers (non-zero is true), in float32."""
+    a, b = (F.cast(v, tensor.float32) for v in (ctx.x(0), ctx.x(1)))
+    return F.cast(fn(a, b), tensor.bool_)
+
+
+_table(_LOGIC, _logic)
 _table(_VARIADIC, lambda ctx, fn: fn(*ctx.xs()))
+
+
+@importer("Pow", "Pow")
+def _pow(ctx):
+    """ONNX's Pow may mix types; the result has the base's. Ours wants one dtype: a float exponent of an
+    integer base is applied in float64, then cast back."""
+    a, b = ctx.x(0), ctx.x(1)
+    if a.dtype == b.dtype:
+        return F.pow(a, b)
+    if a.dtype in (tensor.int32, tensor.int64):
+        return F.cast(F.pow(F.cast(a, tensor.float64), F.cast(b, tensor.float64)), a.dtype)
+    return F.pow(a, F.cast(b, a.dtype))
 
 
 @importer("LeakyRelu", "LeakyRelu")
@@ -133,9 +154,12 @@ def _hardsigmoid(ctx):
 
 @importer("Gelu", "Gelu")
 def _gelu(ctx):
-    if ctx.attr("approximate", "none") != "none":
-        ctx.fail("only approximate='none' (the exact erf form) is supported")
-    return F.gelu(ctx.x(0))
+    x = ctx.x(0)
+    if ctx.attr("approximate", "none") == "none":
+        return F.gelu(x)
+    # tanh form: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), from our differentiable operators
+    inner = F.mul(F.add(x, F.mul(F.mul(F.mul(x, x), x), 0.044715)), math.sqrt(2.0 / math.pi))
+    return F.mul(F.mul(x, 0.5), F.add(F.tanh(inner), 1.0))
 
 
 def _coerced(ctx, fn):
@@ -161,13 +185,37 @@ def _clip(ctx):
         lo, hi = ctx.attr("min"), ctx.attr("max")
     else:
         lo, hi = ctx.value(1), ctx.value(2)
-    return F.clip(ctx.x(0), None if lo is None else float(np.asarray(lo).reshape(-1)[0]),
-                  None if hi is None else float(np.asarray(hi).reshape(-1)[0]))
+    lo = None if lo is None or np.size(lo) == 0 else float(np.asarray(lo).reshape(-1)[0])
+    hi = None if hi is None or np.size(hi) == 0 else float(np.asarray(hi).reshape(-1)[0])
+    if lo is not None and hi is not None and lo > hi:  # ONNX: every value becomes max
+        lo = hi
+    return F.clip(ctx.x(0), lo, hi)
+
+
+@importer("Not", "Not")
+def _not(ctx):
+    return F.cast(F._not(F.cast(ctx.x(0), tensor.float32)), tensor.bool_)
+
+
+def _stored_dtype(ctx, elem_type):
+    """The singa_lite dtype an ONNX element type is computed in: itself, or the int32 / int64 that holds it
+    (the graph's outputs are converted back to the declared type)."""
+    if elem_type == TensorProto.BFLOAT16:
+        return tensor.bfloat16
+    dt = onnx_type_to_singa_type(elem_type)
+    if dt is None:
+        ctx.fail(f"singa_lite has no tensor type for ONNX element type {TensorProto.DataType.Name(elem_type)}")
+    return tensor.to_dtype(dt)
 
 
 @importer("Cast", "Cast")
 def _cast(ctx):
-    return F.cast(ctx.x(0), tensor.to_dtype(np_dtype_of(ctx.attr("to"))))
+    return F.cast(ctx.x(0), _stored_dtype(ctx, ctx.attr("to")))
+
+
+@importer("CastLike", "Cast")
+def _castlike(ctx):
+    return F.cast(ctx.x(0), ctx.x(1).dtype)
 
 
 @importer("Where", "Where")
@@ -430,6 +478,22 @@ def _pad(ctx):
 def _upsample(ctx):
     scales = ctx.attr("scales") if ctx.opset < 9 else ctx.value(1)
     return F.upsample(ctx.x(0), ctx.attr("mode", "nearest"), scales)
+
+
+@importer("Resize", "UpSample")
+def _resize(ctx):
+    """Nearest-neighbour resizing by integer factors (what to_onnx writes for upsample), the only form whose
+    result is our UpSample: mode 'nearest', coordinates 'asymmetric', rounding 'floor'."""
+    x = ctx.x(0)
+    if ctx.attr("mode", "nearest") != "nearest" or \
+            (ctx.opset >= 11 and (ctx.attr("coordinate_transformation_mode", "half_pixel") != "asymmetric"
+                                  or ctx.attr("nearest_mode", "round_prefer_floor") != "floor")):
+        ctx.fail("only mode='nearest' with coordinate_transformation_mode='asymmetric' and nearest_mode='floor' "
+                 "is supported")
+    scales = ctx.value(1) if ctx.opset < 11 else ctx.value(2)
+    if (scales is None or scales.size == 0) and ctx.has(3):
+        scales = np.asarray(ctx.ints(3), np.float64) / np.asarray(x.shape, np.float64)
+    return F.upsample(x, "nearest", scales)
 
 
 importer("DepthToSpace", "DepthToSpace")(

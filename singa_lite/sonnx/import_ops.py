@@ -97,7 +97,7 @@ _UNARY = {"Relu": ("ReLU", F.relu), "Sigmoid": ("Sigmoid", F.sigmoid), "Tanh": (
 _BINARY = {"Add": ("Add", F.add), "Sub": ("Sub", F.sub), "Mul": ("Mul", F.mul), "Div": ("Div", F.div),
            "Less": ("Less", F.less), "Greater": ("Greater", F.greater),
            "Equal": ("Equal", F.equal), "PRelu": ("PRelu", F.prelu)}
-_LOGIC = {"And": ("And", F._and), "Or": ("Or", F._or), "Xor": ("Xor", F._xor)}
+_LOGIC = {"And": ("And", F.And.apply), "Or": ("Or", F.Or.apply), "Xor": ("Xor", F.Xor.apply)}
 _VARIADIC = {"Sum": ("Sum", F.sum), "Mean": ("Mean", F.mean), "Max": ("Max", F.max), "Min": ("Min", F.min)}
 
 
@@ -194,7 +194,7 @@ def _clip(ctx):
 
 @importer("Not", "Not")
 def _not(ctx):
-    return F.cast(F._not(F.cast(ctx.x(0), tensor.float32)), tensor.bool_)
+    return F.cast(F.Not.apply(F.cast(ctx.x(0), tensor.float32)), tensor.bool_)
 
 
 def _stored_dtype(ctx, elem_type):

@@ -70,7 +70,8 @@ def _opset_of(model) -> int:
         if imp.domain in ("", "ai.onnx"):
             version = imp.version
         else:
-            warnings.warn(f"sonnx: the operator set {imp.domain!r} is not supported; its nodes will fail")
+            warnings.warn(f"sonnx: the operator set {imp.domain!r} is not supported; its nodes will fail",
+                          stacklevel=3)
     if version is None:
         raise SonnxError("the model imports no default ONNX operator set (opset_import has no '' domain)")
     if version < MIN_IMPORT_OPSET:
@@ -78,7 +79,7 @@ def _opset_of(model) -> int:
                          f"model with onnx.version_converter.convert_version(model, 13)")
     if version > MAX_IMPORT_OPSET:
         warnings.warn(f"sonnx: opset {version} is newer than the newest checked ({MAX_IMPORT_OPSET}); "
-                      f"operators are read in their opset-{MAX_IMPORT_OPSET} form")
+                      f"operators are read in their opset-{MAX_IMPORT_OPSET} form", stacklevel=3)
     return version
 
 
@@ -186,8 +187,9 @@ class SingaRep(BackendRep):
     def run(self, inputs, **kwargs):
         """Runs the graph on `inputs` (one numpy array or Tensor per graph input, in order; Tensors stay on
         their device). Keywords: ``last_layers`` (run nodes up to this index; negative: SINGA's arithmetic,
-        see the module docstring) and ``aux_output`` (names of intermediate values to return as well). Returns a list: the
-        graph's outputs (or the last node's outputs when cut short), then the aux outputs."""
+        see the module docstring) and ``aux_output`` (names of intermediate values to return as well).
+        Returns a list: the graph's outputs (or the last node's outputs when cut short), then the aux
+        outputs."""
         if not self.has_initialized:
             self.initialize()
         n = len(self.layers)

@@ -1,6 +1,7 @@
 """singa_lite.sonnx: export to ONNX (checked by onnxruntime), import (checked against our own and PyTorch's
 results), SONNXModel fine-tuning, and the errors. Needs the onnx extra (pip install 'singa_lite[onnx]')."""
 import io
+import warnings
 
 import numpy as np
 import pytest
@@ -188,8 +189,10 @@ def _torch_cnn():
     net.eval()
     x = torch.randn(3, 1, 8, 8)
     f = io.BytesIO()
-    torch.onnx.export(net, (x,), f, dynamo=False, input_names=["x"], output_names=["y"], do_constant_folding=False,
-                      dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+    with warnings.catch_warnings():  # the TorchScript exporter: the torch.export one needs onnxscript
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(net, (x,), f, dynamo=False, input_names=["x"], output_names=["y"],
+                          do_constant_folding=False, dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
     return net, x, onnx.load_from_string(f.getvalue())
 
 

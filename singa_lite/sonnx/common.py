@@ -68,6 +68,8 @@ def host_array(value: np.ndarray, what: str) -> np.ndarray:
     value = np.asarray(value)
     if value.dtype in _STORED:
         return value
+    if value.dtype.name == "bfloat16":  # ml_dtypes' type (onnx's numpy_helper): the value is exact in float32
+        return value.astype(np.float32)
     if value.dtype.kind in "iu":
         return value.astype(np.int64 if value.dtype.itemsize >= 4 else np.int32)
     raise SonnxError(f"{what}: numpy dtype {value.dtype} has no singa_lite tensor type (float16/32/64, "

@@ -15,7 +15,7 @@ import numpy as np
 from onnx import helper
 
 from .. import tensor
-from .common import elem_type_of
+from .common import SonnxError, elem_type_of
 
 __all__ = ["EXPORTERS"]
 
@@ -273,6 +273,8 @@ def _depth_to_space(op, ins, outs, ctx):
 
 @exporter("SpaceToDepth")
 def _space_to_depth(op, ins, outs, ctx):
+    if op.mode != "DCR":  # ONNX's SpaceToDepth (opset 13) has DCR only
+        raise SonnxError(f"to_onnx: {op.name}: space_to_depth mode {op.mode!r} has no opset-13 ONNX form; use 'DCR'")
     ctx.node("SpaceToDepth", ins, outs, blocksize=op.bs)
 
 
@@ -293,7 +295,9 @@ def _constant_of_shape(op, ins, outs, ctx):
 
 @exporter("OneHot")
 def _onehot(op, ins, outs, ctx):
-    ctx.node("OneHot", [ins[0], ctx.const(op, "depth", np.array([op.depth], np.int64)),
+    ids = ctx.tmp(op, "ids")  # int64 indices and depth: the typing every runtime implements
+    ctx.node("Cast", [ins[0]], [ids], to=elem_type_of(np.dtype(np.int64)))
+    ctx.node("OneHot", [ids, ctx.const(op, "depth", np.array([op.depth], np.int64)),
                         ctx.const(op, "values", op.values.astype(np.float32))], outs, axis=op.axis)
 
 

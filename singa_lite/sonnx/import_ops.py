@@ -399,6 +399,21 @@ def _reduce(ctx, fn, since):
     return fn(ctx.x(0), axes, ctx.attr("keepdims", 1))
 
 
+def _extreme(x, axes, keepdims, fn):
+    """ReduceMax / ReduceMin as the element-wise Max / Min of the slices along each axis: our differentiable
+    operators (the gradient goes to the extreme element), no new kernel."""
+    axes = range(x.ndim()) if axes is None else [a + x.ndim() if a < 0 else a for a in axes]
+    for a in sorted(set(axes)):
+        if x.shape[a] > 1:
+            x = fn(*F.split(x, a, [1] * x.shape[a]))
+    if not keepdims:
+        keep = [s for i, s in enumerate(x.shape) if i not in set(axes)]
+        x = F.reshape(x, keep or [1])
+    return x
+
+
+importer("ReduceMax", "Max")(lambda ctx: _reduce(ctx, lambda x, axes, k: _extreme(x, axes, k, F.max), 18))
+importer("ReduceMin", "Min")(lambda ctx: _reduce(ctx, lambda x, axes, k: _extreme(x, axes, k, F.min), 18))
 importer("ReduceSum", "ReduceSum")(lambda ctx: _reduce(ctx, F.reduce_sum, 13))
 importer("ReduceMean", "ReduceMean")(lambda ctx: _reduce(ctx, F.reduce_mean, 18))
 
@@ -498,7 +513,8 @@ def _resize(ctx):
 
 importer("DepthToSpace", "DepthToSpace")(
     lambda ctx: F.depth_to_space(ctx.x(0), ctx.attr("blocksize"), ctx.attr("mode", "DCR")))
-importer("SpaceToDepth", "SpaceToDepth")(lambda ctx: F.space_to_depth(ctx.x(0), ctx.attr("blocksize")))
+importer("SpaceToDepth", "SpaceToDepth")(
+    lambda ctx: F.space_to_depth(ctx.x(0), ctx.attr("blocksize"), ctx.attr("mode", "DCR")))
 
 
 @importer("ScatterElements", "ScatterElements")

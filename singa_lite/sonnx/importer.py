@@ -165,7 +165,8 @@ class SingaRep(BackendRep):
             if isinstance(x, tensor.Tensor):
                 env[info.name] = x
             else:
-                env[info.name] = tensor.from_numpy(host_array(np.asarray(x), f"input {info.name}"), self.dev)
+                t = tensor.from_numpy(host_array(np.asarray(x), f"input {info.name}"), self.dev)
+                env[info.name] = t.as_type(tensor.bfloat16) if info.dtype == onnx.TensorProto.BFLOAT16 else t
         return env
 
     def _to_output(self, v, name: str, info):

@@ -145,6 +145,11 @@ OPS = [
      [_numbers((3, 3), 16), _numbers((3, 3), 17)]),
     ("depth_space", lambda a: autograd.space_to_depth(autograd.depth_to_space(a, 2), 2), [_numbers((1, 8, 2, 3), 18)]),
     ("upsample", lambda a: autograd.upsample(a, "nearest", [1, 1, 2, 3]), [_numbers((1, 2, 2, 2), 19)]),
+    ("embedding", lambda ids, w: autograd.embedding(ids, w), [np.array([[0, 2], [1, 1]], np.int32),
+                                                              _numbers((3, 4), 27)]),
+    ("scatter_onehot", lambda a: autograd.add(autograd.scatter_elements(a, [[1, 0]], [[5.0, 6.0]], 0),
+                                              autograd.onehot(1, autograd.cast(a, tensor.int32), [2], [0.0, 1.0])),
+     [np.array([[0.0, 1.0], [1.0, 0.0]], np.float32)]),
 ]
 
 

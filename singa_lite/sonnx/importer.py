@@ -147,7 +147,7 @@ class SingaRep(BackendRep):
                     return self._weight(name, trainable=False)
                 if as_tensor:
                     return self._weight(name, trainable=True)
-                live = self.params.get(name) or self.aux.get(name)
+                live = self.params.get(name, self.aux.get(name))
                 return tensor.to_numpy(live) if live is not None else self.states[name]
             raise SonnxError(f"no value named {name!r}: not a graph input, an initializer or an earlier node's output")
         return fetch

@@ -306,3 +306,51 @@ def test_run_node_runs_one_node():
     out = sonnx.run_node(node, [x])
     e = np.exp(x - x.max(0))
     np.testing.assert_allclose(out["y"], e / e.sum(0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("opset,node,inputs,want", [
+    # Softmax before 13: over every axis from `axis` of the input flattened there
+    (11, onnx.helper.make_node("Softmax", ["x"], ["y"], axis=1), [_numbers((2, 3, 4), 30)],
+     lambda x: (lambda e: e / e.sum(1, keepdims=True))(np.exp(x.reshape(2, 12))).reshape(2, 3, 4)),
+    (13, onnx.helper.make_node("Softmax", ["x"], ["y"], axis=1), [_numbers((2, 3, 4), 30)],
+     lambda x: np.exp(x) / np.exp(x).sum(1, keepdims=True)),
+    (11, onnx.helper.make_node("Squeeze", ["x"], ["y"], axes=[1]), [_numbers((2, 1, 3), 31)],
+     lambda x: x.reshape(2, 3)),
+    (11, onnx.helper.make_node("ReduceSum", ["x"], ["y"], axes=[0], keepdims=0), [_numbers((2, 3), 32)],
+     lambda x: x.sum(0)),
+    (6, onnx.helper.make_node("Clip", ["x"], ["y"], min=-0.2, max=0.3), [_numbers((2, 3), 33)],
+     lambda x: np.clip(x, -0.2, 0.3)),
+    (9, onnx.helper.make_node("Slice", ["x"], ["y"], starts=[1], ends=[100], axes=[1]), [_numbers((2, 4), 34)],
+     lambda x: x[:, 1:]),
+    (13, onnx.helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"]),
+     [_numbers((2, 5), 35), np.array([-1]), np.array([-100]), np.array([1]), np.array([-2])],
+     lambda x, *_: x[:, ::-2]),
+    (11, onnx.helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+     [_numbers((1, 1, 6, 6), 36)],
+     lambda x: np.array([[[[x[0, 0, i:i + 3, j:j + 3].max() for j in (0, 2, 4)] for i in (0, 2, 4)]]])),
+    (11, onnx.helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2], auto_pad="SAME_UPPER"),
+     [_numbers((1, 2, 5), 37)], lambda x: np.stack([x[..., i:i + 2].mean(-1) for i in range(5)], -1)),
+])
+def test_import_reads_each_opsets_form(opset, node, inputs, want):
+    autograd.training = False
+    got = list(sonnx.run_node(node, inputs, opset_version=opset).values())[0]
+    np.testing.assert_allclose(got, want(*inputs), rtol=1e-5, atol=1e-6)
+
+
+def test_a_fine_tuned_import_saves_and_loads_its_states(tmp_path):
+    _, x, proto = _torch_cnn()
+    autograd.training = True
+    m = sonnx.SONNXModel(proto)
+    m.set_optimizer(opt.SGD(lr=0.1))
+    tx = T(x.numpy())
+    m.compile([tx], is_train=True)
+    loss = autograd.reduce_sum(autograd.mul(m.forward(tx)[0], m.forward(tx)[0]), None, 0)
+    m.optimizer(loss)  # one step: the weights differ from the file's
+    m.eval()
+    want = tensor.to_numpy(m(tx)[0])
+    m.save_states(str(tmp_path / "tuned.zip"))
+    again = sonnx.SONNXModel(proto)
+    again.compile([tx], is_train=False)
+    assert not np.allclose(tensor.to_numpy(again(tx)[0]), want)
+    again.load_states(str(tmp_path / "tuned.zip"))
+    np.testing.assert_allclose(tensor.to_numpy(again(tx)[0]), want, rtol=0, atol=1e-6)

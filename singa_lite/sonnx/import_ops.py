@@ -495,20 +495,71 @@ def _upsample(ctx):
     return F.upsample(ctx.x(0), ctx.attr("mode", "nearest"), scales)
 
 
-@importer("Resize", "UpSample")
+_RESIZE_ATTRS = ("mode", "coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a", "exclude_outside",
+                 "extrapolation_value", "antialias")
+
+
+def _resize_matrix(ctx, n: int, scale, size, roi):
+    """(A, b) with resize(v) = v @ A + b for a 1-D signal v of length n: Resize is separable and affine in its
+    input along each axis, so onnx's reference evaluator, run once on the identity and once on zeros, gives
+    the exact matrix of any mode (nearest, linear, cubic, antialias, every coordinate transformation)."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    attrs = {k: ctx.attr(k) for k in _RESIZE_ATTRS if ctx.attr(k) is not None}
+    inputs = ["X", "roi" if roi is not None else "", "scales" if size is None else "", "sizes" if size else ""]
+    node = helper.make_node("Resize", inputs, ["Y"], **attrs)
+    graph = helper.make_graph([node], "axis", [helper.make_tensor_value_info(v, TensorProto.FLOAT, None)
+                                               for v in ("X", "roi", "scales", "sizes")],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    ref = ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", max(ctx.opset, 11))]))
+    feeds = {"roi": np.array([0, roi[0], 1, roi[1]], np.float32) if roi is not None else None,
+             "scales": np.array([1, scale], np.float32) if size is None else None,
+             "sizes": np.array([n, size], np.int64) if size else None}
+    feeds = {k: v for k, v in feeds.items() if v is not None}
+    eye = ref.run(None, dict(feeds, X=np.eye(n, dtype=np.float32)))[0]
+    zero = ref.run(None, dict(feeds, X=np.zeros((n, n), np.float32)))[0]
+    return eye - zero, zero[0]
+
+
+@importer("Resize", "Resize")
 def _resize(ctx):
-    """Nearest-neighbour resizing by integer factors (what to_onnx writes for upsample), the only form whose
-    result is our UpSample: mode 'nearest', coordinates 'asymmetric', rounding 'floor'."""
+    """Every axis that changes size is resized by a matrix product with its interpolation matrix
+    (_resize_matrix): our differentiable operators, exact to ONNX's reference."""
     x = ctx.x(0)
-    if ctx.attr("mode", "nearest") != "nearest" or \
-            (ctx.opset >= 11 and (ctx.attr("coordinate_transformation_mode", "half_pixel") != "asymmetric"
-                                  or ctx.attr("nearest_mode", "round_prefer_floor") != "floor")):
-        ctx.fail("only mode='nearest' with coordinate_transformation_mode='asymmetric' and nearest_mode='floor' "
-                 "is supported")
-    scales = ctx.value(1) if ctx.opset < 11 else ctx.value(2)
-    if (scales is None or scales.size == 0) and ctx.has(3):
-        scales = np.asarray(ctx.ints(3), np.float64) / np.asarray(x.shape, np.float64)
-    return F.upsample(x, "nearest", scales)
+    nd = x.ndim()
+    if ctx.opset < 11:
+        scales, sizes, roi = ctx.value(1), None, None
+    else:
+        roi, scales, sizes = ctx.value(1), ctx.value(2), ctx.value(3)
+    axes = ctx.attr("axes") or list(range(nd))
+    axes = [a + nd if a < 0 else a for a in axes]
+    if ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+        ctx.fail("only keep_aspect_ratio_policy='stretch' is supported")
+    use_sizes = sizes is not None and sizes.size > 0
+    per = {}
+    for j, a in enumerate(axes):
+        sc = None if use_sizes else float(scales.reshape(-1)[j])
+        sz = int(sizes.reshape(-1)[j]) if use_sizes else None
+        r = None
+        if roi is not None and roi.size and ctx.attr("coordinate_transformation_mode") == "tf_crop_and_resize":
+            r = (float(roi.reshape(-1)[j]), float(roi.reshape(-1)[j + len(axes)]))
+        if (sz != x.shape[a] if use_sizes else sc != 1.0) or r is not None:
+            per[a] = (sc, sz, r)
+    cache = ctx.node.__dict__.setdefault("resize_cache", {})
+    dtype = x.dtype
+    for a, (sc, sz, r) in per.items():
+        key = (a, x.shape[a], sc, sz, r)
+        if key not in cache:
+            cache[key] = _resize_matrix(ctx, x.shape[a], sc, sz, r)
+        A, b = cache[key]
+        perm = [i for i in range(nd) if i != a] + [a]
+        back = [perm.index(i) for i in range(nd)]
+        moved = F.matmul(F.transpose(x, perm), tensor.from_numpy(A.astype(tensor.numpy_dtype(dtype)), ctx.dev))
+        if np.any(b):
+            moved = F.add(moved, tensor.from_numpy(b.astype(tensor.numpy_dtype(dtype)), ctx.dev))
+        x = F.transpose(moved, back)
+    return x if per else F.identity(x)
 
 
 importer("DepthToSpace", "DepthToSpace")(

@@ -354,3 +354,26 @@ def test_a_fine_tuned_import_saves_and_loads_its_states(tmp_path):
     assert not np.allclose(tensor.to_numpy(again(tx)[0]), want)
     again.load_states(str(tmp_path / "tuned.zip"))
     np.testing.assert_allclose(tensor.to_numpy(again(tx)[0]), want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("attrs", [dict(mode="linear"),
+                                   dict(mode="cubic", coordinate_transformation_mode="align_corners"),
+                                   dict(mode="nearest", coordinate_transformation_mode="half_pixel",
+                                        nearest_mode="round_prefer_ceil")])
+def test_resize_modes_agree_with_onnxruntime_and_train(attrs):
+    x = _numbers((1, 2, 3, 4), 40)
+    node = onnx.helper.make_node("Resize", ["x", "", "scales"], ["y"], **attrs)
+    graph = onnx.helper.make_graph([node], "g",
+                                   [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2, 3, 4])],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2, 6, 3])],
+                                   [onnx.numpy_helper.from_array(np.array([1, 1, 2, 0.75], np.float32), "scales")])
+    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)])
+    want = run_ort(proto, x)[0]
+    autograd.training = True
+    tx = tensor.Tensor(data=x, requires_grad=True, stores_grad=True)
+    rep = sonnx.prepare(proto)
+    rep.is_graph = True
+    y = rep.run([tx])[0]
+    np.testing.assert_allclose(tensor.to_numpy(y), want, rtol=1e-5, atol=1e-5)
+    grads = autograd.gradients(autograd.reduce_sum(y, None, 0))  # through the interpolation matrices
+    assert grads[tx].shape == tx.shape

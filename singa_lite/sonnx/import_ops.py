@@ -94,8 +94,8 @@ _UNARY = {"Relu": ("ReLU", F.relu), "Sigmoid": ("Sigmoid", F.sigmoid), "Tanh": (
           "Round": ("Rounde", F.rounde), "Softplus": ("SoftPlus", F.softplus),
           "Softsign": ("SoftSign", F.softsign), "Identity": ("Identity", F.identity),
           "NonZero": ("NonZero", F.nonzero)}
-_BINARY = {"Add": ("Add", F.add), "Sub": ("Sub", F.sub), "Mul": ("Mul", F.mul), "Div": ("Div", F.div),
-           "Less": ("Less", F.less), "Greater": ("Greater", F.greater),
+_BINARY = {"Add": ("Add", F.add), "Sub": ("Sub", F.sub), "Mul": ("Mul", F.mul), "Less": ("Less", F.less),
+           "Greater": ("Greater", F.greater),
            "Equal": ("Equal", F.equal), "PRelu": ("PRelu", F.prelu)}
 _LOGIC = {"And": ("And", F.And.apply), "Or": ("Or", F.Or.apply), "Xor": ("Xor", F.Xor.apply)}
 _VARIADIC = {"Sum": ("Sum", F.sum), "Mean": ("Mean", F.mean), "Max": ("Max", F.max), "Min": ("Min", F.min)}
@@ -118,6 +118,17 @@ def _logic(ctx, fn):
 
 _table(_LOGIC, _logic)
 _table(_VARIADIC, lambda ctx, fn: fn(*ctx.xs()))
+
+
+@importer("Div", "Div")
+def _div(ctx):
+    """ONNX's integer division truncates toward zero where ours floors (numpy's rule): integers are divided in
+    float64 (exact for |values| < 2^53) and truncated."""
+    a, b = ctx.x(0), ctx.x(1)
+    if a.dtype not in (tensor.int32, tensor.int64):
+        return F.div(a, b)
+    q = F.div(F.cast(a, tensor.float64), F.cast(b, tensor.float64))
+    return F.cast(F.mul(F.sign(q), F.floor(F.abs(q))), a.dtype)
 
 
 @importer("Pow", "Pow")

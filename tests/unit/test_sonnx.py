@@ -328,6 +328,9 @@ def test_run_node_runs_one_node():
     (11, onnx.helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
      [_numbers((1, 1, 6, 6), 36)],
      lambda x: np.array([[[[x[0, 0, i:i + 3, j:j + 3].max() for j in (0, 2, 4)] for i in (0, 2, 4)]]])),
+    (13, onnx.helper.make_node("Div", ["a", "b"], ["y"]), [np.array([7, -7, 6, -1], np.int32),
+                                                           np.array([2, 2, -4, 3], np.int32)],
+     lambda a, b: np.array([3, -3, -1, 0], np.int32)),
     (11, onnx.helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2], auto_pad="SAME_UPPER"),
      [_numbers((1, 2, 5), 37)], lambda x: np.stack([x[..., i:i + 2].mean(-1) for i in range(5)], -1)),
 ])

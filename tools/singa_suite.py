@@ -5,6 +5,7 @@ with --mirror or SINGA_MIRROR) into the ignored folder .singa_ref/, next to a ge
 whose modules *are* singa_lite's (``import singa.tensor`` returns ``singa_lite.tensor`` itself, not a copy).
 
     python tools/singa_suite.py --mirror /path/to/apache-singa.git tests        # pass / fail per file
+    python tools/singa_suite.py tests test_onnx.py test_onnx_backend.py        # SINGA's ONNX tests (onnx extra)
     python tools/singa_suite.py tests -- -k TestTensorMethods -x                # extra pytest arguments
     python tools/singa_suite.py shell                                           # prints PYTHONPATH to use
 

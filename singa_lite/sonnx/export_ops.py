@@ -44,10 +44,18 @@ _SAME = {"ReLU": "Relu", "Sigmoid": "Sigmoid", "Tanh": "Tanh", "Exp": "Exp", "Lo
          "Add": "Add", "Sub": "Sub", "Mul": "Mul", "Div": "Div", "Pow": "Pow", "Less": "Less",
          "Greater": "Greater", "Equal": "Equal", "And": "And", "Or": "Or", "Xor": "Xor", "PRelu": "PRelu",
          "Sum": "Sum", "Mean": "Mean", "Max": "Max", "Min": "Min", "Matmul": "MatMul", "NonZero": "NonZero",
-         "Shape": "Shape", "GlobalAveragePool": "GlobalAveragePool"}
+         "Shape": "Shape"}
 
 for _ours, _theirs in _SAME.items():
     exporter(_ours)(lambda op, ins, outs, ctx, t=_theirs: ctx.node(t, ins, outs))
+
+
+@exporter("GlobalAveragePool")
+def _global_avg_pool(op, ins, outs, ctx):
+    if not op.channels_first:  # ONNX's averages every axis after the channel axis 1
+        raise SonnxError(f"to_onnx: {op.name}: GlobalAveragePool has no channels_last form in ONNX; transpose to "
+                         f"channels_first (N, C, H, W) first")
+    ctx.node("GlobalAveragePool", ins, outs)
 
 
 @exporter("LeakyRelu")

@@ -20,7 +20,8 @@ MODULES = ["tensor", "device", "autograd", "layer", "model", "opt", "initializer
 CLASSES = {"tensor": ["Tensor"], "model": ["Model"], "layer": ["Layer"], "opt": ["Optimizer", "DistOpt"]}
 # Whole modules we do not provide, or provide in part, with why.
 ABSENT = {
-    "sonnx": "ONNX import/export: not provided (needs onnx); export weights with Model.save_states instead",
+    "sonnx": "ONNX export and import on the onnx package, an optional extra (pip install 'singa_lite[onnx]'); "
+             "see docs/onnx.md",
     "image_tool": "PIL-based image augmentation helpers: not provided; use numpy or torchvision transforms",
     "snapshot": "SINGA 1's binary snapshot format: not provided; use checkpoint.save / Model.save_states",
 }
@@ -41,6 +42,8 @@ NOTES = {
     "utils.same_pad_shape_check": (None, "returns (pads, odd_pads); SINGA's fails before returning"),
     "utils.post_order_recursive": (None, "unrecorded inputs are named '<op>:in<i>'"),
     "data.ImageBatchIter": (None, "a thread, not a process; worker errors raised by next(); PIL optional"),
+    "sonnx.SingaRep": (None, "weights become parameters on first use; last_layers keeps SINGA's arithmetic"),
+    "sonnx.SingaFrontend": (None, "walks the recorded graph; data inputs matched by position (or identity)"),
     "snapshot.Snapshot": (None, "deprecated in SINGA itself; use checkpoint.save / Model.save_states"),
 }
 

@@ -5,6 +5,7 @@ with --mirror or SINGA_MIRROR) into the ignored folder .singa_ref/, next to a ge
 whose modules *are* singa_lite's (``import singa.tensor`` returns ``singa_lite.tensor`` itself, not a copy).
 
     python tools/singa_suite.py --mirror /path/to/apache-singa.git tests        # pass / fail per file
+    python tools/singa_suite.py tests test_onnx.py test_onnx_backend.py        # SINGA's ONNX tests (onnx extra)
     python tools/singa_suite.py tests -- -k TestTensorMethods -x                # extra pytest arguments
     python tools/singa_suite.py shell                                           # prints PYTHONPATH to use
 
@@ -52,6 +53,15 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 sys.meta_path.insert(0, _Alias())
 sys.modules["singa"] = singa_lite
 
+# SINGA's test/python/cuda_helper.py creates a CUDA device at import whenever USE_CUDA is set. A CUDA build of
+# singa_lite on a machine without a usable GPU is, for SINGA's tests, SINGA's CPU build: they read USE_CUDA
+# False there and skip their GPU cases, as they do on SINGA's own CPU build. (singa_lite reads the flag only
+# while importing singa_wrap, which is done by now.)
+from singa_lite import device as _device, singa_wrap as _singa_wrap
+
+if _singa_wrap.USE_CUDA and _device.get_num_gpus() == 0:
+    _singa_wrap.USE_CUDA = False
+
 # SINGA's tests were written for numpy < 1.24, which still had the aliases np.int, np.float, np.bool and
 # np.object of the builtin types (test_tensor's numpy_convert uses np.int); restore them here, for SINGA's
 # code only (singa_lite itself never uses them).
@@ -60,6 +70,33 @@ import numpy as _np
 for _name, _type in (("int", int), ("float", float), ("bool", bool), ("object", object)):
     if _name not in vars(_np):
         setattr(_np, _name, _type)
+
+
+# SINGA's test_onnx.py imports onnx.mapping, which onnx 1.16 removed; give SINGA's code the two tables it
+# names, built from onnx.helper, when (and only when) that import is asked for.
+class _OnnxMapping(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        if name == "onnx.mapping":
+            return importlib.util.spec_from_loader(name, self)
+        return None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        from onnx import TensorProto, helper
+
+        to_np = {}
+        for code in TensorProto.DataType.values():
+            try:
+                to_np[code] = helper.tensor_dtype_to_np_dtype(code)
+            except (KeyError, TypeError, ValueError):
+                pass
+        module.TENSOR_TYPE_TO_NP_TYPE = to_np
+        module.NP_TYPE_TO_TENSOR_TYPE = {v: k for k, v in reversed(list(to_np.items()))}
+
+
+sys.meta_path.append(_OnnxMapping())
 '''
 
 

@@ -4,8 +4,8 @@
 operator after the ones feeding it) and writes one ONNX node (or a few) per operator through the export
 table (export_ops.py). Parameters (tensors with ``stores_grad=True``) become initializers under their names;
 state the operators hold (BatchNorm's running statistics) and their constant arguments (a Reshape's shape)
-become initializers too. The graph is recorded only while ``autograd.training`` is true, and backward
-frees it: export after a forward pass and before backward.
+become initializers too. The graph is recorded only while ``autograd.training`` is true and is kept after
+backward, as SINGA keeps it, until the next recorded forward pass begins: export before that.
 
 Which tensors are the graph's inputs. Our engine records nothing for an input that is neither a parameter nor
 an operator's output (a data tensor), so those inputs are matched by position: each such operator input,
@@ -71,8 +71,8 @@ def _walk(roots: list) -> list:
         try:
             items = post_order(root)
         except ValueError as e:
-            raise SonnxError(f"to_onnx: {e}; export after the forward pass and before backward, which frees the "
-                             f"graph") from None
+            raise SonnxError(f"to_onnx: {e}; export after the forward pass of these outputs and before the next "
+                             f"recorded forward pass, which drops their graph") from None
         for item in items:
             key = ((id(item[0]), item[1]) if isinstance(item, tuple)
                    else ("param", id(item.tensor)) if isinstance(item, Dummy) else id(item))

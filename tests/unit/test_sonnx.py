@@ -290,13 +290,18 @@ def test_errors_say_what_was_expected():
         sonnx.prepare(42)
 
 
-def test_export_after_backward_is_refused_with_the_reason():
+def test_export_after_backward_gives_the_forward_pass_and_a_new_pass_is_refused_with_the_reason():
+    # SINGA keeps the graph after backward (its retraining and transfer-learning tests export then); a new
+    # recorded forward pass drops the old graph's state, and exporting the old outputs then says why.
     autograd.training = True
     w = tensor.Tensor(data=_numbers((3, 2), 24), requires_grad=True, stores_grad=True, name="w")
     x = T(_numbers((2, 3), 25))
     y = autograd.matmul(x, w)
     list(autograd.backward(autograd.reduce_sum(y, None, 0)))
-    with pytest.raises(sonnx.SonnxError, match="before backward"):
+    m = sonnx.to_onnx([x], [y])
+    np.testing.assert_allclose(run_ort(m, tensor.to_numpy(x))[0], tensor.to_numpy(y), rtol=1e-6)
+    autograd.matmul(x, w)  # the next step's forward pass
+    with pytest.raises(sonnx.SonnxError, match="new forward pass"):
         sonnx.to_onnx([x], [y])
 
 

@@ -144,7 +144,7 @@ def torchrun_command():
         port = s.getsockname()[1]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "2",
             "--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-            "--monitor-interval", "0.2"]
+            "--monitor-interval", "0.2", "--rdzv-conf", "last_call_timeout=1"]
 
 
 def test_torchrun_max_restarts_resumes_the_example_after_sigkill(tmp_path, uninterrupted):

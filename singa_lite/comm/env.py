@@ -43,10 +43,11 @@ store on ``MASTER_PORT``, so ours listens on ``MASTER_PORT + 1``.
 
 Generations (restarts)
 ----------------------
-A launcher that restarts a failed job (``singa-run --max-restarts``, ``torchrun --max-restarts``) starts a new
-generation of ranks of the same job: the same job identity (comm/auth.py), a new store. Each rank learns its
-generation from ``SINGA_LITE_RESTART_COUNT`` (singa-run), else ``TORCHELASTIC_RESTART_COUNT`` (torchrun), else
-0 (:func:`generation`). Every rank claims its generation when it joins the store, and the store admits only
+A launcher that restarts a failed job (``singa-run --max-restarts``, ``torchrun --max-restarts``, Slurm's
+requeue) starts a new generation of ranks of the same job: the same job identity (comm/auth.py), a new store.
+Each rank learns its generation from ``SINGA_LITE_RESTART_COUNT`` (singa-run), else
+``TORCHELASTIC_RESTART_COUNT`` (torchrun), else ``SLURM_RESTART_COUNT`` (a requeued Slurm job), else 0
+(:func:`generation`). Every rank claims its generation when it joins the store, and the store admits only
 ranks of its own: a rank of an earlier attempt that is still running (or a late one of a later attempt) is
 refused by name and cannot mix with the new ranks.
 """
@@ -71,7 +72,7 @@ ENV_BACKENDS = ("shm", "tcp", "nccl")  # what the rendezvous can give; mpi needs
 MAX_WORLD_SIZE = 65536  # ranks of one job: the store waits for one key per rank (store.MAX_WAIT_KEYS)
 MAX_LIST_CHARS = 1 << 20  # a Slurm list longer than this is refused before it is read
 RESTART_VAR = "SINGA_LITE_RESTART_COUNT"  # singa-run --max-restarts: the generation of the ranks it starts
-GENERATION_VARS = (RESTART_VAR, "TORCHELASTIC_RESTART_COUNT")
+GENERATION_VARS = (RESTART_VAR, "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
 MAX_GENERATION = 1 << 30
 
 

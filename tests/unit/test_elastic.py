@@ -156,6 +156,7 @@ def test_elastic_state_errors(tmp_path):
 def test_generation_comes_from_the_launcher():
     assert env.generation({}) == 0
     assert env.generation({"TORCHELASTIC_RESTART_COUNT": "2"}) == 2
+    assert env.generation({"SLURM_RESTART_COUNT": "3"}) == 3
     assert env.generation({"SINGA_LITE_RESTART_COUNT": "1", "TORCHELASTIC_RESTART_COUNT": "2"}) == 1
     with pytest.raises(ValueError, match="TORCHELASTIC_RESTART_COUNT must be the number of restarts"):
         env.generation({"TORCHELASTIC_RESTART_COUNT": "-1"})

@@ -204,3 +204,37 @@ def test_each_sample_of_the_interrupted_epoch_is_committed_once_2_to_1(tmp_path)
     assert second.returncode == 0, out
     assert "done generation 0 world 1 resumed True at step 6" in out, out
     check_exactly_once(logdir, out)
+
+
+FAKE_SSH = """#!{python}
+# Called like ssh: HOST WORDS... Runs the words here with SIM_HOST=HOST; a host named in DOWN_FILE is gone
+# (exit 255, as ssh says when it cannot connect).
+import os, sys
+host, words = sys.argv[1], sys.argv[2:]
+down = os.environ.get("DOWN_FILE", "")
+if down and os.path.exists(down) and host in open(down).read().split():
+    sys.exit(255)
+os.execvpe("sh", ["sh", "-c", " ".join(words)], {{**os.environ, "SIM_HOST": host}})
+"""
+
+
+def test_min_np_restarts_without_the_host_that_went_down(tmp_path):
+    """Two "hosts" (two names of this machine, reached through an ssh look-alike): rank 1's host goes down with
+    it; the restart probes the hosts, leaves that one out and goes on with 1 rank (--min-np 1), from the commit,
+    every sample once."""
+    fake = tmp_path / "fake_ssh"
+    fake.write_text(FAKE_SSH.format(python=sys.executable))
+    fake.chmod(0o755)
+    (tmp_path / "hosts").write_text("localhost:1\n127.0.0.1:1\n")
+    logdir = tmp_path / "log"
+    logdir.mkdir()
+    env = {**CLEAN, "KILL_AT": "8", "DOWN_FILE": str(tmp_path / "down")}
+    cmd = RUN + ["--hostfile", str(tmp_path / "hosts"), "--launcher-exec", str(fake), "--min-np", "1",
+                 "--max-restarts", "1", "--restart-delay", "0", "--probe-timeout", "20", JOB, str(tmp_path / "ckpt"),
+                 str(logdir), str(N), str(BATCH), str(EVERY), str(EPOCHS)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT_S, cwd=ROOT, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "host(s) 127.0.0.1 did not answer within 20 s: left out; 1 rank(s) on localhost" in out, out
+    assert "done generation 1 world 1 resumed True at step 6" in out, out
+    check_exactly_once(logdir, out)

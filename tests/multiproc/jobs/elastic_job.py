@@ -1,7 +1,9 @@
 """A restartable job for tests/multiproc/test_elastic_restart.py: ranks "train" a state that counts the samples
 they consume (w += x[idx] summed over the ranks), commit it with ElasticState every few steps, and record the
 indices each commit covers. `KILL_AT=<step>` makes rank 1 of generation 0 SIGKILL itself when it reaches that
-step (after its step's collective, before the next commit).
+step (after its step's collective, before the next commit); with `DOWN_FILE=<path>` it first writes its
+host's name (SIM_HOST, set by the test's --launcher-exec) there, and that --launcher-exec then treats the host
+as gone.
 
     singa-run -np 2 --max-restarts 1 elastic_job.py CKPT LOGDIR N BATCH EVERY EPOCHS
 """
@@ -37,6 +39,9 @@ for epoch in range(start.epoch, epochs):
         w.copy_from_numpy(tensor.to_numpy(w) + tensor.to_numpy(t))
         pending.append((epoch, idx.tolist()))
         if gen == 0 and rank == 1 and state.steps + 1 == kill_at:
+            if os.environ.get("DOWN_FILE"):  # its host goes down with it (a --launcher-exec that reads the file)
+                with open(os.environ["DOWN_FILE"], "a") as f:
+                    f.write(os.environ.get("SIM_HOST", "") + "\n")
             os.kill(os.getpid(), signal.SIGKILL)
         if state.step():
             with open(os.path.join(logdir, f"gen{gen}.rank{rank}.txt"), "a") as f:

@@ -30,6 +30,13 @@ to every rank, SIGKILL follows after the grace period (at once on a second Ctrl-
 128 + the signal number. Every wait after a stop began is bounded: singa-run never waits forever. The
 holder's shared-memory segment is removed at the end whatever happened, and each rank is killed by the
 kernel if singa-run itself dies (Linux).
+
+Restarts (``--max-restarts N``). After a failed generation has been stopped and reported as above, singa-run
+waits ``--restart-delay`` seconds and starts a new generation of the same job (same job id and secret, a new
+holder, ``SINGA_LITE_RESTART_COUNT`` one higher), up to N times; the script resumes from its last commit
+(checkpoint.ElasticState, docs/elastic.md). With ``--hostfile`` and ``--min-np M`` the hosts are probed first
+(``--launcher-exec HOST true``) and those that do not answer are left out, if the rest hold at least M ranks.
+A signal to singa-run ends the job without a restart.
 """
 from __future__ import annotations
 

@@ -238,3 +238,36 @@ def test_min_np_restarts_without_the_host_that_went_down(tmp_path):
     assert "host(s) 127.0.0.1 did not answer within 20 s: left out; 1 rank(s) on localhost" in out, out
     assert "done generation 1 world 1 resumed True at step 6" in out, out
     check_exactly_once(logdir, out)
+
+
+def test_restarts_are_used_up_and_a_signal_is_never_restarted(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text("import os, sys, time\n"
+                      "print('generation', os.environ['SINGA_LITE_RESTART_COUNT'], 'of at most',\n"
+                      "      os.environ['SINGA_LITE_MAX_RESTARTS'], flush=True)\n"
+                      "if sys.argv[1] == 'fail' and os.environ['RANK'] == '1':\n"
+                      "    sys.exit(3)\n"
+                      "time.sleep(60 if sys.argv[1] == 'sleep' else 0)\n")
+    proc = subprocess.run(RUN + ["-np", "2", "--max-restarts", "2", "--restart-delay", "0", str(script), "fail"],
+                          capture_output=True, text=True, timeout=LIMIT_S, cwd=ROOT, env=CLEAN)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 3, out
+    assert [out.count(f"[rank 1] generation {g} of at most 2") for g in range(4)] == [1, 1, 1, 0], out
+    assert "giving up after 2 restart(s) (--max-restarts 2)" in out, out
+    proc = subprocess.Popen(RUN + ["-np", "2", "--max-restarts", "2", str(script), "sleep"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=CLEAN)
+    lines = []
+    for line in proc.stdout:  # both ranks started: then Ctrl-C
+        lines.append(line)
+        if sum("generation 0" in seen for seen in lines) == 2:
+            proc.send_signal(signal.SIGINT)
+            break
+    try:
+        rest, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rest, _ = proc.communicate()
+        raise
+    out = "".join(lines) + rest
+    assert proc.returncode == 128 + signal.SIGINT, out
+    assert "generation 1" not in out and "restart 1" not in out and "not restarting: interrupted" in out, out

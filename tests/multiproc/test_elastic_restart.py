@@ -97,7 +97,7 @@ def accuracy(out: str) -> float:
     return float(found.group(1))
 
 
-EXAMPLE = ["--epochs", "4", "--commit-every", "5", "--seed", "0"]
+EXAMPLE = ["--epochs", "3", "--commit-every", "5", "--seed", "0"]
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +122,7 @@ def check_resumed(code, out, killed, reference):
     assert abs(accuracy(out) - reference) <= 0.01, (reference, out)
 
 
+@pytest.mark.slow
 def test_singa_run_max_restarts_resumes_the_example_after_sigkill(tmp_path, uninterrupted):
     ckpt = str(tmp_path / "ckpt")
     cmd = RUN + ["-np", "2", "--max-restarts", "2", "--restart-delay", "0.2", MNIST, "--launcher", "singa-run",
@@ -147,6 +148,7 @@ def torchrun_command():
             "--monitor-interval", "0.2", "--rdzv-conf", "last_call_timeout=1"]
 
 
+@pytest.mark.slow
 def test_torchrun_max_restarts_resumes_the_example_after_sigkill(tmp_path, uninterrupted):
     ckpt = str(tmp_path / "ckpt")
     cmd = torchrun_command() + [MNIST, "--launcher", "env", "--checkpoint", ckpt, *EXAMPLE]

@@ -115,10 +115,11 @@ def check_resumed(code, out, killed, reference):
     found = re.search(r"resumed from \S+ (in epoch \d+ at sample \d+ of \d+|after epoch \d+) \(step (\d+), "
                       r"generation 1", out)
     assert found, out
-    # the last commit before the failure (step 25 or a later one), not a restart from epoch 1
+    # the last commit before the failure (step 25 or a later one), not a restart from epoch 1; rank 0 may have
+    # been stopped between completing a commit and printing it
     before = out.split("resumed from")[0]
     last = max(int(s) for s in re.findall(r"committed step (\d+) ", before))
-    assert last >= 25 and int(found.group(2)) == last, out
+    assert last >= 25 and int(found.group(2)) in (last, last + 5), out
     assert abs(accuracy(out) - reference) <= 0.01, (reference, out)
 
 

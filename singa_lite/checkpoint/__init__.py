@@ -673,5 +673,5 @@ def _apply(staged, model, dist, plain, sampler, rng, comm, path) -> None:
         device.as_device(name).set_rng_state(st)
 
 
-# Last: elastic.py builds on save and load above.
+# elastic.py builds on save and load above (it imports them when called, so no import circle).
 from .elastic import ElasticState, Resume  # noqa: E402

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 
 from ..checkpoint_io import CheckpointError, read_json_file
 from ..comm.env import generation as launcher_generation
-from . import MANIFEST, load, save
 
 KEY = "elastic"  # the key of this module's record in the checkpoint's extra
 
@@ -91,6 +90,8 @@ class ElasticState:
         return comm.world_size if comm is not None else 1
 
     def has_commit(self) -> bool:
+        from . import MANIFEST  # at call time, as save and load: the package imports this module
+
         return os.path.isfile(os.path.join(self.path, MANIFEST))
 
     def resume(self) -> Resume:
@@ -101,6 +102,8 @@ class ElasticState:
                 self.log(f"elastic: no commit in {self.path}: starting from the beginning (generation "
                          f"{self.generation}, {self.world_size} rank(s))")
             return Resume(epoch=getattr(self.sampler, "epoch", 0), generation=self.generation)
+        from . import load  # at call time: the package imports this module at its end
+
         saved_world = self._saved_world_size()
         scaler_before = self.scaler.get_states() if self.scaler is not None else None
         extra = load(self.path, self.model, self.optimizer, self.sampler, self.rng, communicator=self.communicator,
@@ -129,6 +132,8 @@ class ElasticState:
                       generation=self.generation, extra=record.get("user") or {})
 
     def _saved_world_size(self):
+        from . import MANIFEST
+
         try:
             manifest = read_json_file(os.path.join(self.path, MANIFEST), limit=16 << 20)
         except (CheckpointError, OSError):
@@ -148,6 +153,8 @@ class ElasticState:
         """Saves the whole state now (collective), atomically: a failure at any moment leaves the previous
         commit loadable. extra: the caller's JSON data and numpy arrays, returned by resume() as
         ``Resume.extra``."""
+        from . import save  # at call time: the package imports this module at its end
+
         record = {"step": self.steps, "generation": self.generation, "world_size": self.world_size,
                   "epoch": getattr(self.sampler, "epoch", 0),
                   "scaler": self.scaler.get_states() if self.scaler is not None else None,

@@ -5,12 +5,19 @@ a model factory and its data; this module does the rest.
 Launchers (``--launcher``):
   multiprocessing  the script starts --world-size ranks itself, sharing an NcclIdHolder (SINGA's pattern)
   mpi              the script was started by ``mpiexec -n N``
-  singa-run        the script was started by ``singa-run -np N``
+  singa-run        the script was started by ``singa-run -np N`` (also with --max-restarts)
+  env              the script was started by torchrun, srun (Slurm) or a Kubernetes operator: dist.init() reads
+                   their variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; SLURM_PROCID...)
 Devices (``--device``): cpu, cuda (one GPU per rank: cuda:<local rank>, NCCL between them) or auto (cuda
-when this build sees a GPU). Every rank trains on its contiguous share of the data (SINGA's
-data_partition); rank 0 prints progress, and each epoch's loss and accuracy are reduced over all ranks.
-``--checkpoint DIR`` saves the whole training state there after every epoch (singa_lite.checkpoint) and,
-when DIR already holds one, resumes from it: the resumed run prints what the uninterrupted one would have.
+when this build sees a GPU). Every epoch, the ranks share a shuffled permutation of the training set step by
+step (singa_lite.data.ElasticSampler: each step takes the next batch-size x ranks samples); rank 0 prints
+progress, and each epoch's loss and accuracy are reduced over all ranks.
+
+``--checkpoint DIR`` commits the whole training state there at the end of every epoch and every
+--commit-every steps (singa_lite.checkpoint.ElasticState) and, when DIR already holds a commit, resumes from
+it by itself, on any number of ranks: after a failure under ``singa-run --max-restarts`` or ``torchrun
+--max-restarts`` the new ranks go on from the last commit, with exactly the samples of the epoch not yet
+committed (docs/elastic.md).
 """
 from __future__ import annotations
 
@@ -22,17 +29,18 @@ import time
 import numpy as np
 
 from singa_lite import autograd, checkpoint, device, opt, singa_wrap, tensor
-from singa_lite.data import data_partition
+from singa_lite.data import ElasticSampler, data_partition
 
 DIST_OPTIONS = ("plain", "half", "partialUpdate", "sparseTopK", "sparseThreshold")
-LAUNCHERS = ("multiprocessing", "mpi", "singa-run")
+LAUNCHERS = ("multiprocessing", "mpi", "singa-run", "env")
 
 
 def argument_parser(doc: str, *, epochs: int, batch_size: int, lr: float) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--launcher", choices=LAUNCHERS, default="multiprocessing",
-                   help="who starts the ranks: this script (multiprocessing), mpiexec or singa-run")
+                   help="who starts the ranks: this script (multiprocessing), mpiexec, singa-run, or env: torchrun, "
+                        "Slurm's srun or a Kubernetes operator (their variables)")
     p.add_argument("--world-size", type=int, default=2, help="ranks to start (multiprocessing launcher)")
     p.add_argument("--dist-option", choices=DIST_OPTIONS, default="plain")
     p.add_argument("--spars", type=float, default=0.05,
@@ -52,16 +60,18 @@ def argument_parser(doc: str, *, epochs: int, batch_size: int, lr: float) -> arg
     p.add_argument("--threads", type=int, default=None, help="threads per rank (default: cores / ranks)")
     p.add_argument("--plot", metavar="PNG", help="write loss and accuracy curves to this file (matplotlib)")
     p.add_argument("--checkpoint", metavar="DIR",
-                   help="save the training state to DIR after every epoch; resume from DIR when it holds one")
-    p.add_argument("--reshard", action="store_true",
-                   help="with --checkpoint: resume a checkpoint saved by another number of ranks (from rank 0's "
-                        "state; not bit for bit)")
+                   help="commit the training state to DIR after every epoch (and every --commit-every steps); "
+                        "resume from DIR's last commit when it holds one, on any number of ranks")
+    p.add_argument("--commit-every", type=int, default=0, metavar="K",
+                   help="with --checkpoint: commit every K steps too (0: at the end of each epoch only)")
     return p
 
 
 def check_args(p: argparse.ArgumentParser, args) -> None:
     if args.world_size < 1 or args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
         p.error("--world-size, --epochs and --batch-size must be >= 1 and --lr > 0")
+    if args.commit_every < 0 or (args.commit_every and not args.checkpoint):
+        p.error("--commit-every K needs --checkpoint DIR and K >= 0")
     # Asked without initialising CUDA: this process may go on to start the ranks (launch), and children of a
     # process that has initialised CUDA cannot use the GPU. The ranks check the GPU for real.
     if args.device == "cuda" and not device.cuda_maybe_available():
@@ -83,7 +93,7 @@ def launch(args, train) -> int:
     """Runs train(args, nccl_id, gpu_num, gpu_per_node) on every rank; returns the exit code. With the spawn
     start method `train` must be importable by name (a module-level function of the script, as in the examples),
     and the script must start the ranks only under ``if __name__ == "__main__"``."""
-    if args.launcher != "multiprocessing":  # mpiexec / singa-run started the ranks: dist.init finds them
+    if args.launcher != "multiprocessing":  # mpiexec / singa-run / torchrun... started the ranks: dist.init finds them
         train(args)
         return 0
     import multiprocessing
@@ -160,41 +170,61 @@ def reduce_sum(sgd, values, dev) -> np.ndarray:
 
 
 def train_and_evaluate(args, sgd, dev, model, train_set, test_set, what: str) -> float:
-    """SINGA's loop: every epoch, this rank's share in shuffled batches, then the test share; prints the
-    epoch's metrics reduced over ranks on rank 0. Returns the final test accuracy."""
+    """SINGA's loop: every epoch, this rank's part of each step of the shared permutation, then the test share;
+    prints the epoch's metrics reduced over ranks on rank 0. Returns the final test accuracy."""
     rank, world = sgd.rank_in_global, sgd.world_size
-    train_x, train_y = data_partition(*train_set, rank, world)
+    train_x, train_y = train_set
     test_x, test_y = data_partition(*test_set, rank, world)
     autograd.training = False
     model.forward(tensor.from_numpy(train_x[:1], dev))  # creates the parameters
     sgd.broadcast_parameters(model_params(model))  # every rank starts from rank 0's values
 
-    steps = len(train_y) // args.batch_size
-    rng = np.random.default_rng(args.seed + rank)
-    history, first_epoch = [], 1
-    if args.checkpoint and os.path.exists(os.path.join(args.checkpoint, checkpoint.MANIFEST)):
-        # every rank, after the broadcast above
-        extra = checkpoint.load(args.checkpoint, model_states(model), sgd, rng=rng, reshard=args.reshard)
-        history, first_epoch = [tuple(h) for h in extra["history"]], int(extra["epoch"]) + 1
-        if rank == 0:
-            print(f"resumed from {args.checkpoint} after epoch {first_epoch - 1}", flush=True)
+    sampler = ElasticSampler(len(train_y), rank, world, args.batch_size, seed=args.seed)
+    history, carried, first_epoch = [], np.zeros(3), 0  # carried: the epoch's sums so far, when resumed
+    state = None
+    if args.checkpoint:
+        state = checkpoint.ElasticState(args.checkpoint, model=model_states(model), optimizer=sgd, sampler=sampler,
+                                        every=args.commit_every or None, log=None)
+        start = state.resume()  # every rank, after the broadcast above
+        if start.resumed:
+            history = [list(h) for h in start.extra["history"]]
+            first_epoch = start.epoch
+            if sampler.cursor == sampler.num_samples:  # committed at the end of that epoch
+                first_epoch += 1
+            elif rank == 0:
+                carried = np.asarray(start.extra["sums"], np.float64)
+            if rank == 0:
+                where = (f"after epoch {first_epoch}" if sampler.cursor == sampler.num_samples else
+                         f"in epoch {first_epoch + 1} at sample {sampler.cursor} of {sampler.num_samples}")
+                change = "" if start.saved_world_size == world else \
+                    f", resharded from {start.saved_world_size} to {world} rank(s)"
+                print(f"resumed from {args.checkpoint} {where} (step {start.step}, generation "
+                      f"{start.generation}{change})", flush=True)
     if rank == 0:
         print(f"{world} ranks ({sgd.communicator.backend} backend, {dev}, {device.get_num_threads()} threads "
-              f"each), {what}, dist option {args.dist_option}, {len(train_y)} training samples per rank, "
-              f"{steps} steps per epoch", flush=True)
-    for epoch in range(first_epoch, args.epochs + 1):
+              f"each), {what}, dist option {args.dist_option}, {len(train_y)} training samples, "
+              f"{-(-len(train_y) // sampler.step_size)} steps per epoch", flush=True)
+    for epoch in range(first_epoch, args.epochs):
         autograd.training = True
-        order = rng.permutation(len(train_y))
-        start, loss_sum, correct = time.perf_counter(), 0.0, 0
-        for b in range(steps):
-            idx = order[b * args.batch_size:(b + 1) * args.batch_size]
+        sampler.set_epoch(epoch)  # keeps a resumed cursor
+        start_time, sums = time.perf_counter(), carried.copy()  # loss x samples, correct, samples
+        carried = np.zeros(3)
+        steps = len(sampler)
+        for idx in sampler:
             out = model.forward(tensor.from_numpy(train_x[idx], dev))
             loss = autograd.softmax_cross_entropy(out, tensor.from_numpy(train_y[idx], dev))
             dist_step(args, sgd, loss)
-            loss_sum += loss.item()
-            correct += int((tensor.to_numpy(tensor.argmax(out, 1)) == train_y[idx]).sum())
+            sums += (loss.item() * len(idx), int((tensor.to_numpy(tensor.argmax(out, 1)) == train_y[idx]).sum()),
+                     len(idx))
+            if state is not None:
+                due = args.commit_every and (state.steps + 1) % args.commit_every == 0
+                # the epoch's sums so far, over all ranks (collective: every rank reaches the same steps)
+                extra = {"history": history, "sums": reduce_sum(sgd, sums, dev).tolist()} if due else None
+                if state.step(extra) and rank == 0:
+                    print(f"committed step {state.steps} (epoch {epoch + 1}, sample {sampler.cursor} of "
+                          f"{sampler.num_samples})", flush=True)
         dev.Sync()
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - start_time
         if args.dist_option == "partialUpdate":
             sgd.average_parameters()  # evaluate the averaged model
         autograd.training = False
@@ -202,17 +232,16 @@ def train_and_evaluate(args, sgd, dev, model, train_set, test_set, what: str) ->
         for i in range(0, len(test_y), 256):
             out = model.forward(tensor.from_numpy(test_x[i:i + 256], dev))
             test_correct += int((tensor.to_numpy(tensor.argmax(out, 1)) == test_y[i:i + 256]).sum())
-        totals = reduce_sum(sgd, [loss_sum, correct, test_correct, len(test_y)], dev)
-        train_loss = totals[0] / (max(steps, 1) * world)
-        train_acc = totals[1] / (max(steps, 1) * args.batch_size * world)
-        test_acc = totals[2] / max(totals[3], 1)
-        history.append((train_loss, train_acc, test_acc))
+        totals = reduce_sum(sgd, [*sums, test_correct, len(test_y)], dev)
+        train_loss = totals[0] / max(totals[2], 1)
+        train_acc = totals[1] / max(totals[2], 1)
+        test_acc = totals[3] / max(totals[4], 1)
+        history.append([float(train_loss), float(train_acc), float(test_acc)])
         if rank == 0:
-            print(f"epoch {epoch:3d}  train loss {train_loss:.4f}  train acc {train_acc:.4f}  test acc {test_acc:.4f}"
-                  f"  ({elapsed:.2f} s, {1e3 * elapsed / max(steps, 1):.1f} ms/step)", flush=True)
-        if args.checkpoint:  # collective: returns on every rank once the checkpoint is complete
-            checkpoint.save(args.checkpoint, model_states(model), sgd, rng=rng,
-                            extra={"epoch": epoch, "history": history})
+            print(f"epoch {epoch + 1:3d}  train loss {train_loss:.4f}  train acc {train_acc:.4f}  test acc "
+                  f"{test_acc:.4f}  ({elapsed:.2f} s, {1e3 * elapsed / max(steps, 1):.1f} ms/step)", flush=True)
+        if state is not None:  # collective: returns on every rank once the commit is complete
+            state.commit(extra={"history": history, "sums": [0.0, 0.0, 0.0]})
     if rank == 0:
         print(f"final test accuracy {history[-1][2]:.4f}", flush=True)
         if args.plot:

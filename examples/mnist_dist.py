@@ -4,12 +4,14 @@ page, with its two launchers and its five synchronisation options.
     python examples/mnist_dist.py --launcher multiprocessing --world-size 2     # one host, shm backend
     mpiexec -n 2 python examples/mnist_dist.py --launcher mpi                   # MPI (mpi backend)
     singa-run -np 2 examples/mnist_dist.py --launcher singa-run                 # singa-run (shm backend)
+    singa-run -np 2 --max-restarts 2 examples/mnist_dist.py --launcher singa-run --checkpoint ckpt --commit-every 20
+    torchrun --nproc-per-node 2 --max-restarts 2 examples/mnist_dist.py --launcher env --checkpoint ckpt
     python examples/mnist_dist.py --world-size 2 --dist-option sparseTopK --spars 0.05
 
 Data: MNIST IDX files from --data-dir, else scikit-learn's bundled digits (no download; see
 singa_lite.data). With a GPU per rank (--device cuda, or auto where GPUs exist) the ranks talk over NCCL.
-The loop, launchers and options are in examples/dist_training.py. --plot writes loss / accuracy curves to
-a PNG (needs matplotlib).
+The loop, launchers and options are in examples/dist_training.py; restarts after a failure: docs/elastic.md.
+--plot writes loss / accuracy curves to a PNG (needs matplotlib).
 """
 from __future__ import annotations
 

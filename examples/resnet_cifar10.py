@@ -6,6 +6,8 @@ distributed-training page.
     python examples/resnet_cifar10.py --data-dir ~/data/cifar-10-batches-py --epochs 10
     mpiexec -n 2 python examples/resnet_cifar10.py --launcher mpi --dist-option half
     singa-run -np 4 examples/resnet_cifar10.py --launcher singa-run --device cuda --data-dir DIR
+    singa-run -np 2 --max-restarts 2 examples/resnet_cifar10.py --launcher singa-run --checkpoint ckpt --commit-every 20
+    torchrun --nproc-per-node 2 --max-restarts 2 examples/resnet_cifar10.py --launcher env --checkpoint ckpt
 
 Data: CIFAR-10 from --data-dir (the python or binary batches; nothing is downloaded). Without it, a
 generated CIFAR-shaped set: ten classes, each a fixed random colour pattern plus noise, so that the whole

@@ -117,7 +117,7 @@ from ..checkpoint_io import (
 from ..tensor import Tensor
 from .format import FORMAT_VERSION, MAGIC, check_header, digest, encode, pack, python_scalars, unpack
 
-__all__ = ["FORMAT_VERSION", "CheckpointError", "atomic_write", "load", "save"]
+__all__ = ["FORMAT_VERSION", "CheckpointError", "ElasticState", "Resume", "atomic_write", "load", "save"]
 
 MANIFEST = "manifest.json"
 _OUR_FILE = re.compile(r"^(shared|rank-\d{5})\.[0-9a-f]+\.slckpt$")
@@ -671,3 +671,7 @@ def _apply(staged, model, dist, plain, sampler, rng, comm, path) -> None:
         rng.bit_generator.state = own["numpy_rng"]
     for name, st in own.get("generators", {}).items():
         device.as_device(name).set_rng_state(st)
+
+
+# elastic.py builds on save and load above (it imports them when called, so no import circle).
+from .elastic import ElasticState, Resume  # noqa: E402

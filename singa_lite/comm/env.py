@@ -40,6 +40,16 @@ store itself. ``mpi`` is refused: its ranks come from mpiexec. Every wait is bou
 
 Under torchrun itself (``TORCHELASTIC_USE_AGENT_STORE=True``) torchrun's agent already serves PyTorch's own
 store on ``MASTER_PORT``, so ours listens on ``MASTER_PORT + 1``.
+
+Generations (restarts)
+----------------------
+A launcher that restarts a failed job (``singa-run --max-restarts``, ``torchrun --max-restarts``, Slurm's
+requeue) starts a new generation of ranks of the same job: the same job identity (comm/auth.py), a new store.
+Each rank learns its generation from ``SINGA_LITE_RESTART_COUNT`` (singa-run), else
+``TORCHELASTIC_RESTART_COUNT`` (torchrun), else ``SLURM_RESTART_COUNT`` (a requeued Slurm job), else 0
+(:func:`generation`). Every rank claims its generation when it joins the store, and the store admits only
+ranks of its own: a rank of an earlier attempt that is still running (or a late one of a later attempt) is
+refused by name and cannot mix with the new ranks.
 """
 from __future__ import annotations
 
@@ -61,6 +71,23 @@ SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 10000  # MASTER_PORT under Slurm: base
 ENV_BACKENDS = ("shm", "tcp", "nccl")  # what the rendezvous can give; mpi needs mpiexec
 MAX_WORLD_SIZE = 65536  # ranks of one job: the store waits for one key per rank (store.MAX_WAIT_KEYS)
 MAX_LIST_CHARS = 1 << 20  # a Slurm list longer than this is refused before it is read
+RESTART_VAR = "SINGA_LITE_RESTART_COUNT"  # singa-run --max-restarts: the generation of the ranks it starts
+GENERATION_VARS = (RESTART_VAR, "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
+MAX_GENERATION = 1 << 30
+
+
+def generation(environ=None) -> int:
+    """This rank's generation: how many times its launcher restarted the job before starting it (0 for the
+    first start). ValueError naming the variable for a value that is not a count."""
+    environ = os.environ if environ is None else environ
+    for name in GENERATION_VARS:
+        raw = str(environ.get(name, "")).strip()
+        if raw:
+            if not raw.isdigit() or int(raw) > MAX_GENERATION:
+                raise ValueError(f"{name} must be the number of restarts so far (an integer from 0 to "
+                                 f"{MAX_GENERATION}), got {raw[:40]!r}")
+            return int(raw)
+    return 0
 
 
 # ---------------------------------------------------------------- Slurm's compressed lists
@@ -493,7 +520,8 @@ def open_store(launch: LaunchEnv, timeout: float, environ=None):
     listen = "" if not one_host and is_loopback(launch.master_addr) else None
     try:
         return TcpStore(launch.master_addr, launch.master_port, launch.world_size, launch.rank == 0,
-                        timeout=timeout, listen_host=listen, credentials=credentials, rank=launch.rank)
+                        timeout=timeout, listen_host=listen, credentials=credentials, rank=launch.rank,
+                        generation=generation(environ))
     except CommError as e:
         raise CommError(f"dist.init, {launch.describe()}: {e}") from None
 

@@ -12,6 +12,9 @@ import sys
 
 from .. import timeline
 from . import HOLDER_VAR, auth
+from .env import RESTART_VAR
+
+MAX_RESTARTS_VAR = "SINGA_LITE_MAX_RESTARTS"
 
 BACKEND_VAR = "SINGA_LITE_COMM_BACKEND"
 TIMEOUT_VAR = "SINGA_LITE_COMM_TIMEOUT"
@@ -27,6 +30,8 @@ environment of each rank:
   LOCAL_RANK, LOCAL_WORLD_SIZE   the same on this host (singa-run starts ranks on one host)
   {BACKEND_VAR} --backend, when not auto
   {TIMEOUT_VAR} --timeout, when given
+  {RESTART_VAR}, {MAX_RESTARTS_VAR}   with --max-restarts: this generation (0 for the first
+                          start, then 1, 2...) and the most restarts; the job id and secret stay the same
   {timeline.ENV_VAR}     --timeline DIR: each rank writes DIR/timeline.rank<r>.json at exit
   OMP_NUM_THREADS         cores / ranks, unless already set
   PYTHONUNBUFFERED=1      with --prefix, unless already set (so lines arrive as they are printed)
@@ -35,9 +40,15 @@ with --hostfile: no {HOLDER_VAR} and no OMP_NUM_THREADS (dist.init() shares each
   {auth.SECRET_VAR}   reaches each host through the remote shell's stdin, not its command line
   LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK   from the hostfile (dist.init() checks the hosts itself)
 
-exit status: 0 when every rank succeeded; the failed rank's exit code, or 128 + signal number when a signal
-ended it; 128 + signal number when singa-run was interrupted (130 for Ctrl-C); 2 for a bad command line or a
-job that cannot start.
+restarts (--max-restarts N): when a rank fails, the others are stopped as always, and then (after
+--restart-delay seconds) a new generation of ranks of the same job starts, up to N times; a script resumes
+from its last commit (singa_lite.checkpoint.ElasticState; docs/elastic.md). With --hostfile and --min-np M,
+a restart leaves out the hosts that no longer answer (--launcher-exec HOST true fails or hangs for
+--probe-timeout seconds) and starts on the slots left, if they hold at least M ranks.
+
+exit status: 0 when every rank succeeded (in the last generation); the failed rank's exit code, or 128 +
+signal number when a signal ended it; 128 + signal number when singa-run was interrupted (130 for Ctrl-C); 2
+for a bad command line or a job that cannot start.
 """
 
 
@@ -77,6 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prefix every output line with its rank")
     p.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                    help="after stopping the ranks with SIGTERM (or a forwarded signal), how long before SIGKILL")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="when a rank fails, stop the others and start a new generation of ranks of the same job, "
+                        "at most N times (the script resumes from its commits: docs/elastic.md)")
+    p.add_argument("--restart-delay", type=float, default=1.0, metavar="SECONDS",
+                   help="with --max-restarts: how long to wait after a failed generation ended before the next")
+    p.add_argument("--min-np", type=int, default=None, metavar="M",
+                   help="with --hostfile and --max-restarts: a restart leaves out hosts that no longer answer and "
+                        "runs on the slots left, with at least M ranks (default: -np, no host may be lost)")
+    p.add_argument("--probe-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="with --min-np: how long a host has to answer '--launcher-exec HOST true' before a restart")
     p.add_argument("-m", dest="module", action="store_true",
                    help="run the target as a module (python -m), not as a script file")
     p.add_argument("--dry-run", action="store_true", help="print what would be started, start nothing")
@@ -86,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _TAKE_A_VALUE = {"-np", "-n", "--np", "--backend", "--timeout", "--grace", "--timeline", "--hostfile", "-f",
-                 "--launcher-exec", "--master-addr", "--master-port"}
+                 "--launcher-exec", "--master-addr", "--master-port", "--max-restarts", "--restart-delay", "--min-np",
+                 "--probe-timeout"}
 
 
 def parse_command_line(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:
@@ -111,6 +133,8 @@ def _with_script_args(args: argparse.Namespace, rest: list) -> argparse.Namespac
 
 
 MAX_TIMEOUT_S = 1e7  # the largest communicator timeout every backend takes (the shm one refuses more)
+MAX_RESTARTS = 1000
+MAX_RESTART_DELAY_S = 3600.0
 
 
 def check_args(args) -> None:
@@ -134,6 +158,8 @@ def check_args(args) -> None:
             raise UsageError(f"-np {args.np}, but {args.hostfile} has {slots} slot(s) "
                              f"({', '.join(f'{h}: {n}' for h, n in hosts)}): add slots or hosts, or start fewer ranks")
         args.placement = place(hosts, args.np) if args.np >= 1 else None
+        args.hosts, args.chosen_addr, args.chosen_port = hosts, args.master_addr, args.master_port
+        args.requested_np = args.np
         if args.master_addr is None:
             args.master_addr = hosts[0][0]
         if args.master_port is None:
@@ -153,6 +179,21 @@ def check_args(args) -> None:
     if args.timeout is not None and not 0 < args.timeout <= MAX_TIMEOUT_S:
         raise UsageError(f"--timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}, got "
                          f"{args.timeout}")
+    if not 0 <= args.max_restarts <= MAX_RESTARTS:
+        raise UsageError(f"--max-restarts must be a number of restarts from 0 to {MAX_RESTARTS}, got "
+                         f"{args.max_restarts}")
+    if not 0 <= args.restart_delay <= MAX_RESTART_DELAY_S:
+        raise UsageError(f"--restart-delay must be a number of seconds from 0 to {MAX_RESTART_DELAY_S:g}, got "
+                         f"{args.restart_delay}")
+    if args.min_np is not None:
+        if args.hostfile is None:
+            raise UsageError("--min-np is for jobs on the hosts of a --hostfile (a restart leaves out hosts that no "
+                             "longer answer); on one host every restart starts -np ranks")
+        if not 1 <= args.min_np <= args.np:
+            raise UsageError(f"--min-np must be from 1 to -np ({args.np}), got {args.min_np}")
+        if not 0 < args.probe_timeout <= MAX_RESTART_DELAY_S:
+            raise UsageError(f"--probe-timeout must be a positive number of seconds, at most "
+                             f"{MAX_RESTART_DELAY_S:g}, got {args.probe_timeout}")
     if not 0 <= args.grace < float("inf"):  # infinite: a rank that ignores SIGTERM would be waited for forever
         raise UsageError(f"--grace must be a finite number of seconds >= 0, got {args.grace}")
     if args.timeline is not None:
@@ -288,7 +329,7 @@ def remote_variables(args, rank: int) -> dict:
     where = args.placement[rank]
     env = {"RANK": rank, "WORLD_SIZE": args.np, "LOCAL_RANK": where["local_rank"],
            "LOCAL_WORLD_SIZE": where["local_size"], "GROUP_RANK": where["node"], "MASTER_ADDR": args.master_addr,
-           "MASTER_PORT": args.master_port, auth.JOB_ID_VAR: args.job_id}
+           "MASTER_PORT": args.master_port, auth.JOB_ID_VAR: args.job_id, **restart_variables(args)}
     if os.environ.get(auth.SECRET_FILE_VAR):
         env[auth.SECRET_FILE_VAR] = os.environ[auth.SECRET_FILE_VAR]
     if args.backend not in (None, "auto"):
@@ -320,7 +361,8 @@ def rank_environment(args, rank: int, holder_text: str, base=None) -> dict:
     """The environment of one rank: the parent's, plus what dist.init() needs to find the job."""
     env = dict(os.environ if base is None else base)
     env.update({HOLDER_VAR: holder_text, "RANK": str(rank), "WORLD_SIZE": str(args.np),
-                "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(args.np), auth.JOB_ID_VAR: args.job_id})
+                "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(args.np), auth.JOB_ID_VAR: args.job_id,
+                **restart_variables(args)})
     if args.secret:
         env[auth.SECRET_VAR] = args.secret
     if args.backend == "auto":
@@ -337,3 +379,56 @@ def rank_environment(args, rank: int, holder_text: str, base=None) -> dict:
     if args.prefix:
         env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def restart_variables(args) -> dict:
+    """The generation of the ranks singa-run starts now, and the most restarts (with --max-restarts)."""
+    if not getattr(args, "max_restarts", 0):
+        return {}
+    return {RESTART_VAR: str(getattr(args, "generation", 0)), MAX_RESTARTS_VAR: str(args.max_restarts)}
+
+
+def answering_hosts(args, hosts: list) -> list:
+    """The hosts of `hosts` ([(host, slots)]) on which ``--launcher-exec HOST true`` succeeds within
+    --probe-timeout seconds (probed together)."""
+    import subprocess
+
+    words = shlex.split(args.launcher_exec)
+    probes = []
+    for host, _ in hosts:
+        try:
+            probes.append(subprocess.Popen(words + [host, "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL, start_new_session=True))
+        except OSError:
+            probes.append(None)
+    import time
+
+    deadline, alive = time.monotonic() + args.probe_timeout, []
+    for (host, slots), p in zip(hosts, probes):
+        if p is None:
+            continue
+        try:
+            ok = p.wait(timeout=max(deadline - time.monotonic(), 0.01)) == 0
+        except subprocess.TimeoutExpired:
+            ok = False
+            p.kill()
+            p.wait()
+        if ok:
+            alive.append((host, slots))
+    return alive
+
+
+def replace_on_hosts(args, hosts: list) -> None:
+    """Places the job again on `hosts` (those that still answer): -np as first asked when they have the
+    slots, else as many ranks as they hold; UsageError when that is fewer than --min-np."""
+    slots = sum(n for _, n in hosts)
+    np_ = min(args.requested_np, slots)
+    if np_ < (args.min_np or args.requested_np):
+        names = ", ".join(h for h, _ in hosts) or "none"
+        raise UsageError(f"only {slots} slot(s) left on the hosts that answer ({names}), fewer than --min-np "
+                         f"{args.min_np or args.requested_np}")
+    args.np, args.placement = np_, place(hosts, np_)
+    if args.chosen_addr is None:
+        args.master_addr = hosts[0][0]
+    if args.chosen_port is None:
+        args.master_port = free_port()

@@ -30,6 +30,13 @@ to every rank, SIGKILL follows after the grace period (at once on a second Ctrl-
 128 + the signal number. Every wait after a stop began is bounded: singa-run never waits forever. The
 holder's shared-memory segment is removed at the end whatever happened, and each rank is killed by the
 kernel if singa-run itself dies (Linux).
+
+Restarts (``--max-restarts N``). After a failed generation has been stopped and reported as above, singa-run
+waits ``--restart-delay`` seconds and starts a new generation of the same job (same job id and secret, a new
+holder, ``SINGA_LITE_RESTART_COUNT`` one higher), up to N times; the script resumes from its last commit
+(checkpoint.ElasticState, docs/elastic.md). With ``--hostfile`` and ``--min-np M`` the hosts are probed first
+(``--launcher-exec HOST true``) and those that do not answer are left out, if the rest hold at least M ranks.
+A signal to singa-run ends the job without a restart.
 """
 from __future__ import annotations
 
@@ -48,8 +55,9 @@ from . import HOLDER_VAR, auth
 from .holder import NcclIdHolder
 # The command line (launch_args.py); every public name of it is singa-run's too, so it can be read from here.
 from .launch_args import (BACKEND_VAR, EPILOG, MAX_TIMEOUT_S, REMOTE_MARK, TIMEOUT_VAR, UsageError,  # noqa: F401
-                          build_parser, check_args, command, free_port, job_identity, parse_command_line, place,
-                          rank_environment, read_hostfile, remote_command, remote_variables)
+                          answering_hosts, build_parser, check_args, command, free_port, job_identity,
+                          parse_command_line, place, rank_environment, read_hostfile, remote_command,
+                          remote_variables, replace_on_hosts)
 from .mpi import MPI_LAUNCH_VARS
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -107,12 +115,17 @@ class Job:
         self.out, self.err = _binary(out or sys.stdout), _binary(err or sys.stderr)
         self.locks = {id(self.out): threading.Lock(), id(self.err): threading.Lock()}
         self.width = len(str(args.np - 1))
+        self.signals: list[int] = []  # received by singa-run, not yet handled
+        self.interrupted = None  # the first signal singa-run got
+        self.generation = 0  # restarts so far (--max-restarts)
+        self._new_generation()
+
+    def _new_generation(self) -> None:
+        """Forgets the ranks of the previous generation (all ended and reaped by now)."""
         self.procs: list[subprocess.Popen] = []
         self.pumps: list[threading.Thread] = []
         self.ended: queue.Queue = queue.Queue()  # (rank, returncode), in the order the processes ended
         self.codes: dict[int, int] = {}  # rank -> returncode (Popen's convention: -N for signal N)
-        self.signals: list[int] = []  # received by singa-run, not yet handled
-        self.interrupted = None  # the first signal singa-run got
         self.failed = None  # the rank that failed first
         self.stopping = False  # the ranks were told to stop (by a failure or a signal)
         self.kill_at = None  # when the ranks still running get SIGKILL
@@ -162,10 +175,63 @@ class Job:
 
     # ----- life cycle
     def run(self) -> int:
+        """Runs the job: a generation of ranks, and after a failure (with --max-restarts) new generations of
+        the same job, until one succeeds, singa-run is interrupted, or the restarts are used up."""
         previous = {s: signal.signal(s, self._on_signal) for s in FORWARDED}
-        holder = None
         try:
-            if self.args.placement is None:  # one host: the ranks meet through a holder
+            while True:
+                code = self._run_generation()
+                if code == 0 or self.interrupted is not None or self.generation >= self.args.max_restarts:
+                    if code != 0 and self.args.max_restarts:
+                        self.say(f"giving up after {self.generation} restart(s) (--max-restarts "
+                                 f"{self.args.max_restarts})" if self.interrupted is None else
+                                 "not restarting: interrupted")
+                    return code
+                self.generation += 1
+                self.say(f"restart {self.generation} of at most {self.args.max_restarts}: starting a new "
+                         f"generation of {self.args.np} rank(s) in {self.args.restart_delay:g} s")
+                if not self._pause(self.args.restart_delay):
+                    self.say("not restarting: interrupted")
+                    return code
+                if self.args.placement is not None and self.args.min_np is not None:
+                    try:
+                        self._choose_hosts()
+                    except UsageError as e:
+                        self.say(f"not restarting: {e}")
+                        return code
+                self._new_generation()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _choose_hosts(self) -> None:
+        """Before a restart with --min-np: the hosts that still answer, and the ranks they can hold."""
+        alive = answering_hosts(self.args, self.args.hosts)
+        lost = [h for h, _ in self.args.hosts if h not in dict(alive)]
+        replace_on_hosts(self.args, alive)
+        if lost:
+            self.say(f"host(s) {', '.join(lost)} did not answer within {self.args.probe_timeout:g} s: left out; "
+                     f"{self.args.np} rank(s) on {', '.join(h for h, _ in alive)}")
+        self.width = len(str(self.args.np - 1))
+
+    def _pause(self, seconds: float) -> bool:
+        """Waits before a restart, minding signals; False when singa-run was interrupted meanwhile."""
+        end = time.monotonic() + seconds
+        while True:
+            if self.signals:
+                signum = self.signals.pop(0)
+                self.interrupted = self.interrupted or signum
+                return False
+            left = end - time.monotonic()
+            if left <= 0:
+                return True
+            time.sleep(min(left, POLL_S))
+
+    def _run_generation(self) -> int:
+        holder = None
+        self.args.generation = self.generation
+        try:
+            if self.args.placement is None:  # one host: the ranks meet through a holder (a fresh one each time)
                 holder = NcclIdHolder()
                 if self.args.backend == "nccl" and holder.nccl_id is None:
                     raise UsageError(f"--backend nccl, but NCCL cannot be used here: {holder.nccl_error}")
@@ -193,8 +259,6 @@ class Job:
                     pass
             if holder is not None:
                 holder.cleanup()  # the segment's name, if the ranks did not remove it (one never joined)
-            for s, handler in previous.items():
-                signal.signal(s, handler)
 
     def _merge_timelines(self) -> None:
         """One trace of the whole job from the ranks' files (a rank stopped by a signal wrote none)."""

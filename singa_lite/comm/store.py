@@ -167,9 +167,10 @@ def is_loopback(host: str, by_name: bool = True) -> bool:
 class _Server:
     """The store's data and the threads serving it (one per connection: a job has few ranks)."""
 
-    def __init__(self, listener: socket.socket, world_size: int, credentials: auth.Credentials):
+    def __init__(self, listener: socket.socket, world_size: int, credentials: auth.Credentials, generation: int = 0):
         self._listener = listener
         self._world_size = world_size
+        self._generation = generation
         self._credentials = credentials
         self._data: dict[bytes, bytes] = {}
         self._bytes = 0  # of keys and values held
@@ -220,7 +221,8 @@ class _Server:
                         return
                     conn = wrapped
                 peer = auth.serve(conn, self._credentials, "store", admit=self._admit,
-                                  extra={"store": VERSION, "world": self._world_size}, on_refuse=self.refused.append)
+                                  extra={"store": VERSION, "world": self._world_size,
+                                         "generation": self._generation}, on_refuse=self.refused.append)
             finally:
                 self._handshakes.release()
             if peer is None:
@@ -263,6 +265,12 @@ class _Server:
         if world is not None and world != self._world_size:
             return (f"this job has WORLD_SIZE={self._world_size} (rank 0's), the client was started with "
                     f"WORLD_SIZE={world!r}: give every rank the same WORLD_SIZE")
+        theirs = hello.get("generation", 0)
+        if theirs != self._generation:
+            which = "an earlier" if type(theirs) is int and theirs < self._generation else "another"
+            return (f"this store serves generation {self._generation} of the job (restarts so far), the client "
+                    f"is of generation {theirs!r}: a rank of {which} start of the job; only the ranks its "
+                    f"launcher started last may join")
         if rank is None:
             return None
         host, pid = hello.get("host"), hello.get("pid")
@@ -376,7 +384,8 @@ class TcpStore:
 
     credentials: the job's identity and key (auth.Credentials; default: from this process's environment, the
     key required when `host` is a loopback address). rank: the rank this client claims (None: no claim); host
-    and pid go with it, so a second process claiming the same rank is refused, naming both.
+    and pid go with it, so a second process claiming the same rank is refused, naming both. generation: the
+    launcher's restart count (comm/env.py's generation()); the server admits only clients of its own.
 
     Values are bytes. ``get`` and ``wait`` block until their keys exist (at most their timeout, default the
     store's); ``add`` is an atomic integer counter (its value reads back with ``get`` as ASCII digits).
@@ -385,7 +394,7 @@ class TcpStore:
 
     def __init__(self, host: str, port: int, world_size: int, is_server: bool, timeout: float = 300.0,
                  listen_host: str | None = None, credentials: auth.Credentials | None = None,
-                 rank: int | None = None):
+                 rank: int | None = None, generation: int = 0):
         if not isinstance(host, str) or not host:
             raise ValueError(f"TcpStore: host must be a host name or address (MASTER_ADDR), got {host!r}")
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port < 65536:
@@ -396,6 +405,10 @@ class TcpStore:
             raise ValueError(f"TcpStore: world_size must be a positive int, got {world_size!r}")
         if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size):
             raise ValueError(f"TcpStore: rank must be None or an int in [0, {world_size}), got {rank!r}")
+        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+            raise ValueError(f"TcpStore: generation must be an int >= 0 (the launcher's restart count), got "
+                             f"{generation!r}")
+        self.generation = generation
         timeout = check_timeout(timeout, "TcpStore")
         if timeout == 0:
             raise ValueError("TcpStore: timeout must be a positive number of seconds, got 0")
@@ -408,7 +421,7 @@ class TcpStore:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         if is_server:
-            self._server = _Server(self._listen(listen_host, port), world_size, self.credentials)
+            self._server = _Server(self._listen(listen_host, port), world_size, self.credentials, generation)
             self.port = self._server._listener.getsockname()[1]
         else:
             self.port = port
@@ -512,7 +525,7 @@ class TcpStore:
 
     def _handshake(self, sock: socket.socket, limit: float) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        claim = {"store": VERSION, "world": self.world_size, "rank": self.rank}
+        claim = {"store": VERSION, "world": self.world_size, "rank": self.rank, "generation": self.generation}
         if self.rank is not None:
             claim.update(host=socket.gethostname(), pid=os.getpid())
         where = f"the rendezvous store at {self.address}"

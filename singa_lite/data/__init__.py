@@ -8,6 +8,7 @@
 ``data_partition(x, y, r, w)``      SINGA's contiguous split: rank r's ``len // w`` samples
 ``DistributedSampler(n, r, w)``     per-epoch shuffled, equal, shared-seed shares of ``range(n)``
 ``batches(x, y, sampler, b)``       mini-batches of a sampler's indices
+``ElasticSampler(n, r, w, b)``      per-step shares from a job-wide cursor: exact resume on any number of ranks
 ``ImageBatchIter(list, b, fn)``     SINGA's threaded image batch reader (a list file; PIL optional)
 ==================================  =====================================================================
 
@@ -17,12 +18,14 @@ ValueError (naming the file and what is wrong with it) instead of returning bad 
 """
 from .cifar10 import CIFAR10_CLASSES, SafeUnpickler, UnsafePickleError, load_cifar10, read_cifar10_batch
 from .digits import load_digits
+from .elastic_sampler import ElasticSampler
 from .image_batch import ImageBatchIter
 from .mnist import MNIST_FILES, load_mnist, read_idx
 from .partition import DistributedSampler, batches, data_partition
 
 __all__ = [
     "load_mnist", "load_cifar10", "load_digits", "read_idx", "read_cifar10_batch", "MNIST_FILES",
-    "CIFAR10_CLASSES", "SafeUnpickler", "UnsafePickleError", "data_partition", "DistributedSampler", "batches",
+    "CIFAR10_CLASSES", "SafeUnpickler", "UnsafePickleError", "data_partition", "DistributedSampler", "ElasticSampler",
+    "batches",
     "ImageBatchIter",
 ]

@@ -21,7 +21,7 @@ import numbers
 import numpy as np
 
 
-def _integer(name: str, value, lo: int, hi: int | None = None) -> int:
+def check_integer(name: str, value, lo: int, hi: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
     value = int(value)
@@ -52,8 +52,8 @@ def data_partition(dataset_x, dataset_y, rank_in_global, world_size):
     the inputs; the last ``n % world_size`` samples are left out. Unlike SINGA's, the arguments are checked:
     a TypeError or ValueError for a rank outside ``[0, world_size)``, ``world_size < 1``, x and y of
     different lengths, or fewer samples than ranks (every share would be empty)."""
-    world_size = _integer("world_size", world_size, lo=1)
-    rank = _integer("rank_in_global", rank_in_global, lo=0, hi=world_size - 1)
+    world_size = check_integer("world_size", world_size, lo=1)
+    rank = check_integer("rank_in_global", rank_in_global, lo=0, hi=world_size - 1)
     n, n_y = _length("dataset_x", dataset_x), _length("dataset_y", dataset_y)
     if n != n_y:
         raise ValueError(f"data_partition: dataset_x has {n} samples but dataset_y has {n_y}")
@@ -96,13 +96,13 @@ class DistributedSampler:
     """
 
     def __init__(self, num_samples, rank, world_size, shuffle=True, seed=0, drop_last=False):
-        self.world_size = _integer("world_size", world_size, lo=1)
-        self.rank = _integer("rank", rank, lo=0, hi=self.world_size - 1)
+        self.world_size = check_integer("world_size", world_size, lo=1)
+        self.rank = check_integer("rank", rank, lo=0, hi=self.world_size - 1)
         if hasattr(num_samples, "__len__"):
             raise TypeError(f"num_samples is the dataset's size (e.g. len(train_x)), not the data: "
                             f"got {type(num_samples).__name__}")
-        self.num_samples = _integer("num_samples", num_samples, lo=1)
-        self.seed = _integer("seed", seed, lo=0)
+        self.num_samples = check_integer("num_samples", num_samples, lo=1)
+        self.seed = check_integer("seed", seed, lo=0)
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
@@ -124,10 +124,10 @@ class DistributedSampler:
         """Selects the permutation of epoch `epoch` (an integer >= 0, the same on every rank). `position`:
         the next pass starts at this index of the share (0 <= position <= len); None keeps a pending start
         when `epoch` is the current epoch (after load_state_dict) and means 0 otherwise."""
-        epoch = _integer("epoch", epoch, lo=0)
+        epoch = check_integer("epoch", epoch, lo=0)
         if position is None:
             position = self._start if epoch == self.epoch else 0
-        position = _integer("position", position, lo=0, hi=self._per_rank)
+        position = check_integer("position", position, lo=0, hi=self._per_rank)
         self.epoch, self.position, self._start = epoch, position, position
 
     def state_dict(self) -> dict:
@@ -149,11 +149,11 @@ class DistributedSampler:
         run had left: some are seen twice or not at all; the epochs after it are whole."""
         if not isinstance(state, dict):
             raise ValueError(f"DistributedSampler.resharded_state: expected a dict, got {type(state).__name__}")
-        old_world = _integer("world_size", state.get("world_size"), lo=1)
+        old_world = check_integer("world_size", state.get("world_size"), lo=1)
         old = {**state, "world_size": self.world_size, "position": 0}
         self.check_state(old)  # everything but the world size and the position must match
         old_per_rank = self._share(old_world)
-        done = _integer("position", state.get("position"), lo=0, hi=old_per_rank)
+        done = check_integer("position", state.get("position"), lo=0, hi=old_per_rank)
         old["position"] = min(self._per_rank, round(done * self._per_rank / old_per_rank)) if old_per_rank else 0
         return old
 
@@ -165,8 +165,8 @@ class DistributedSampler:
             if state.get(key) != getattr(self, key):
                 raise ValueError(f"DistributedSampler.load_state_dict: the state has {key}={state.get(key)!r}, "
                                  f"this sampler {getattr(self, key)!r}; make the sampler as in the saved run")
-        _integer("epoch", state.get("epoch"), lo=0)
-        _integer("position", state.get("position"), lo=0, hi=self._per_rank)
+        check_integer("epoch", state.get("epoch"), lo=0)
+        check_integer("position", state.get("position"), lo=0, hi=self._per_rank)
 
     def order(self) -> np.ndarray:
         """The epoch's order of all samples, before padding or dropping (the same on every rank)."""
@@ -213,7 +213,7 @@ def batches(x, y, sampler, batch_size, drop_last=False):
     chunk is yielded too unless `drop_last` -- keep it off when a model needs a fixed batch shape. With a
     DistributedSampler every rank yields the same number of batches. Arguments are checked at the call,
     before the first batch."""
-    batch_size = _integer("batch_size", batch_size, lo=1)
+    batch_size = check_integer("batch_size", batch_size, lo=1)
     n, n_y = _length("x", x), _length("y", y)
     if n != n_y:
         raise ValueError(f"batches: x has {n} samples but y has {n_y}")

@@ -197,7 +197,7 @@ class Fuser:
             self.bytes_sent += region.nbytes
             t0 = time.perf_counter()
             if self.reduce is None:
-                bucket.work = self.comm.all_reduce(region, self.op, async_op=True)
+                bucket.work = self.start(region)
             self._launched += 1
             bucket.seq = self._launched
             self._in_flight.append((d, bucket))
@@ -216,7 +216,7 @@ class Fuser:
         sent = t if staging is None else staging
         self.bytes_sent += sent.nbytes
         t0 = time.perf_counter()
-        work = self.comm.all_reduce(sent, self.op, async_op=True) if self.reduce is None else None
+        work = self.start(sent) if self.reduce is None else None
         self._launched += 1
         entry = [work, t, staging, None, self._launched]  # work, tensor, staging, trace, seq
         self._direct.append(entry)
@@ -224,6 +224,16 @@ class Fuser:
             self._hold(entry, sent.reshape([sent.numel]), [] if param is None else [param], [0])
         elif timeline.recorder() is not None:
             entry[3] = self._traced_launch("tensor", t0, sent.nbytes)
+
+    def start(self, region: CTensor):
+        """Launches the collective of one bucket (or lone tensor) and returns its Work: the all-reduce with
+        `op`. A subclass may reduce differently (zero.ShardedExchange: into the bucket's owner only)."""
+        return self.comm.all_reduce(region, self.op, async_op=True)
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of the fusion buffers allocated so far (one per dtype on the wire)."""
+        return sum(b.nbytes for b in self._buffers.values())
 
     # ----- handing buckets to `reduce` (a comm hook)
     def _hold(self, entry, region: CTensor, params, offsets) -> None:

@@ -20,7 +20,7 @@ def make_opt(kind: str):
 
 
 def run(comm, kind: str, stage: int, steps: int = 20, threshold: int = 64, half=False, clip=None, passes=1,
-        buff: int = 4096, params=None, dopt=None):
+        buff: int = 4096, params=None, dopt=None, first: int = 0):
     """Trains `steps` updates on this rank's share of each batch; returns (params as numpy, the DistOpt)."""
     from singa_lite import autograd
 
@@ -29,7 +29,7 @@ def run(comm, kind: str, stage: int, steps: int = 20, threshold: int = 64, half=
         dopt = opt.DistOpt(make_opt(kind), communicator=comm, buffSize=buff, zero_stage=stage,
                            backward_passes_per_step=passes)
     autograd.training = True
-    for step in range(steps):
+    for step in range(first, first + steps):
         x, y = dc.data(step)
         x, y = dc.shard_of(x, y, comm.rank, comm.world_size)
         for k in range(passes):  # micro-batches: halves of this rank's share
@@ -163,3 +163,28 @@ def scenario_refusals(comm):
     with pytest.raises(ValueError, match="zero_stage must be 0"):
         opt.DistOpt(opt.SGD(), communicator=comm, zero_stage=3)
     return "refused"
+
+
+# ---------------------------------------------------------------- checkpoints across stages and world sizes
+def scenario_save(comm, path, stage, steps=5):
+    """`steps` updates at `stage`, then a checkpoint (each rank's optimizer shard in its own file)."""
+    from singa_lite import checkpoint
+
+    params = dc.make_params(0)
+    _, d = run(comm, "adam", stage, steps=steps, params=params)
+    checkpoint.save(path, params, d)
+    return sorted(d.opt.m)
+
+
+def scenario_resume(comm, path, stage, first=5, steps=5):
+    """A fresh model and DistOpt at `stage` load the checkpoint (any saved stage and world size) and train on:
+    the result is that of one process training first + steps updates (checked by the caller)."""
+    from singa_lite import checkpoint
+
+    params = dc.make_params(7)  # other values: the checkpoint must bring the saved ones back
+    d = opt.DistOpt(make_opt("adam"), communicator=comm, buffSize=4096, zero_stage=stage)
+    checkpoint.load(path, params, d, reshard=True)
+    got, d = run(comm, "adam", stage, steps=steps, params=params, dopt=d, first=first)
+    if stage:  # the whole state was loaded, and the first step kept this rank's shard of it
+        assert sorted(d.opt.m) == sorted(d.reducer.zero.plan.owned(comm.rank)), sorted(d.opt.m)
+    return {k: v.tolist() for k, v in got.items()}

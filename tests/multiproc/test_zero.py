@@ -83,3 +83,64 @@ def test_a_sharded_checkpoint_loads_into_a_plain_optimizer(tmp_path):
     want = dc.reference("adam", 10)
     for k in want:
         np.testing.assert_allclose(tensor.to_numpy(params[k]), want[k], rtol=1e-5, atol=1e-5, err_msg=k)
+
+
+# ---------------------------------------------------------------- the other communicators
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_over_the_tcp_backend(world_size):
+    from test_tcp_backend import run_tcp
+
+    out, _ = run_tcp(zero_cases.scenario_equivalence, world_size, timeout=240, args=(("sgd", "adam"),))
+    assert ok(out, world_size) == [["sgd1", "sgd2", "adam1", "adam2"]] * world_size
+
+
+def test_over_the_mpi_backend():
+    from test_dist_mpi import run_job_under_mpiexec
+
+    out = run_job_under_mpiexec("zero_job.py", 3, timeout=300)
+    assert out.count("zero scenarios: sgd1, sgd2, adam1, adam2, half1") == 3, out
+
+
+def _hierarchical(world):
+    import importlib.util
+
+    import paths
+
+    spec = importlib.util.spec_from_file_location("hierarchical_job", paths.job("hierarchical_job.py"))
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    return [zero_cases.scenario_equivalence(job.two_hosts(world, sharded), ("adam",)) for sharded in (True, False)]
+
+
+def test_over_the_hierarchical_communicator():
+    # 4 tcp ranks playing 2 hosts of 2, both forms: the gradients' exchange is hierarchical, the rest flat
+    from test_tcp_backend import run_tcp
+
+    out, _ = run_tcp(_hierarchical, 4, timeout=240, comm_timeout=60)
+    assert ok(out, 4) == [[["adam1", "adam2"]] * 2] * 4
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_the_nccl_code_path_on_a_stand_in(monkeypatch, stage):
+    # tests/multiproc/test_nccl_cpu.py's stand-in for _core.NcclComm: two replicas holding the same data, this
+    # process rank 0. After one step the parameters rank 0 owns equal one plain step (its broadcast from rank 1
+    # brings nothing, so rank 1's are not checked): the sharded update and the owners' broadcast went through
+    # the nccl communicator's reduce (stage 2) and broadcast.
+    import test_nccl_cpu as n
+    from singa_lite import opt
+    from singa_lite.comm import nccl
+
+    monkeypatch.setattr(nccl._core, "NcclComm", n.FakeComm, raising=False)
+    monkeypatch.setattr(nccl, "_require_ready", lambda: None)
+    monkeypatch.setattr(nccl, "choose_device", lambda device, local_rank, local_size: n.FakeGpu())
+    c = nccl.NcclCommunicator(b"\x00" * 128, 0, 2, timeout=30)
+    d = opt.DistOpt(dc.make_opt("sgd"), communicator=c, zero_stage=stage)
+    got = dc.train(dc.make_params(0), d, 1, threshold=100)
+    want = dc.reference("sgd", 1)
+    owned = d.reducer.zero.plan.owned(0)
+    assert sorted(owned) == ["W2", "b1", "b2"], owned
+    for k in owned:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-6, err_msg=k)
+    kinds = {w.what for w in c._comm.log}
+    assert "broadcast" in kinds and ("reduce" in kinds) == (stage == 2), kinds
+    c.close()

@@ -61,9 +61,11 @@ def scenario_equivalence(comm, kinds=tuple(KINDS), stages=(1, 2)):
     return done
 
 
-def scenario_features(comm):
-    """Half wire, clipping by the global norm, gradient accumulation and amp, each at stages 1 and 2 against
-    stage 0 with the same feature."""
+def scenario_features(comm, half_tol=TOL):
+    """Half wire, clipping by the global norm and gradient accumulation, each at stages 1 and 2 against stage 0
+    with the same feature. half_tol: the tolerance of the 16-bit wires at stage 2, whose reduce may round
+    otherwise than the all-reduce of stage 0 (mpi: MPI's float16 sum rounds at each step of its tree, the
+    all-reduce sums in float32 and rounds once); the same on shm and tcp (1e-6)."""
     done = []
     cases = {"half": dict(half=True), "clip": dict(clip=0.05), "accumulate": dict(passes=2),
              "bf16": dict(half=tensor.bfloat16)}
@@ -74,7 +76,9 @@ def scenario_features(comm):
             assert any(np.abs(want[k] - plain[k]).max() > 1e-4 for k in plain), "clipping changed nothing"
         for stage in (1, 2):
             got, _ = run(comm, "adam", stage, steps=8, **kw)
-            close(got, want, f"{what}, zero_stage={stage}")
+            tol = half_tol if "half" in kw and stage == 2 else TOL
+            for k in want:
+                np.testing.assert_allclose(got[k], want[k], rtol=tol, atol=tol, err_msg=f"{k}: {what}, stage {stage}")
             done.append(f"{what}{stage}")
     return done
 

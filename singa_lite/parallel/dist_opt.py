@@ -87,7 +87,10 @@ class DistOpt(SingaCalls):
     (parallel/replica_check.py; not after partial updates). find_unused_parameters=True: parameters a rank's forward
     did not use count as zeros there (the ranks agree on a used-mask each step; those used nowhere are not updated);
     parameters= the whole set, a dict (Model.get_params()) or a list; a Model whose optimizer this is supplies its own.
-    Fused modes only; see parallel/unused.py.
+    Fused modes only; see parallel/unused.py. zero_stage: 0 (every rank keeps all optimizer state and
+    gradients), 1 (each rank keeps the optimizer state of its shard of the parameters, updates that shard, then
+    the parameters are broadcast from their owners) or 2 (the gradients' buckets are reduced into their owner
+    too, so each rank keeps its shard of them); see parallel/zero.py and ``memory_report()``.
     Gradient accumulation (parallel/accumulate.py)::
 
         sgd = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), backward_passes_per_step=4)
@@ -152,7 +155,8 @@ class DistOpt(SingaCalls):
             used_mask.comm, self.reducer.unused = communicator, used_mask
         self.zero_stage = zero_stage
         if zero_stage:
-            self.reducer.zero = zero.Zero(zero_stage, communicator, self.opt, self.buffSize)
+            self.reducer.zero = zero.Zero(zero_stage, communicator, self.opt, self.buffSize,
+                                          fusers=self.reducer.exchanges)
         self._init_singa_calls(communicator, self.buffSize)
 
     def __repr__(self):

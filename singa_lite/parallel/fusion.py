@@ -230,6 +230,14 @@ class Fuser:
         `op`. A subclass may reduce differently (zero.ShardedExchange: into the bucket's owner only)."""
         return self.comm.all_reduce(region, self.op, async_op=True)
 
+    def idle_buffer(self, dtype, device):
+        """This Fuser's flat buffer of `dtype` on `device` while no pass uses it (nothing open or in flight),
+        for scratch work between steps (the ZeRO parameter broadcast); None when it has none or it is busy."""
+        buf = self._buffers.get(dtype)
+        if buf is None or buf.device != device or self._cap is not None or self._in_flight or self._direct:
+            return None
+        return buf
+
     @property
     def buffer_bytes(self) -> int:
         """Bytes of the fusion buffers allocated so far (one per dtype on the wire)."""

@@ -9,7 +9,7 @@ parameter's whole norm, so a parameter cut between two ranks would need one more
 per-slice optimizer state that no checkpoint of stage 0 could read. The parameters, in the order of the first
 step's backward pass (the order of the buckets, the same on every rank), are cut into P *contiguous* runs balanced
 by bytes: a parameter whose byte midpoint falls in [r/P, (r+1)/P) of the total belongs to rank r. A rank's share
-is then within half the largest parameter of total/P; a rank may own nothing (fewer parameters than ranks, or one
+is then within the largest parameter of total/P; a rank may own nothing (fewer parameters than ranks, or one
 parameter larger than the rest): those are the uneven tails, and every code path below allows an empty shard.
 Contiguous runs keep the stage-2 buckets of one owner each (a bucket is cut where the owner changes: at most P - 1
 extra buckets per step).
@@ -17,7 +17,8 @@ extra buckets per step).
 A step, stage 1: the gradients are averaged as at stage 0 (every exchange: plain, half wire, comm hooks,
 hierarchical, NCCL, with overlap and accumulation), the owner of each parameter updates it (its optimizer state,
 and with amp.MixedPrecision its float32 master, exist on the owner only), then every parameter is broadcast from
-its owner in fused chunks of up to ``buffSize`` elements (an all-gather whose pieces differ in size). Stage 2:
+its owner in fused chunks of up to ``buffSize`` elements (an all-gather whose pieces differ in size), packed
+in the fusion buffer the exchange left idle (no buffer of its own unless the wire's dtype differs). Stage 2:
 the fused buckets are *reduced* to their owner (``Communicator.reduce``, "avg") instead of all-reduced, so a
 rank ends the exchange with the averaged gradients of its shard only; the gradients of other ranks' parameters
 are dropped as soon as their bucket has left (in overlapped steps), and ``PendingStep.synchronize()`` returns
@@ -171,8 +172,9 @@ class Zero:
     """A DistOpt's sharding at `stage` (1 or 2) over `comm`, updating with `opt`: the plan, the parameters'
     broadcast from their owners, stage 2's exchanges and clipping, and what memory_report counts."""
 
-    def __init__(self, stage: int, comm, opt, buff_elems: int, who: str = "DistOpt"):
+    def __init__(self, stage: int, comm, opt, buff_elems: int, who: str = "DistOpt", fusers=list):
         self.stage, self.comm, self.opt, self.buff_elems, self.who = stage, comm, opt, int(buff_elems), who
+        self.fusers = fusers  # () -> the owner's Fusers, whose idle buffers the broadcast chunks borrow
         self.rank, self.world_size = comm.rank, comm.world_size
         self.plan = None
         self.device = _core.Device("cpu")
@@ -291,9 +293,12 @@ class Zero:
                 self._send_chunk(chunk, dtype, owner)
 
     def _send_chunk(self, tensors, dtype, owner: int) -> None:
-        buf = self._gather.get(dtype)
-        if buf is None or buf.device != tensors[0].device:
-            buf = self._gather[dtype] = CTensor([self.buff_elems], dtype, tensors[0].device)
+        where = tensors[0].device
+        buf = next((b for b in (x.idle_buffer(dtype, where) for x in self.fusers()) if b is not None), None)
+        if buf is None:  # no fusion buffer of this dtype (a 16-bit wire): one of its own, kept
+            buf = self._gather.get(dtype)
+            if buf is None or buf.device != where:
+                buf = self._gather[dtype] = CTensor([self.buff_elems], dtype, where)
         n = sum(t.numel for t in tensors)
         region = buf.slice(0, 0, n, 1)
         off = 0

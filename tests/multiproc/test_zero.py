@@ -144,3 +144,8 @@ def test_the_nccl_code_path_on_a_stand_in(monkeypatch, stage):
     kinds = {w.what for w in c._comm.log}
     assert "broadcast" in kinds and ("reduce" in kinds) == (stage == 2), kinds
     c.close()
+
+
+def test_a_rank_that_owns_nothing():
+    out, _, _ = run_ranks(zero_cases.scenario_empty_shard, 3, timeout=120)
+    assert ok(out, 3) == [["empty1", "empty2"]] * 3

@@ -192,3 +192,35 @@ def scenario_resume(comm, path, stage, first=5, steps=5):
     if stage:  # the whole state was loaded, and the first step kept this rank's shard of it
         assert sorted(d.opt.m) == sorted(d.reducer.zero.plan.owned(comm.rank)), sorted(d.opt.m)
     return {k: v.tolist() for k, v in got.items()}
+
+
+def scenario_empty_shard(comm, steps=10):
+    """Fewer parameters than ranks (a linear model: W and b on 3 ranks): some rank owns nothing, and stages 1
+    and 2 still equal stage 0, with clipping across the shards."""
+    from singa_lite import autograd
+
+    def train(stage):
+        rng = np.random.default_rng(3)
+        params = {"W": tensor.Tensor(data=rng.standard_normal((dc.D, dc.C)).astype(np.float32), requires_grad=True,
+                                     stores_grad=True, name="W"),
+                  "b": tensor.Tensor(data=np.zeros(dc.C, np.float32), requires_grad=True, stores_grad=True,
+                                     name="b")}
+        d = opt.DistOpt(opt.Adam(lr=0.05), communicator=comm, zero_stage=stage)
+        autograd.training = True
+        for step in range(steps):
+            x, y = dc.shard_of(*dc.data(step), comm.rank, comm.world_size)
+            logits = autograd.add_bias(autograd.matmul(tensor.from_numpy(x), params["W"]), params["b"])
+            pending = d.backward(autograd.softmax_cross_entropy(logits, tensor.from_numpy(y)))
+            pending.clip_grad_norm(0.1)
+            pending.finish()
+        return {k: tensor.to_numpy(v) for k, v in params.items()}, d
+
+    want, _ = train(0)
+    out = []
+    for stage in (1, 2):
+        got, d = train(stage)
+        close(got, want, f"linear model, zero_stage={stage}")
+        owned = comm.all_gather_object(d.memory_report()["owned_parameters"])
+        assert sum(owned) == 2 and 0 in owned, owned
+        out.append(f"empty{stage}")
+    return out

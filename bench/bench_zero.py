@@ -2,9 +2,11 @@
 with Adam, P ranks of the shm backend started by multiprocessing. For each stage: the optimizer state each rank
 holds (DistOpt.memory_report()), its ratio to stage 0's / P, the peak RSS of each rank's process, and the step
 time (forward + backward + exchange + update + the parameters' broadcast), with its ratio to stage 0's measured
-in the same run. Each stage runs in fresh processes (a process's peak RSS only grows); stages are run in the
-order of --order (stage 0 at both ends by default, so that a drift of the machine's load shows), and a stage run
-twice reports the median of its runs' medians.
+in the same run. Peak RSS is over the whole run; the high-water mark after the two untimed steps (Linux's
+VmHWM, reset then through /proc/self/clear_refs) is the steady state's: a first step holds every gradient at
+every stage (its exchange waits for the whole backward pass). Each stage runs in fresh processes (a process's
+peak RSS only grows); stages run in the order of --order (stage 0 at both ends by default, so that a drift of
+the machine's load shows), and a stage run twice reports the median of its runs' medians.
 
     python bench/bench_zero.py                       # 2 ranks, 12 layers of 2048 x 2048 (50.4 M parameters)
     python bench/bench_zero.py --ranks 3 --steps 4
@@ -64,9 +66,14 @@ def rank_main(rank, holder, world, stage, a, out):
         comm.barrier()
         if step >= 2:
             times.append(time.perf_counter() - t0)
+        if step == 1:  # the steady state's high-water mark from here (the first step holds every gradient)
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
     report = d.memory_report()
     n = sum(p.size() for p in params.values())
-    out.put((rank, {"report": report, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    with open("/proc/self/status") as f:
+        hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    out.put((rank, {"report": report, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "hwm": hwm,
                     "median": statistics.median(times), "params": n}))
     comm.close()
 
@@ -106,18 +113,20 @@ def main():
     base_state = max(r["report"]["optimizer_state"] for r in base[0])
     base_time = statistics.median(statistics.median(r["median"] for r in run) for run in base)
     print("| stage | optimizer state per rank (MiB) | / (stage 0's / P) | gradients kept (MiB) | comm buffers (MiB) "
-          "| peak RSS per rank (MiB) | step (s, median) | / stage 0 |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| peak RSS per rank (MiB) | RSS high-water after step 2 (MiB) | step (s, median) | / stage 0 |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for stage in sorted(runs):
         last = runs[stage][-1]
         states = [r["report"]["optimizer_state"] for r in last]
         step = statistics.median(statistics.median(r["median"] for r in run) for run in runs[stage])
         rss = [max(run[k]["rss"] for run in runs[stage]) for k in range(a.ranks)]
+        hwm = [max(run[k]["hwm"] for run in runs[stage]) for k in range(a.ranks)]
         print(f"| {stage} | {' / '.join(f'{s / mib:.0f}' for s in states)} | "
               f"{max(states) / (base_state / a.ranks):.2f} | "
               f"{' / '.join(str(r['report']['gradients'] // mib) for r in last)} | "
               f"{' / '.join(str(r['report']['communication_buffers'] // mib) for r in last)} | "
-              f"{' / '.join(f'{x / mib:.0f}' for x in rss)} | {step:.3f} | {step / base_time:.2f} |")
+              f"{' / '.join(f'{x / mib:.0f}' for x in rss)} | {' / '.join(f'{x / mib:.0f}' for x in hwm)} | "
+              f"{step:.3f} | {step / base_time:.2f} |")
     for stage in sorted(runs):
         print(f"stage {stage} step medians per run: "
               + ", ".join(f"{statistics.median(r['median'] for r in run):.3f}" for run in runs[stage]))

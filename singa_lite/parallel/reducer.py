@@ -270,6 +270,7 @@ class Reducer:
         self.opt.step()
         if zero is not None:
             zero.broadcast_parameters(named)
+            zero.after_first_update()
         self.updates += 1
         if self.replica_check is not None and replicas_equal:
             self.replica_check.after_step(self.updates, [(n, p) for n, p, _ in triples], self.opt)

@@ -150,6 +150,9 @@ class ShardedExchange(Fuser):
         self.zero, self._root = zero, None
 
     def push(self, t, name=None, param=None) -> None:
+        # other ranks' gradients whose reduce is done may go now; at most a buffer's worth of them is held (the
+        # oldest waited for beyond that), so a rank's gradient memory stays near its shard's plus one bucket
+        self.reap(self.buff_elems * t.itemsize)
         owner = self.zero.owner_of(name)
         if owner != self._root:
             self.send()  # the open bucket(s) belong to the previous owner
@@ -159,12 +162,13 @@ class ShardedExchange(Fuser):
     def start(self, region):
         return self.comm.reduce(region, self._root, self.op, async_op=True)
 
-    def send(self, dtype=None) -> None:
-        before = len(self._in_flight)
-        super().send(dtype)
-        if self._root != self.comm.rank:  # not ours: nothing to write back, and the gradients may go
-            for _, bucket in self._in_flight[before:]:
-                bucket.members = []
+    def writes_back(self) -> bool:
+        return self._root == self.comm.rank
+
+    def add(self, t, param=None) -> None:
+        super().add(t, param)
+        if not self.writes_back():  # copied into the bucket: another rank's gradient is not needed here again
+            self.forget_last_member(t.dtype)
 
 
 # ---------------------------------------------------------------- the sharded step
@@ -177,6 +181,7 @@ class Zero:
         self.fusers = fusers  # () -> the owner's Fusers, whose idle buffers the broadcast chunks borrow
         self.rank, self.world_size = comm.rank, comm.world_size
         self.plan = None
+        self._trimmed = False  # after_first_update() done
         self.device = _core.Device("cpu")
         self._exchanges = {}  # wire dtype name (None: the gradients' own) -> ShardedExchange
         self._gather = {}  # dtype -> flat CTensor of buff_elems elements: the broadcast chunks
@@ -268,6 +273,20 @@ class Zero:
         return norm
 
     # ----- after the update: every parameter from its owner
+    def after_first_update(self) -> None:
+        """Stage 2: the first step held every gradient (its exchange waits for the whole backward pass, as the
+        plan is made from it); later steps hold this rank's shard, so the allocator's cached blocks of that
+        first step are returned to the system (the GPU's driver) instead of staying in the process."""
+        if self.stage == 2 and not self._trimmed:
+            self._trimmed = True
+            if self.device.is_cpu():
+                from .._runtime.malloc import trim
+
+                _core.empty_cache()
+                trim()  # freed blocks below the top of glibc's heap stay in the process otherwise
+            else:
+                _core.cuda_empty_cache(self.device.index)
+
     def broadcast_parameters(self, named) -> None:
         """Every rank gets each parameter's values from its owner: per owner, chunks of up to buff_elems
         elements of one dtype, one broadcast each (a parameter larger than that goes alone, in place)."""

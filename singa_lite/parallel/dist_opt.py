@@ -367,7 +367,10 @@ class DistOpt(SingaCalls):
         - ``skipped_steps``: steps skipped for non-finite gradients so far;
         - ``synced``: whether the first step's model comparison and broadcast of rank 0's parameters is
           done (a resumed replica that was synced must not be overwritten by rank 0's at its next step);
-        - ``residuals``: {tuple of parameter names: numpy array}, the error feedback of sparse updates.
+        - ``residuals``: {tuple of parameter names: numpy array}, the error feedback of sparse updates;
+        - ``zero_stage``: 0, or with ZeRO sharding 1 / 2, when ``opt`` holds this rank's shard of the optimizer
+          state only (checkpoint.load joins the ranks' shards; set_states takes a whole state or a shard and
+          keeps the part this rank owns).
 
         Residuals (and, after partial updates, parameters) differ per rank: save each rank's. A step left
         open by backward() is not part of the state: finish or discard it first."""

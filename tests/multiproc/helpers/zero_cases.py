@@ -20,14 +20,14 @@ def make_opt(kind: str):
 
 
 def run(comm, kind: str, stage: int, steps: int = 20, threshold: int = 64, half=False, clip=None, passes=1,
-        buff: int = 4096, params=None, dopt=None, first: int = 0):
+        buff: int = 4096, params=None, dopt=None, first: int = 0, overlap=True, poison=None):
     """Trains `steps` updates on this rank's share of each batch; returns (params as numpy, the DistOpt)."""
     from singa_lite import autograd
 
     params = dc.make_params(0) if params is None else params
     if dopt is None:
         dopt = opt.DistOpt(make_opt(kind), communicator=comm, buffSize=buff, zero_stage=stage,
-                           backward_passes_per_step=passes)
+                           backward_passes_per_step=passes, overlap=overlap)
     autograd.training = True
     for step in range(first, first + steps):
         x, y = dc.data(step)
@@ -35,6 +35,8 @@ def run(comm, kind: str, stage: int, steps: int = 20, threshold: int = 64, half=
         for k in range(passes):  # micro-batches: halves of this rank's share
             m = len(x) // passes
             loss = dc.loss_of(params, x[k * m:(k + 1) * m], y[k * m:(k + 1) * m])
+            if step == poison and comm.rank == comm.world_size - 1:  # this rank's gradients become nan
+                loss = autograd.mul(loss, tensor.from_numpy(np.array(np.nan, np.float32)))
             pending = dopt.backward(loss, threshold, half=half)
             if clip is not None and not pending.accumulating:
                 pending.clip_grad_norm(clip)
@@ -68,14 +70,15 @@ def scenario_features(comm, half_tol=TOL):
     all-reduce sums in float32 and rounds once); the same on shm and tcp (1e-6)."""
     done = []
     cases = {"half": dict(half=True), "clip": dict(clip=0.05), "accumulate": dict(passes=2),
-             "bf16": dict(half=tensor.bfloat16)}
+             "bf16": dict(half=tensor.bfloat16), "no-overlap": dict(overlap=False), "nonfinite": dict(poison=3)}
     plain, _ = run(comm, "adam", 0, steps=8)
     for what, kw in cases.items():
         want, _ = run(comm, "adam", 0, steps=8, **kw)
         if what == "clip":  # the bound is below the gradients' norm: clipping is tested, not skipped
             assert any(np.abs(want[k] - plain[k]).max() > 1e-4 for k in plain), "clipping changed nothing"
         for stage in (1, 2):
-            got, _ = run(comm, "adam", stage, steps=8, **kw)
+            got, d = run(comm, "adam", stage, steps=8, **kw)
+            assert d.skipped_steps == (1 if "poison" in kw else 0), d.skipped_steps
             tol = half_tol if "half" in kw and stage == 2 else TOL
             for k in want:
                 np.testing.assert_allclose(got[k], want[k], rtol=tol, atol=tol, err_msg=f"{k}: {what}, stage {stage}")

@@ -149,3 +149,8 @@ def test_the_nccl_code_path_on_a_stand_in(monkeypatch, stage):
 def test_a_rank_that_owns_nothing():
     out, _, _ = run_ranks(zero_cases.scenario_empty_shard, 3, timeout=120)
     assert ok(out, 3) == [["empty1", "empty2"]] * 3
+
+
+def test_a_comm_hook_at_stage_1():
+    out, _, _ = run_ranks(zero_cases.scenario_comm_hook, 3, timeout=120)
+    assert ok(out, 3) == ["hook1"] * 3

@@ -227,3 +227,18 @@ def scenario_empty_shard(comm, steps=10):
         assert sum(owned) == 2 and 0 in owned, owned
         out.append(f"empty{stage}")
     return out
+
+
+def scenario_comm_hook(comm, steps=6):
+    """Stage 1 exchanges as stage 0 does, comm hooks included: with parallel.hooks.fp16_compress_hook both give
+    the same parameters."""
+    from singa_lite.parallel import hooks
+
+    got = {}
+    for stage in (0, 1):
+        params = dc.make_params(0)
+        d = opt.DistOpt(make_opt("adam"), communicator=comm, buffSize=4096, zero_stage=stage)
+        d.register_comm_hook(None, hooks.fp16_compress_hook)
+        got[stage], _ = run(comm, "adam", stage, steps=steps, params=params, dopt=d)
+    close(got[1], got[0], "fp16_compress_hook, zero_stage=1")
+    return "hook1"

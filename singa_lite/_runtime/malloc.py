@@ -63,3 +63,17 @@ def settle_malloc() -> dict:
     if not (mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
         return {"left_alone": "mallopt refused the thresholds"}
     return {"mmap_threshold": MMAP_THRESHOLD, "trim_threshold": TRIM_THRESHOLD}
+
+
+def trim() -> bool:
+    """Gives the free memory of glibc's heaps back to the system (``malloc_trim(0)``, which also releases whole
+    free pages inside a heap), after a one-off peak that later steps will not reach again (ZeRO stage 2's first
+    step, parallel/zero.py). Returns whether memory was released; False on C libraries other than glibc."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018  (glibc only)
+        malloc_trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    malloc_trim.argtypes, malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(malloc_trim(0))

@@ -67,6 +67,11 @@ and whatever else happens to: each rank hashes its model states and its optimize
 whose hash differs from rank 0's (batch-norm statistics of its own batches; parameters and momenta
 between partial updates) keeps that part in its own file too. So loading on N ranks restores each rank.
 
+ZeRO (``DistOpt(..., zero_stage=1|2)``): each rank's optimizer state is its shard, so every rank's file holds its
+own; a load reads every rank's file and joins the shards into the whole state (parallel/zero.py,
+``merge_optimizer_states``), which loads into a DistOpt of any stage on any number of ranks, or into a plain
+optimizer; a sharded DistOpt keeps only its part once its shard plan is known (at its first step).
+
 Buffers (batch norm's running statistics). The shared file holds one model whose buffers are what
 ``DistOpt.sync_buffers`` would give: rank 0's (``broadcast_buffers=True``, the default, and ``False``) or the
 ranks' mean (``"average"``). Every rank whose buffers differ from those keeps its own in its file, so the
@@ -154,7 +159,8 @@ def _replicated(model, dist_states, plain) -> dict:
     if dist_states is not None:
         parts["optimizer"] = dist_states["opt"]
         parts["distopt"] = {"partial": int(dist_states["partial"]), "skipped_steps": int(dist_states["skipped_steps"]),
-                            "synced": bool(dist_states["synced"])}
+                            "synced": bool(dist_states["synced"]),
+                            "zero_stage": int(dist_states.get("zero_stage", 0))}
     elif plain is not None:
         parts["optimizer"] = plain.get_states()
     return parts
@@ -503,10 +509,29 @@ def _read(path: str, rank: int, world: int, model, dist, plain, sampler, rng, re
         where = os.path.join(path, ranks[rank]["name"])
         own = rank_file(rank)
         state = {name: own.get(f"own_{name}", shared.get(name)) for name in ("model", "optimizer", "distopt")}
+    if isinstance(state["distopt"], dict) and state["distopt"].get("zero_stage", 0):
+        # ZeRO: each rank saved the optimizer state of its shard; the whole state is their union, which loads
+        # into any stage on any number of ranks (a sharded DistOpt keeps its part)
+        state["optimizer"] = _merged_optimizer(path, shared, rank_file, saved, rank if not resharded else None, own)
     staged = {"extra": shared.get("extra"), "state": state, "own": own, "resharded": resharded,
               "owner": _owner(manifest)}
     _check_against(path, where, staged, model, dist, plain, sampler, rng)
     return staged
+
+
+def _merged_optimizer(path: str, shared: dict, rank_file, saved: int, mine, own) -> dict:
+    """The union of the optimizer shards saved by `saved` ranks (a rank whose shard equalled rank 0's left it in
+    the shared file). mine, own: this rank's number and its file already read (None: not read)."""
+    from ..parallel.zero import merge_optimizer_states
+
+    shards = []
+    for r in range(saved):
+        f = own if r == mine else rank_file(r)
+        shards.append(f.get("own_optimizer", shared.get("optimizer")))
+    try:
+        return merge_optimizer_states(shards)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {e}") from None
 
 
 def _resharded_own(rank_file, saved: int, dist, sampler, where: str) -> dict:

@@ -47,11 +47,11 @@ import numbers
 
 import numpy as np
 
-from .. import tensor
+from .. import _core, tensor
 from ..optim.algorithms import SGD
 from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
-from . import buffers, replicas, unused
+from . import buffers, replicas, unused, zero
 from .accumulate import check_passes
 from .exchange import SparseExchange, check_spars, wire_dtype
 from .fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD, check_first_bucket, check_threshold
@@ -87,7 +87,10 @@ class DistOpt(SingaCalls):
     (parallel/replica_check.py; not after partial updates). find_unused_parameters=True: parameters a rank's forward
     did not use count as zeros there (the ranks agree on a used-mask each step; those used nowhere are not updated);
     parameters= the whole set, a dict (Model.get_params()) or a list; a Model whose optimizer this is supplies its own.
-    Fused modes only; see parallel/unused.py.
+    Fused modes only; see parallel/unused.py. zero_stage: 0 (every rank keeps all optimizer state and
+    gradients), 1 (each rank keeps the optimizer state of its shard of the parameters, updates that shard, then
+    the parameters are broadcast from their owners) or 2 (the gradients' buckets are reduced into their owner
+    too, so each rank keeps its shard of them); see parallel/zero.py and ``memory_report()``.
     Gradient accumulation (parallel/accumulate.py)::
 
         sgd = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), backward_passes_per_step=4)
@@ -100,7 +103,7 @@ class DistOpt(SingaCalls):
                  on_nonfinite: str = "skip", overlap: bool = True, first_bucket: int = DEFAULT_FIRST_BUCKET,
                  backward_passes_per_step: int = 1, average_accumulated: bool = True,
                  broadcast_buffers=True, hierarchical: bool = False, check_replicas_every: int | None = None,
-                 find_unused_parameters: bool = False, parameters=None):
+                 find_unused_parameters: bool = False, parameters=None, zero_stage: int = 0):
         from ..comm import hierarchical as hier, init
 
         self.opt = SGD() if opt is None else opt
@@ -117,6 +120,13 @@ class DistOpt(SingaCalls):
         if on_nonfinite not in ("skip", "raise"):
             raise ValueError(f"DistOpt: on_nonfinite must be 'skip' or 'raise', got {on_nonfinite!r}")
         used_mask = unused.configure(find_unused_parameters, parameters, None, "DistOpt")  # checked before init
+        zero_stage = zero.check_stage(zero_stage, "DistOpt")
+        if zero_stage and check_replicas_every is not None:
+            raise ValueError(f"DistOpt: zero_stage={zero_stage} with check_replicas_every is not supported: the "
+                             f"ranks' optimizer states differ on purpose (each holds its shard); pass one of them")
+        if zero_stage and used_mask is not None:
+            raise ValueError(f"DistOpt: zero_stage={zero_stage} with find_unused_parameters=True is not supported "
+                             f"(the shard plan needs the same parameters at every step); pass one of them")
         if communicator is None:
             if nccl_id is None:
                 communicator = init(backend=backend, timeout=timeout)
@@ -143,6 +153,10 @@ class DistOpt(SingaCalls):
             self.reducer.replica_check = ReplicaCheck(communicator, check_replicas_every)
         if used_mask is not None:
             used_mask.comm, self.reducer.unused = communicator, used_mask
+        self.zero_stage = zero_stage
+        if zero_stage:
+            self.reducer.zero = zero.Zero(zero_stage, communicator, self.opt, self.buffSize,
+                                          fusers=self.reducer.exchanges)
         self._init_singa_calls(communicator, self.buffSize)
 
     def __repr__(self):
@@ -169,6 +183,7 @@ class DistOpt(SingaCalls):
         """Local update with local gradients, then one partition of parameter values averaged (round robin;
         partitions hold about `threshold` elements)."""
         threshold = self._threshold(threshold)
+        self._refuse_zero("backward_and_partial_update")
         r = self.reducer
         triples = r.local_step("backward_and_partial_update", loss)
         if triples is None:
@@ -182,6 +197,7 @@ class DistOpt(SingaCalls):
         ceil(spars * n) magnitudes of each fused group; corr=True keeps what was not sent as a residual."""
         threshold = self._threshold(threshold)
         spars = check_spars(spars, topK)
+        self._refuse_zero("backward_and_sparse_update")
         r = self.reducer
         triples = r.local_step("backward_and_sparse_update", loss)
         if triples is None:
@@ -262,6 +278,9 @@ class DistOpt(SingaCalls):
         backward_and_update / backward; backward_and_update_half, the partial and the sparse updates choose
         the wire themselves and raise RuntimeError while a hook is registered. SINGA's low-level calls
         (all_reduce, fused_all_reduce...) and parameter averaging stay plain."""
+        if self.zero_stage == 2:
+            raise ValueError("DistOpt.register_comm_hook: not supported with zero_stage=2, whose buckets are "
+                             "reduced to their owner rather than all-reduced; use zero_stage=1 with a hook")
         self.reducer.register_comm_hook(state, hook)
 
     # ----- training features: uneven inputs, gradient accumulation
@@ -276,6 +295,7 @@ class DistOpt(SingaCalls):
         The gradients of a pass are averaged over the ranks that contributed to it (or over the world size
         with divide_by_initial_world_size=True). Every rank enters the block and makes at least one
         exchanging pass in it."""
+        self._refuse_zero("join")
         return Join(self.reducer, divide_by_initial_world_size)
 
     @contextlib.contextmanager
@@ -347,7 +367,10 @@ class DistOpt(SingaCalls):
         - ``skipped_steps``: steps skipped for non-finite gradients so far;
         - ``synced``: whether the first step's model comparison and broadcast of rank 0's parameters is
           done (a resumed replica that was synced must not be overwritten by rank 0's at its next step);
-        - ``residuals``: {tuple of parameter names: numpy array}, the error feedback of sparse updates.
+        - ``residuals``: {tuple of parameter names: numpy array}, the error feedback of sparse updates;
+        - ``zero_stage``: 0, or with ZeRO sharding 1 / 2, when ``opt`` holds this rank's shard of the optimizer
+          state only (checkpoint.load joins the ranks' shards; set_states takes a whole state or a shard and
+          keeps the part this rank owns).
 
         Residuals (and, after partial updates, parameters) differ per rank: save each rank's. A step left
         open by backward() is not part of the state: finish or discard it first."""
@@ -355,7 +378,7 @@ class DistOpt(SingaCalls):
         r.require_no_open_step("get_states")
         r.require_no_accumulation("get_states")
         return {"opt": self.opt.get_states(), "partial": r.partial.state(), "skipped_steps": int(r.skipped_steps),
-                "synced": bool(r.synced), "residuals": r.sparse.state()}
+                "synced": bool(r.synced), "residuals": r.sparse.state(), "zero_stage": self.zero_stage}
 
     def set_states(self, states: dict) -> None:
         """Restores what get_states() returned. ``synced`` and ``skipped_steps`` may be absent (states of an
@@ -375,6 +398,8 @@ class DistOpt(SingaCalls):
             raise TypeError(f"DistOpt.set_states: synced must be a bool, got {synced!r}")
         residuals = SparseExchange.parse_state(states["residuals"], "DistOpt.set_states")
         self.opt.set_states(states["opt"])  # checks its own states and changes nothing when it raises
+        if r.zero is not None and r.zero.ready:  # a whole state (or another plan's shard): keep this rank's part
+            r.zero.prune()
         r.partial.set_state(partial)
         r.skipped_steps, r.synced = skipped, bool(synced)
         r.sparse.set_state(residuals)
@@ -413,7 +438,44 @@ class DistOpt(SingaCalls):
         """The gradient (and parameter value) payload this rank handed to the exchanges."""
         return self.reducer.bytes_sent
 
+    # ----- what this rank holds
+    def memory_report(self) -> dict:
+        """The bytes this rank holds now, to see what a ZeRO stage saves (plain ints; see docs/training.md):
+
+        - ``parameters``: the parameters of the last step (whole on every rank at every stage);
+        - ``gradients``: the averaged gradients this rank keeps from the exchange to the update (every
+          parameter's at stages 0 and 1, its shard's at stage 2);
+        - ``optimizer_state``: the optimizer's per-parameter state tensors held now (with amp.MixedPrecision,
+          the float32 masters too);
+        - ``communication_buffers``: the fusion buffers and, with ZeRO, the parameter broadcast's chunks;
+        - ``gpu_peak``: on a GPU, the allocator's peak bytes in use (``Device.memory_stats()``); else None;
+        - ``zero_stage``, ``world_size``, ``owned_parameters`` (how many parameters this rank updates).
+
+        Before the first step the parameters are not known yet: parameters and gradients are 0."""
+        r = self.reducer
+        params = [p for _, p in r.params]
+        z = r.zero
+        owned = [p for n, p in r.params if z is None or not z.ready or z.owns(n)]
+        kept = owned if z is not None and z.stage == 2 else params
+        gpu = None
+        cuda = [p.data.device for p in params if not p.data.device.is_cpu()]
+        if cuda:
+            gpu = int(_core.cuda_memory_stats(cuda[0].index)["peak_in_use"])
+        return {"parameters": sum(p.data.nbytes for p in params),
+                "gradients": sum(p.data.nbytes for p in kept),
+                "optimizer_state": zero.optimizer_state_bytes(self.opt),
+                "communication_buffers": sum(x.buffer_bytes for x in r.exchanges())
+                + (z.gather_bytes if z is not None else 0),
+                "gpu_peak": gpu, "zero_stage": self.zero_stage, "world_size": self.world_size,
+                "owned_parameters": len(owned)}
+
     # ----- internals
+    def _refuse_zero(self, what: str) -> None:
+        if self.zero_stage:
+            raise ValueError(f"DistOpt.{what}: not supported with zero_stage={self.zero_stage} (it updates or "
+                             f"exchanges every parameter on every rank); use backward_and_update, "
+                             f"backward_and_update_half or the two-phase step, or zero_stage=0")
+
     def _threshold(self, threshold) -> int:
         return check_threshold(threshold, self.buffSize, "DistOpt")
 

@@ -34,6 +34,7 @@ DEFAULT_THRESHOLD = 2097152  # elements, SINGA's default
 # (PyTorch DDP's first bucket is 1 MiB too): a step's exchange then starts early in backward even when the
 # whole model is smaller than `threshold`, as SINGA's seed models are.
 DEFAULT_FIRST_BUCKET = 262144
+_EMPTY = CTensor([0], _core.DType.float32, _core.Device("cpu"))  # what a tensor dropped after its send leaves behind
 
 
 def check_threshold(threshold, buff_elems: int, who: str) -> int:
@@ -61,6 +62,23 @@ class _Bucket:
         self.params = []  # the parameters of the members pushed with one (what a comm hook's bucket lists)
         self.seq = 0  # its place among the collectives this Fuser launched
         self.trace = None  # (name, launch time, bytes) while a timeline records
+
+
+class _Completed:
+    """A Work that completed without error, less its result, for a tensor reap() dropped (the times the
+    timeline draws stay)."""
+
+    __slots__ = ("name", "started_at", "finished_at")
+
+    def __init__(self, work):
+        self.name = getattr(work, "name", "collective")
+        self.started_at, self.finished_at = getattr(work, "started_at", None), getattr(work, "finished_at", None)
+
+    def is_completed(self) -> bool:
+        return True
+
+    def wait(self, timeout=None):
+        return None
 
 
 class Fuser:
@@ -197,7 +215,7 @@ class Fuser:
             self.bytes_sent += region.nbytes
             t0 = time.perf_counter()
             if self.reduce is None:
-                bucket.work = self.comm.all_reduce(region, self.op, async_op=True)
+                bucket.work = self.start(region)
             self._launched += 1
             bucket.seq = self._launched
             self._in_flight.append((d, bucket))
@@ -216,14 +234,65 @@ class Fuser:
         sent = t if staging is None else staging
         self.bytes_sent += sent.nbytes
         t0 = time.perf_counter()
-        work = self.comm.all_reduce(sent, self.op, async_op=True) if self.reduce is None else None
+        work = self.start(sent) if self.reduce is None else None
         self._launched += 1
-        entry = [work, t, staging, None, self._launched]  # work, tensor, staging, trace, seq
+        # work, tensor, staging, trace, seq, whether the tensor may be dropped once sent (reap)
+        entry = [work, t, staging, None, self._launched, not self.writes_back()]
         self._direct.append(entry)
         if self.reduce is not None:
             self._hold(entry, sent.reshape([sent.numel]), [] if param is None else [param], [0])
         elif timeline.recorder() is not None:
             entry[3] = self._traced_launch("tensor", t0, sent.nbytes)
+
+    def start(self, region: CTensor):
+        """Launches the collective of one bucket (or lone tensor) and returns its Work: the all-reduce with
+        `op`. A subclass may reduce differently (zero.ShardedExchange: into the bucket's owner only)."""
+        return self.comm.all_reduce(region, self.op, async_op=True)
+
+    def forget_last_member(self, dtype) -> None:
+        """The open bucket of `dtype` keeps no reference to the tensor added last (its results are not
+        written back: see writes_back())."""
+        bucket = self._open.get(self.wire_dtype or dtype)
+        if bucket is not None and bucket.members:
+            _, off, n = bucket.members[-1]
+            bucket.members[-1] = (_EMPTY, off, n)
+
+    def writes_back(self) -> bool:
+        """Whether the results of what is sent now are written back into the pushed tensors (True here;
+        zero.ShardedExchange: only for the buckets this rank owns)."""
+        return True
+
+    def reap(self, limit_bytes: int | None = None) -> None:
+        """Drops the references to tensors sent alone whose results are not written back (writes_back() was
+        False when they were sent) once their collective has completed, so their memory can go before the
+        pass ends; each leaves an empty tensor for finish()'s regions. limit_bytes: first wait for the oldest
+        of them until those still held come to at most this many bytes (collectives complete in launch order,
+        so this waits for nothing launched after them)."""
+        droppable = [e for e in self._direct if e[5] and e[0] is not None]
+        held = sum(e[1].nbytes for e in droppable)
+        for entry in droppable:
+            if not entry[0].is_completed() and (limit_bytes is None or held <= limit_bytes):
+                break  # the later ones complete after this one
+            try:
+                entry[0].wait()
+            except BaseException:  # left as it is: finish() meets the error where every error is handled
+                return
+            held -= entry[1].nbytes
+            # the Work keeps its result (the tensor itself): a completed stand-in takes its place
+            entry[0], entry[1], entry[2], entry[5] = _Completed(entry[0]), _EMPTY, None, False
+
+    def idle_buffer(self, dtype, device):
+        """This Fuser's flat buffer of `dtype` on `device` while no pass uses it (nothing open or in flight),
+        for scratch work between steps (the ZeRO parameter broadcast); None when it has none or it is busy."""
+        buf = self._buffers.get(dtype)
+        if buf is None or buf.device != device or self._cap is not None or self._in_flight or self._direct:
+            return None
+        return buf
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of the fusion buffers allocated so far (one per dtype on the wire)."""
+        return sum(b.nbytes for b in self._buffers.values())
 
     # ----- handing buckets to `reduce` (a comm hook)
     def _hold(self, entry, region: CTensor, params, offsets) -> None:
@@ -299,15 +368,18 @@ class Fuser:
                 self._traced_end(bucket.trace, bucket.work, bucket.end - bucket.start, len(bucket.members), d)
             buf = self._buffers[d]
             for t, off, n in bucket.members:
-                self._write_back(t, buf.slice(0, off, off + n))
+                if t is not _EMPTY:
+                    self._write_back(t, buf.slice(0, off, off + n))
             regions.append(buf.slice(0, bucket.start, bucket.end))
         return regions
 
     def _unpack_direct(self) -> CTensor:
-        work, t, staging, trace, _ = self._direct.pop(0)
+        work, t, staging, trace, _, dropped = self._direct.pop(0)
         work.wait()
         if trace is not None:
             self._traced_end(trace, work, t.numel, 1, (staging if staging is not None else t).dtype)
+        if dropped or t is _EMPTY:  # not this rank's: nothing to write back, nothing of it to vote on
+            return _EMPTY
         if staging is not None:
             self._write_back(t, staging)
         elif self.scale is not None:

@@ -72,6 +72,7 @@ class PendingStep:
         except BaseException:
             self._close("finished")  # the step cannot be applied; the DistOpt takes a new backward
             raise
+        self._triples = self._reducer.kept(self._triples)  # ZeRO stage 2: this rank's shard only
         self._state = "synchronized"
         return self.gradients
 
@@ -79,7 +80,12 @@ class PendingStep:
         """Scales the averaged gradients so that their global norm is at most max_norm (synchronizing first
         when needed); returns the norm before clipping (the same on every rank: the averaged gradients are).
         A pass that only accumulates has no gradients to clip: 0."""
-        return clip_grad_norm(self.synchronize(), max_norm, norm_type)
+        pairs = self.synchronize()
+        if not self.accumulating:
+            sharded = self._reducer.clip_grad_norm(pairs, max_norm, norm_type)  # ZeRO stage 2: across shards
+            if sharded is not None:
+                return sharded
+        return clip_grad_norm(pairs, max_norm, norm_type)
 
     @property
     def gradients(self) -> list:

@@ -89,6 +89,7 @@ class Reducer:
         self.updates = 0  # optimizer updates applied: the step number the replica check counts
         self.replica_check = None  # a replica_check.ReplicaCheck (DistOpt's check_replicas_every), or None
         self.unused = None  # an unused.UnusedParameters (DistOpt's find_unused_parameters=True), or None
+        self.zero = None  # a zero.Zero (DistOpt's zero_stage=1 or 2), or None
 
     # ----- what crosses the wire
     def register_comm_hook(self, state, hook) -> None:
@@ -114,6 +115,8 @@ class Reducer:
             if wire is not None:
                 self.refuse_with_hook(f"backward_and_update_half (a {wire.name} exchange)")
             return self._hook
+        if self.zero is not None and self.zero.stage == 2:
+            return self.zero.exchange(wire)
         if wire is None:
             return self.values_exchange()
         if wire.name not in self._fused:
@@ -138,7 +141,8 @@ class Reducer:
         return sum(x.bytes_sent for x in self.exchanges())
 
     def exchanges(self) -> list:
-        return list(self._fused.values()) + ([self._hook] if self._hook is not None else [])
+        return (list(self._fused.values()) + ([self._hook] if self._hook is not None else [])
+                + (self.zero.exchanges() if self.zero is not None else []))
 
     # ----- the fused step: backward -> exchange -> PendingStep
     def backward(self, loss, threshold: int, wire=None, clip=None) -> PendingStep:
@@ -155,7 +159,9 @@ class Reducer:
         exchange = self.fused(wire)
         triples = []
         # the first step compares the models before any exchange; the used-mask needs the whole pass first
-        overlap = self.synced and self.overlap and self.unused is None
+        # ZeRO stage 2 routes each bucket to its owner: the plan (made at the first step) must exist first
+        overlap = self.synced and self.overlap and self.unused is None and (self.zero is None or self.zero.ready)
+        zero = self.zero
         join, scale = self.join, None
         if join is not None:  # uneven inputs: how many ranks still train decides the divisor
             scale = join.factor(join.vote(True))
@@ -163,9 +169,11 @@ class Reducer:
         gradients = self.gradients(loss, clip, merge=True)
         try:
             for name, p, g in gradients:
-                triples.append((name, p, g))
                 if overlap:
                     exchange.push(g.data, name, p)
+                    if zero is not None:  # stage 2: another rank's gradient is not kept once sent
+                        g = zero.keep(name, g)
+                triples.append((name, p, g))
             if not acc.empty:  # parameters the earlier passes reached and this one did not
                 for extra in acc.leftovers({n for n, _, _ in triples}):
                     triples.append(extra)
@@ -176,8 +184,12 @@ class Reducer:
                 if self.unused is not None:  # zeros where this rank's forward did not use a parameter
                     triples = self.unused.complete(triples, self.opt.name_of)
                     self.params = [(n, p) for n, p, _ in triples]
+                if zero is not None:
+                    zero.ensure_plan([(n, p) for n, p, _ in triples])
                 for name, p, g in triples:
                     exchange.push(g.data, name, p)
+                if zero is not None:
+                    triples = [(n, p, zero.keep(n, g)) for n, p, g in triples]
         except BaseException as e:
             exchange.cancel()  # the next backward starts a new pass; nothing here may block on a collective
             if not fusion.is_mismatch(e):
@@ -248,9 +260,17 @@ class Reducer:
     def apply(self, triples, replicas_equal: bool = True) -> None:
         """One update of the optimizer with these gradients; then, every N updates, the replica check
         (replicas_equal=False: an update after which the ranks' parameters differ on purpose, the partial mode's)."""
+        zero = self.zero
+        if zero is not None:  # this rank updates its shard, then every parameter comes from its owner
+            zero.ensure_plan([(n, p) for n, p, _ in triples])
+            named = list(self.params)  # every parameter of the step (stage 2's triples are this rank's only)
+            triples = zero.owned(triples)
         for name, p, g in triples:
             self.opt.apply(name, p, g)
         self.opt.step()
+        if zero is not None:
+            zero.broadcast_parameters(named)
+            zero.after_first_update()
         self.updates += 1
         if self.replica_check is not None and replicas_equal:
             self.replica_check.after_step(self.updates, [(n, p) for n, p, _ in triples], self.opt)
@@ -261,6 +281,19 @@ class Reducer:
         regions = exchange.finish()
         if joined:
             self.communicator.all_reduce(from_host(np.zeros(1, np.int32), _vote_device(regions)), "max")
+
+    def kept(self, triples) -> list:
+        """The (name, param, grad) of an exchanged step that this rank keeps: its shard's at ZeRO stage 2."""
+        if self.zero is None or self.zero.stage < 2:
+            return triples
+        return self.zero.owned(triples)
+
+    def clip_grad_norm(self, pairs, max_norm, norm_type) -> float | None:
+        """Clips a stage-2 step's shard by the global norm over the ranks' shards (None: not sharded, the
+        caller clips the pairs, which are every gradient)."""
+        if self.zero is None or self.zero.stage < 2:
+            return None
+        return self.zero.clip_grad_norm(pairs, max_norm, norm_type)
 
     def release(self, step) -> None:
         """The step is over: the next backward may begin."""

@@ -203,7 +203,8 @@ def scenario_states_round_trip(comm):
         warnings.simplefilter("ignore", RuntimeWarning)
         dopt.backward(shard_loss(comm, params, 3, poison=True)).finish()
     saved, saved_params = dopt.get_states(), fresh_copy(params)
-    assert set(saved) == {"opt", "partial", "skipped_steps", "synced", "residuals"}, sorted(saved)
+    assert set(saved) == {"opt", "partial", "skipped_steps", "synced", "residuals", "zero_stage"}, sorted(saved)
+    assert saved["zero_stage"] == 0, saved
     assert saved["synced"] is True and saved["skipped_steps"] == 1 and saved["partial"] > 0, saved
     assert saved["residuals"] and all(isinstance(k, tuple) for k in saved["residuals"]), saved["residuals"]
     if comm.world_size > 1:

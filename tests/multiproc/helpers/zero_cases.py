@@ -9,7 +9,7 @@ import numpy as np
 import distopt_cases as dc
 from singa_lite import opt, tensor
 
-KINDS = ["sgd", "adam", "rmsprop", "adagrad", "user", "nesterov"]
+KINDS = ["sgd", "adam", "rmsprop", "adagrad", "user", "nesterov", "adamw", "lamb", "lars"]
 TOL = 1e-6
 
 

@@ -65,7 +65,10 @@ class DataParallel:
                  first_bucket: int = DEFAULT_FIRST_BUCKET, root: int = 0, find_unused_parameters: bool = False):
         from . import ddp
 
-        if find_unused_parameters is not False:
+        if not isinstance(find_unused_parameters, bool):
+            raise TypeError(f"DataParallel: find_unused_parameters must be True or False, got "
+                            f"{find_unused_parameters!r}")
+        if find_unused_parameters:
             raise ValueError(f"DataParallel: find_unused_parameters={find_unused_parameters!r} is not supported: "
                              f"the gradient hooks see only this rank's backward graph, so a parameter this rank's "
                              f"forward did not use gets no gradient here and the optimizer would not update it "

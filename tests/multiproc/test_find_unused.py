@@ -37,6 +37,8 @@ def test_scenario(name, world_size):
     ("partial_follows_its_rule", 3),
     ("sparse_follows_its_rule", 2),
     ("sparse_follows_its_rule", 3),
+    ("without_branches_equals_the_mode", 2),
+    ("without_branches_equals_the_mode", 3),
 ])
 def test_mode(name, world_size):
     # join(), the partial and the sparse updates with find_unused_parameters=True

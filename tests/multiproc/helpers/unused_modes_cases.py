@@ -173,6 +173,33 @@ def scenario_sparse_follows_its_rule(comm):
     return "ok"
 
 
+# ---------------------------------------------------------------- without branches: the mode itself
+def scenario_without_branches_equals_the_mode(comm):
+    """Every rank takes head a: the option changes nothing when the declared order is the backward order
+    (the groups and partitions are then the same) -- bit for bit against the mode without the option."""
+    rank = comm.rank
+    backward_order = ["ba", "Wa", "b0", "W0"]
+
+    def run_mode(method, declared, **kw):
+        params = make_params()
+        extra = {} if declared is None else {"find_unused_parameters": True,
+                                             "parameters": [params[k] for k in declared]}
+        dopt = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), communicator=comm, **extra)
+        for step in range(STEPS):
+            getattr(dopt, method)(loss_of(params, rank, step, which="a"), **kw)
+        return values(params)
+
+    cases = [("backward_and_partial_update", backward_order, {"threshold": 30}),
+             ("backward_and_sparse_update", backward_order + ["Wb", "Wc"], {"threshold": 10, "spars": 0.3,
+                                                                             "topK": True}),
+             ("backward_and_sparse_update", backward_order + ["Wb", "Wc"], {"threshold": 40, "spars": 0.05})]
+    for method, declared, kw in cases:
+        plain, unused = run_mode(method, None, **kw), run_mode(method, declared, **kw)
+        for k in plain:
+            np.testing.assert_array_equal(unused[k], plain[k], err_msg=f"{method} {kw}: {k}")
+    return "ok"
+
+
 SCENARIOS = {k[len("scenario_"):]: v for k, v in globals().items() if k.startswith("scenario_")}
 
 

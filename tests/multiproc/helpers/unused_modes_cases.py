@@ -29,15 +29,18 @@ def apply(sgd, params, avg: dict) -> None:
 
 
 # ---------------------------------------------------------------- join()
-def join_reference(world, steps_of, divide_by_world) -> dict:
+def join_reference(world, steps_of, divide_by_world, passes=1) -> dict:
+    """steps_of[r]: the updates rank r trains for; each update sums `passes` passes (accumulation, averaged)."""
     params, sgd = make_params(), opt.SGD(lr=0.1, momentum=0.9)
     for u in range(max(steps_of)):
         trained = [r for r in range(world) if u < steps_of[r]]
         sums = {}
         for r in trained:
-            for k, g in grads_of(params, r, u).items():
-                sums[k] = sums.get(k, 0) + g
-        apply(sgd, params, {k: v / (world if divide_by_world else len(trained)) for k, v in sums.items()})
+            for k in range(passes):
+                for name, g in grads_of(params, r, u * passes + k).items():
+                    sums[name] = sums.get(name, 0) + g
+        div = (world if divide_by_world else len(trained)) * passes
+        apply(sgd, params, {k: v / div for k, v in sums.items()})
     return values(params)
 
 
@@ -59,6 +62,18 @@ def scenario_join_matches_the_reference(comm):
             np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=f"divide={divide}: {k}")
         np.testing.assert_array_equal(got["Wc"], start["Wc"])
         replicas_equal(comm, got, f"join divide={divide}")
+    # gradient accumulation inside join(): only the exchanging passes vote and carry the mask
+    want = join_reference(P, steps_of, False, passes=2)
+    params = make_params()
+    dopt = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), communicator=comm, find_unused_parameters=True,
+                       parameters=params, backward_passes_per_step=2)
+    with dopt.join():
+        for step in range(steps_of[rank] * 2):
+            dopt.backward_and_update(loss_of(params, rank, step), threshold=40)
+    got = values(params)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=f"accumulated: {k}")
+    replicas_equal(comm, got, "join accumulated")
     # the two-phase step and the half wire inside join() too (one wire per block: a joined rank repeats its last)
     for half in (False, True):
         params = make_params()

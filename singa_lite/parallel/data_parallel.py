@@ -53,7 +53,8 @@ class DataParallel:
     ``model.compile([x])`` first). communicator: default the one of ``ddp.init`` (joined with its defaults if
     needed). buffSize, threshold, first_bucket: as DistOpt (fusion buffer elements; a gradient above threshold
     is sent alone; a pass's first bucket leaves at first_bucket elements). root: the rank whose weights every
-    rank starts from.
+    rank starts from. find_unused_parameters=True (ranks whose forward takes different branches) is refused
+    with a ValueError: use DistOpt(..., find_unused_parameters=True), which completes the gradients itself.
 
     Calling the wrapper calls the model; ``forward`` calls ``model.forward``; other attributes are the
     model's (``get_params``, ``train``, ``save_states``...). ``check_parameter_closeness()`` is the DDP exercises'
@@ -61,8 +62,19 @@ class DataParallel:
     """
 
     def __init__(self, model, communicator=None, *, buffSize: int = 4194304, threshold: int = DEFAULT_THRESHOLD,
-                 first_bucket: int = DEFAULT_FIRST_BUCKET, root: int = 0):
+                 first_bucket: int = DEFAULT_FIRST_BUCKET, root: int = 0, find_unused_parameters: bool = False):
         from . import ddp
+
+        if not isinstance(find_unused_parameters, bool):
+            raise TypeError(f"DataParallel: find_unused_parameters must be True or False, got "
+                            f"{find_unused_parameters!r}")
+        if find_unused_parameters:
+            raise ValueError(f"DataParallel: find_unused_parameters={find_unused_parameters!r} is not supported: "
+                             f"the gradient hooks see only this rank's backward graph, so a parameter this rank's "
+                             f"forward did not use gets no gradient here and the optimizer would not update it "
+                             f"while the other ranks do; train with opt.DistOpt(sgd, find_unused_parameters=True, "
+                             f"parameters=model.get_params()) (or ddp.DistributedOptimizer(sgd, "
+                             f"find_unused_parameters=True, parameters=...)) instead of this wrapper")
 
         if isinstance(buffSize, bool) or not isinstance(buffSize, int) or buffSize < 1:
             raise ValueError(f"DataParallel: buffSize must be an int >= 1, got {buffSize!r}")

@@ -87,10 +87,10 @@ class DistOpt(SingaCalls):
     (parallel/replica_check.py; not after partial updates). find_unused_parameters=True: parameters a rank's forward
     did not use count as zeros there (the ranks agree on a used-mask each step; those used nowhere are not updated);
     parameters= the whole set, a dict (Model.get_params()) or a list; a Model whose optimizer this is supplies its own.
-    Fused modes only; see parallel/unused.py. zero_stage: 0 (every rank keeps all optimizer state and
-    gradients), 1 (each rank keeps the optimizer state of its shard of the parameters, updates that shard, then
-    the parameters are broadcast from their owners) or 2 (the gradients' buckets are reduced into their owner
-    too, so each rank keeps its shard of them); see parallel/zero.py and ``memory_report()``.
+    Every mode and join() (not zero_stage); see parallel/unused.py. zero_stage: 0 (every rank keeps all
+    optimizer state and gradients), 1 (each rank keeps the optimizer state of its shard of the parameters,
+    updates that shard, then the parameters are broadcast from their owners) or 2 (the gradients' buckets are
+    reduced into their owner too, so each rank keeps its shard of them); see parallel/zero.py and ``memory_report()``.
     Gradient accumulation (parallel/accumulate.py)::
 
         sgd = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), backward_passes_per_step=4)
@@ -189,7 +189,10 @@ class DistOpt(SingaCalls):
         if triples is None:
             return
         r.apply(triples, replicas_equal=False)
-        r.partial.average_next([p for _, p, _ in triples], threshold, r.average_values)
+        # find_unused_parameters: partitions of the whole declared set, the same at every step whatever the
+        # branches (those of the step's parameters would change with them and the round robin would not cycle)
+        params = [p for _, p in r.unused.resolve()] if r.unused is not None else [p for _, p, _ in triples]
+        r.partial.average_next(params, threshold, r.average_values)
 
     def backward_and_sparse_update(self, loss, threshold=DEFAULT_THRESHOLD, spars=0.05, topK=False,
                                    corr=True) -> None:
@@ -202,7 +205,10 @@ class DistOpt(SingaCalls):
         triples = r.local_step("backward_and_sparse_update", loss)
         if triples is None:
             return
-        residuals = r.sparse.exchange(triples, threshold, spars, bool(topK), bool(corr))
+        # find_unused_parameters: a group's parameters change with the branches, so residuals are kept per
+        # parameter there (one used on no rank keeps its residual for a later step)
+        residuals = r.sparse.exchange(triples, threshold, spars, bool(topK), bool(corr),
+                                      per_parameter=r.unused is not None)
         # Each rank's gradients were finite (local_step), but a residual added to them can overflow: the
         # averages are checked too, and only a step applied everywhere keeps its new residuals.
         if not r.finite_everywhere([g.data for _, _, g in triples]):

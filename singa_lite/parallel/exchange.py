@@ -175,12 +175,28 @@ class SparseExchange:
         self.comm = comm
         self.residuals = {}
 
-    def exchange(self, triples, threshold: int, spars: float, topK: bool, corr: bool) -> list:
+    def exchange(self, triples, threshold: int, spars: float, topK: bool, corr: bool,
+                 per_parameter: bool = False) -> list:
         """Averages the gradients of (name, param, grad) triples in place, group by group (groups of about
-        `threshold` elements). Returns the new residuals, for commit() once the step is known to apply."""
-        return [self.reduce_group([g.data for _, _, g in group], [n for n, _, _ in group], spars, topK, corr,
-                                  average=True)
-                for group in partitions(triples, threshold, size=lambda tr: tr[2].data.numel)]
+        `threshold` elements). Returns the new residuals, for commit() once the step is known to apply.
+        per_parameter: residuals keyed by each parameter's name alone (a group's residual is the concatenation
+        of its members'), for groups whose members change from step to step (find_unused_parameters)."""
+        groups = partitions(triples, threshold, size=lambda tr: tr[2].data.numel)
+        if not (per_parameter and corr):
+            return [self.reduce_group([g.data for _, _, g in group], [n for n, _, _ in group], spars, topK, corr,
+                                      average=True)
+                    for group in groups]
+        out = []
+        for group in groups:
+            raws = [g.data for _, _, g in group]
+            own = [self._residual((n,), g.data.numel, g.data.dtype, g.data.device) for n, _, g in group]
+            res = _core.concat([r.reshape([r.numel]) for r in own], 0)  # a copy: updated in place below
+            self.reduce_group(raws, [n for n, _, _ in group], spars, topK, corr, average=True, residual=res)
+            off = 0
+            for (n, _, _), r in zip(group, own):
+                out.append(((n,), res.slice(0, off, off + r.numel, 1)))
+                off += r.numel
+        return out
 
     def commit(self, new_residuals) -> None:
         for key, res in new_residuals:

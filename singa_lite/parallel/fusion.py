@@ -424,7 +424,9 @@ class Fuser:
             said = [f"this rank (rank {rank}) had gradients for all {len(reference)} parameters of the first step, "
                     f"so another rank skipped some (its own error names them)"]
         fix = ("pass find_unused_parameters=True and parameters=model.get_params() to DistOpt, or use every "
-               "layer on every rank" if who.startswith("DistOpt") else "use every layer on every rank")
+               "layer on every rank" if who.startswith("DistOpt") else
+               "use every layer on every rank, or train with DistOpt(..., find_unused_parameters=True) instead "
+               "of DataParallel" if who.startswith("DataParallel") else "use every layer on every rank")
         return ValueError(f"{who}: the ranks' gradients differ {step}: {'; '.join(said)}. A parameter is "
                           f"skipped when the rank's forward did not use it, so its backward gave it no gradient; "
                           f"every rank must give gradients for the same parameters at each step ({fix}, e.g. "

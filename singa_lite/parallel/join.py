@@ -10,7 +10,9 @@ the ranks that still train, so the job ends cleanly instead of hanging or failin
 
 Inside the block, every exchanging pass begins with one vote (an all-reduce of one int32: 1 for a rank that
 trains). A rank that leaves the block keeps voting 0 and, for each pass the others make, sends zeros in the
-buckets of its own last exchanging pass (same sizes, same order: same model, same threshold), takes part in
+buckets of its own last exchanging pass (same sizes, same order: same model, same threshold; with
+``find_unused_parameters=True`` it takes part in the used-mask all-reduce with an empty mask and sends zeros
+for the parameters the others used in that pass, in the declared order), takes part in
 the vote on finiteness and applies the same averaged gradients with its optimizer, so its parameters and
 optimizer state stay those of the others. When a vote counts 0, every rank has left and all leave together.
 
@@ -62,9 +64,6 @@ class Join:
         if r.join is not None:
             raise RuntimeError("DistOpt.join: already inside a join() block of this DistOpt; they do not nest")
         r.require_no_open_step("join")
-        if getattr(r, "unused", None) is not None:
-            raise RuntimeError("DistOpt.join: not supported with find_unused_parameters=True (a rank out of data "
-                               "would not know which parameters the others used)")
         r.join = self
         return self
 
@@ -124,10 +123,18 @@ class Join:
                                    f"exchanging pass in it, so it does not know the buckets to answer with; give "
                                    f"every rank at least one batch (the others will time out)")
             threshold, first_bucket, wire, where, members = self.layout
-            if self._zeros is None:
-                self._zeros = [(name, p, zero_gradient(shape, dtype, where)) for name, p, shape, dtype in members]
-            for _, _, z in self._zeros:
-                _core.fill_(z.data, 0)  # the last answer left the average in them
+            used = getattr(r, "unused", None)
+            if used is not None:
+                # find_unused_parameters: the others' buckets hold the parameters some rank used this pass; this
+                # rank's used-mask (all zeros) joins their all-reduce and yields zeros for exactly those
+                zeros = used.complete([], r.opt.name_of)
+            else:
+                if self._zeros is None:
+                    self._zeros = [(name, p, zero_gradient(shape, dtype, where))
+                                   for name, p, shape, dtype in members]
+                for _, _, z in self._zeros:
+                    _core.fill_(z.data, 0)  # the last answer left the average in them
+                zeros = self._zeros
             # the same buckets as the ranks that train, then the averaged gradients, the vote, the update
-            r.answer(r.fused(wire), self._zeros, threshold, first_bucket, self.factor(contributors))
+            r.answer(r.fused(wire), zeros, threshold, first_bucket, self.factor(contributors))
             self.shadowed += 1

@@ -308,9 +308,6 @@ class Reducer:
         threshold would never be sent but would stay in a residual, and a step skipped on some ranks only
         would leave the replicas apart."""
         self.require_no_open_step(what)
-        if self.unused is not None:
-            raise RuntimeError(f"{self.who}.{what}: not supported with find_unused_parameters=True (each rank "
-                               f"updates from its own gradients there); use backward_and_update")
         if self.join is not None:
             raise RuntimeError(f"{self.who}.{what}: not supported inside a join() block (a rank out of data "
                                f"answers the fused exchange only); use backward_and_update or the two-phase step "
@@ -329,6 +326,9 @@ class Reducer:
             triples = triples + acc.leftovers({n for n, _, _ in triples})
             acc.clear()
         self.first_step(triples)
+        if self.unused is not None:  # the same parameters, in the declared order, on every rank
+            triples = self.unused.complete(triples, self.opt.name_of)
+            self.params = [(n, p) for n, p, _ in triples]
         if not self.finite_everywhere([g.data for _, _, g in triples], local=True):
             return None
         return triples

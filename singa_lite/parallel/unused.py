@@ -14,9 +14,21 @@ order backward took):
 - a parameter used on no rank gets no gradient: no update and no change of its optimizer state (as DDP).
 
 The pushing waits for the end of backward (the order must be the declared one, and the mask is known only
-then): the exchange no longer overlaps backward in this mode (DDP loses part of its overlap too). The fused
-modes (backward_and_update, _half, a comm hook, the two-phase step, gradient accumulation) support it; the
-partial and sparse updates and join() refuse it.
+then): the exchange no longer overlaps backward in this mode (DDP loses part of its overlap too). Every mode
+supports it:
+
+- the fused ones (backward_and_update, _half, a comm hook, the two-phase step, gradient accumulation), as above;
+- ``join()``: a rank out of data joins each pass's used-mask all-reduce with an empty mask and sends zeros for
+  the parameters the others used (the average is then over the ranks that trained, as join() divides);
+- ``backward_and_partial_update``: each rank updates the parameters some rank used with its own gradient
+  (zeros where its forward did not use one; momentum moves it as with a zero gradient), then one partition
+  of the whole declared set's values is averaged (partitions of the declared set, fixed across steps);
+- ``backward_and_sparse_update``: the groups are formed over the step's completed gradients (the same on
+  every rank) and the residuals are kept per parameter, so error feedback survives a change of branches (a
+  parameter used on no rank keeps its residual untouched).
+
+``parallel.DataParallel`` (hook-based) cannot: its hooks see only this rank's graph, so a parameter this
+rank did not use gets no gradient to update with; it refuses the option and names DistOpt.
 
 DistOpt learns its parameters from the backward graph, so it must be told the whole set: ``parameters=``
 takes a dict name -> tensor (``Model.get_params()``) or a list of tensors; a Model whose optimizer is the

@@ -169,11 +169,11 @@ class Reducer:
         gradients = self.gradients(loss, clip, merge=True)
         try:
             for name, p, g in gradients:
+                triples.append((name, p, g))  # first: a push that fails must still count this gradient as had
                 if overlap:
                     exchange.push(g.data, name, p)
                     if zero is not None:  # stage 2: another rank's gradient is not kept once sent
-                        g = zero.keep(name, g)
-                triples.append((name, p, g))
+                        triples[-1] = (name, p, zero.keep(name, g))
             if not acc.empty:  # parameters the earlier passes reached and this one did not
                 for extra in acc.leftovers({n for n, _, _ in triples}):
                     triples.append(extra)

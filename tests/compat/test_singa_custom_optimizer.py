@@ -2,6 +2,8 @@
 keeps its hyper-parameters as the one-element tensors its schedules' values turn into with ``as_type``,
 does tensor arithmetic with them and updates through ``singa_wrap.Axpy``) runs here and matches the
 float path of our own opt.SGD. Written for these tests, in that style; not copied from SINGA."""
+import pickle
+
 import numpy as np
 import pytest
 
@@ -105,6 +107,9 @@ def test_schedule_values_work_as_singa_value_tensors():
     for r in (v * x, x * v, 1.0 - v * x, v - x):
         assert isinstance(r, tensor.Tensor)
     np.testing.assert_allclose(tensor.to_numpy(v - x), [-0.6, -1.6], rtol=1e-6)
+    # a pickled value (a checkpoint's configuration, a message between ranks) is the plain float
+    back = pickle.loads(pickle.dumps(v))
+    assert type(back) is float and back == 0.4
     # our optimizers hold them and hand them to kernels as floats
     o = opt.SGD(lr=0.1, momentum=0.9)
     assert isinstance(o.lr_value, HyperValue) and isinstance(o.mom_value, HyperValue)

@@ -16,8 +16,11 @@ clip.py); ``DistOpt`` in ``singa_lite/parallel/dist_opt.py``.
 
 Differences from SINGA, on purpose
 ----------------------------------
-- ``lr_value`` (and ``mom_value``, ``decay_value``...) and ``step_counter`` are Python numbers rather than
-  one-element tensors, and schedules return floats: they are host scalars handed to the kernels.
+- ``lr_value`` (and ``mom_value``, ``decay_value``...) are :class:`HyperValue` floats rather than one-element
+  tensors, and ``step_counter`` is an int: host scalars handed to the kernels. A ``HyperValue`` also has
+  SINGA's ``as_type`` (a shape-(1,) tensor) and ``data``, and its arithmetic with numbers keeps it one, so
+  optimizers written SINGA's way (``self.momentum(self.step_counter).as_type(self.dtype)``,
+  ``singa.Axpy((0.0 - self.lr_value).data, ...)``) run unchanged; see docs/singa_compat.md.
 - ``get_states`` returns numpy arrays (a plain, pickle-free checkpoint) and ``set_states`` accepts numpy
   arrays or tensors.
 - SGD's momentum buffer starts as the first gradient (PyTorch's rule, and SINGA 2's) rather than as
@@ -35,10 +38,11 @@ from .optim.algorithms import SGD, AdaGrad, Adam, RMSProp
 from .optim.clip import clip_grad_norm, grad_norm  # between DistOpt's exchange and update
 from .optim.large_batch import LAMB, LARS, AdamW  # beyond SINGA: large-batch training
 from .optim.optimizer import Optimizer
-from .optim.schedules import Constant, DecayScheduler, ExponentialDecay, LinearDecay, StepDecay, WarmupCosineDecay
+from .optim.schedules import (Constant, DecayScheduler, ExponentialDecay, HyperValue, LinearDecay, StepDecay,
+                              WarmupCosineDecay)
 
 __all__ = [
-    "DecayScheduler", "Constant", "ExponentialDecay", "StepDecay", "LinearDecay", "WarmupCosineDecay",
+    "DecayScheduler", "Constant", "HyperValue", "ExponentialDecay", "StepDecay", "LinearDecay", "WarmupCosineDecay",
     "Optimizer", "SGD", "RMSProp", "AdaGrad", "Adam", "AdamW", "LAMB", "LARS", "data_partition",
     "clip_grad_norm", "grad_norm",
 ]

@@ -105,7 +105,7 @@ class RMSProp(Optimizer):
         tmp = _core.square(g)
         avg = (avg if avg is not None else self._new_state("running_average", param_name, param_value)).data
         _core.mul_scalar(avg, self.rho_value, out=avg)
-        _core.axpy_(1.0 - self.rho_value, tmp, avg)
+        _core.axpy_(1.0 - float(self.rho_value), tmp, avg)
         _step_by_root(p, g, avg, self.epsilon_value, self.lr_value, tmp)
 
 
@@ -169,7 +169,7 @@ class Adam(Optimizer):
         p = param_value.data
         m = self._get_state("m", param_name, param_value)
         v = self._get_state("v", param_name, param_value)
-        b1, b2 = self.beta_1_value, self.beta_2_value
+        b1, b2 = float(self.beta_1_value), float(self.beta_2_value)  # plain floats: arithmetic below
         t = int(self.t.get(param_name, 0)) + 1
         g = _plus_decay(g, p, self.decay_value)
         tmp = _core.square(g)
@@ -184,6 +184,6 @@ class Adam(Optimizer):
         _core.mul_scalar(tmp, 1.0 / math.sqrt(1.0 - b2 ** t), out=tmp)
         _core.add_scalar(tmp, self.epsilon_value, out=tmp)
         _core.div(m, tmp, out=tmp)
-        _core.axpy_(-self.lr_value / (1.0 - b1 ** t), tmp, p)
+        _core.axpy_(-float(self.lr_value) / (1.0 - b1 ** t), tmp, p)
         self.t[param_name] = t
 

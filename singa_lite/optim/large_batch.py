@@ -109,7 +109,9 @@ class AdamW(Optimizer):
         m = self._get_state("m", param_name, param_value)
         v = self._get_state("v", param_name, param_value)
         vmax = self._get_state("v_max", param_name, param_value) if self.amsgrad else None
-        lr, b1, b2, wd = self.lr_value, self.beta_1_value, self.beta_2_value, self.decay_value
+        # plain floats for the Python arithmetic below (a HyperValue's own arithmetic is slower)
+        lr, b1, b2 = float(self.lr_value), float(self.beta_1_value), float(self.beta_2_value)
+        wd = float(self.decay_value)
         t = int(self.t.get(param_name, 0)) + 1
         tmp = _core.square(g)
         m = (m if m is not None else self._new_state("m", param_name, param_value)).data
@@ -183,8 +185,8 @@ class LAMB(Optimizer):
         excluded = bool(self.exclude(param_name, param_value)) if self.exclude is not None else False
         m = self._get_state("m", param_name, param_value)
         v = self._get_state("v", param_name, param_value)
-        b1, b2 = self.beta_1_value, self.beta_2_value
-        wd = 0.0 if excluded else self.decay_value
+        b1, b2 = float(self.beta_1_value), float(self.beta_2_value)
+        wd = 0.0 if excluded else float(self.decay_value)
         t = int(self.t.get(param_name, 0)) + 1
         tmp = _core.square(g)
         m = (m if m is not None else self._new_state("m", param_name, param_value)).data
@@ -201,7 +203,7 @@ class LAMB(Optimizer):
                 ratio = p_norm / r_norm
             if self.max_trust_ratio is not None:
                 ratio = min(ratio, self.max_trust_ratio)
-        _core.axpy_(-self.lr_value * ratio, tmp, p)
+        _core.axpy_(-float(self.lr_value) * ratio, tmp, p)
         self.t[param_name] = t
         self.last_trust_ratio[param_name] = ratio
 
@@ -251,13 +253,13 @@ class LARS(Optimizer):
         p = param_value.data
         excluded = bool(self.exclude(param_name, param_value)) if self.exclude is not None else False
         buf = self._get_state("moments", param_name, param_value)
-        lr, mom = self.lr_value, self.mom_value
-        wd = 0.0 if excluded else self.decay_value
+        lr, mom = float(self.lr_value), float(self.mom_value)
+        wd = 0.0 if excluded else float(self.decay_value)
         local = 1.0
         if not excluded:
             p_norm, g_norm = _norm(p), _norm(g)
             if p_norm > 0 and g_norm > 0:
-                local = self.eta_value * p_norm / (g_norm + wd * p_norm + self.epsilon_value)
+                local = float(self.eta_value) * p_norm / (g_norm + wd * p_norm + float(self.epsilon_value))
         d = g.clone()  # grad + weight_decay * param, a new tensor (the gradient is not written)
         if wd != 0:
             _core.axpy_(wd, p, d)

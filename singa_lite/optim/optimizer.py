@@ -9,8 +9,8 @@ A subclass of :class:`Optimizer`
 - calls ``super().__init__(lr, dtype)`` and registers every other hyper-parameter with
   ``self._hyper(name, value, value_attr=None, lo=0.0, hi=inf, hi_open=True)``: the value may be a number or
   a :class:`DecayScheduler`, and must lie in ``[lo, hi)`` (``[lo, hi]`` with ``hi_open=False``); the current
-  value is the float ``self.<value_attr>`` (default ``<name>_value``; ``self.lr_value`` for the learning
-  rate), re-evaluated and re-validated at every :meth:`step`;
+  value is the float (a :class:`~singa_lite.optim.schedules.HyperValue`) ``self.<value_attr>`` (default
+  ``<name>_value``; ``self.lr_value`` for the learning rate), re-evaluated and re-validated at every :meth:`step`;
 - implements ``apply(param_name, param_value, param_grad)``, which must
 
   1. validate first, through ``self._check(param_name, param_value, param_grad)`` (shape, dtype, device),
@@ -21,7 +21,9 @@ A subclass of :class:`Optimizer`
      ``out=`` arguments) and no copy to numpy;
   3. leave ``param_grad`` unchanged and keep no reference to it (DistOpt hands out views of fusion buffers
      that are reused for the next bucket);
-  4. read hyper-parameters only from the ``*_value`` attributes, which :meth:`step` refreshes;
+  4. read hyper-parameters only from the ``*_value`` attributes, which :meth:`step` refreshes (floats that
+     kernels take as they are; arithmetic in Python is faster on ``float(self.lr_value)``, a plain float,
+     than on the :class:`~singa_lite.optim.schedules.HyperValue` itself, whose results stay HyperValues);
 
 - keeps its per-parameter state in dictionaries ``{param_name: Tensor}`` named in the class attribute
   ``_state_slots`` (tensors with the parameter's shape, dtype and device, created lazily on the first apply
@@ -73,8 +75,9 @@ class Optimizer:
     Args:
         lr: the learning rate, a number >= 0 or a :class:`DecayScheduler`.
         dtype: SINGA's dtype for its hyper-parameter tensors; kept for compatibility (``dtype=`` appears in
-            SINGA's mixed-precision examples). Hyper-parameters here are Python floats that every kernel
-            applies in the parameter's own dtype.
+            SINGA's mixed-precision examples). Hyper-parameters here are Python floats
+            (:class:`~singa_lite.optim.schedules.HyperValue`, which also has SINGA's ``as_type`` and ``data``)
+            that every kernel applies in the parameter's own dtype.
     """
 
     _state_slots: tuple = ()   # names of dict attributes {param_name: Tensor}, checkpointed
@@ -158,14 +161,19 @@ class Optimizer:
                       DeprecationWarning, stacklevel=2)
         self.apply(self.name_of(param), param, grad)
 
-    def device_check(self, *inputs: Tensor) -> None:
-        """Moves every tensor to the first one's device, in place (SINGA's helper for optimizer states)."""
-        if not inputs or not all(isinstance(t, Tensor) for t in inputs):
-            raise TypeError(f"{type(self).__name__}.device_check: expected Tensors, got "
-                            f"{[type(t).__name__ for t in inputs]}")
+    def device_check(self, *inputs) -> None:
+        """Moves every tensor to the first one's device, in place (SINGA's helper for optimizer states).
+        Python numbers among them (the step counter, a :class:`HyperValue` such as ``lr_value``: SINGA keeps
+        these as tensors, here they are host scalars) have no device and are passed over."""
+        def host_scalar(x):
+            return isinstance(x, numbers.Real) and not isinstance(x, bool)
+        if not inputs or not isinstance(inputs[0], Tensor) or not all(
+                isinstance(t, Tensor) or host_scalar(t) for t in inputs):
+            raise TypeError(f"{type(self).__name__}.device_check: expected Tensors (the first one a Tensor; "
+                            f"numbers are passed over), got {[type(t).__name__ for t in inputs]}")
         dev = inputs[0].device
         for t in inputs[1:]:
-            if t.device != dev:
+            if isinstance(t, Tensor) and t.device != dev:
                 t.to_device(dev)
 
     def name_of(self, param: Tensor):
@@ -269,7 +277,9 @@ class Optimizer:
                              f"got {type(states).__name__}")
         known = {"step_counter", *self._state_slots, *self._scalar_slots}
         unknown = sorted(set(states) - known)
-        if unknown:
+        # A subclass written SINGA's way keeps state of its own (e.g. ``self.moments`` without
+        # ``_state_slots``) and restores it in its own set_states, after super().set_states(states).
+        if unknown and type(self).set_states is Optimizer.set_states:
             raise ValueError(f"{owner}.set_states: unknown entries {unknown}; {owner} keeps {sorted(known)} "
                              f"(are these another optimizer's states?)")
         raw = np.asarray(states["step_counter"])  # an int here; SINGA saved a float32

@@ -1,12 +1,17 @@
 """Schedules for hyper-parameters (the learning rate, momentum, weight decay...): a value as a function of
-the optimizer's step counter, ``scheduler(step) -> float``. Any :class:`DecayScheduler` may be given where an
-optimizer takes a number."""
+the optimizer's step counter, ``scheduler(step) -> HyperValue`` (a float). Any :class:`DecayScheduler` may be
+given where an optimizer takes a number."""
 from __future__ import annotations
 
 import math
 import numbers
 
-__all__ = ["DecayScheduler", "Constant", "ExponentialDecay", "StepDecay", "LinearDecay", "WarmupCosineDecay"]
+import numpy as np
+
+from .. import tensor
+
+__all__ = ["HyperValue", "DecayScheduler", "Constant", "ExponentialDecay", "StepDecay", "LinearDecay",
+           "WarmupCosineDecay"]
 
 
 def _real(what: str, value) -> float:
@@ -16,24 +21,85 @@ def _real(what: str, value) -> float:
     return float(value)
 
 
+def _arith(op):
+    def method(self, other):
+        r = op(self, other)
+        # NotImplemented (a Tensor operand) lets Python call the Tensor's reflected operator: a Tensor result.
+        return r if r is NotImplemented else HyperValue(r)
+    method.__name__ = op.__name__
+    return method
+
+
+# ---------------------------------------------------------------- the value of a schedule
+class HyperValue(float):
+    """A hyper-parameter's value: a Python float that also does what SINGA's one-element value tensors do.
+
+    The optimizers here hand it to their kernels as the float it is (no tensor, no device transfer). Code
+    written for SINGA, whose schedules return a shape-(1,) tensor, keeps working:
+
+    - ``v.as_type(dtype)`` is a new shape-(1,) :class:`~singa_lite.tensor.Tensor` holding the value
+      (``self.momentum(self.step_counter).as_type(self.dtype)`` in a SINGA-style optimizer);
+    - ``v.data`` is a shape-(1,) float32 ``_core.Tensor`` (``singa.Axpy(v.data, x, y)`` accepts it);
+    - arithmetic with a number gives a ``HyperValue`` (so ``(0.0 - opt.lr_value).data`` works), arithmetic
+      with a tensor gives a tensor, comparisons give bools.
+
+    It is immutable, as floats are: SINGA's ``value.copy_from(other)`` is for tensors, so a SINGA-style
+    optimizer that updates a value in place keeps the tensor ``as_type`` returned (SINGA's own examples do).
+    """
+
+    __slots__ = ()
+
+    shape = (1,)
+
+    def as_type(self, dtype) -> tensor.Tensor:
+        """A new shape-(1,) tensor of `dtype` holding this value (SINGA's ``Tensor.as_type``)."""
+        return tensor.from_numpy(np.array([float(self)], dtype=np.float32)).as_type(dtype)
+
+    @property
+    def data(self):
+        """A new shape-(1,) float32 ``_core.Tensor`` holding this value (SINGA's ``Tensor.data``)."""
+        return tensor.from_numpy(np.array([float(self)], dtype=np.float32)).data
+
+    def item(self) -> float:
+        return float(self)
+
+    __add__, __radd__ = _arith(float.__add__), _arith(float.__radd__)
+    __sub__, __rsub__ = _arith(float.__sub__), _arith(float.__rsub__)
+    __mul__, __rmul__ = _arith(float.__mul__), _arith(float.__rmul__)
+    __truediv__, __rtruediv__ = _arith(float.__truediv__), _arith(float.__rtruediv__)
+    __pow__, __rpow__ = _arith(float.__pow__), _arith(float.__rpow__)
+
+    def __neg__(self):
+        return HyperValue(-float(self))
+
+    def __repr__(self):
+        return float.__repr__(self)
+
+    def __reduce__(self):
+        # pickled (a checkpoint, a DistOpt message) as the plain float it is
+        return (float, (float(self),))
+
+
 # ---------------------------------------------------------------- schedules
 class DecayScheduler:
-    """A value that changes with the optimizer's step: ``scheduler(step) -> float``.
+    """A value that changes with the optimizer's step: ``scheduler(step) -> HyperValue`` (a float).
 
     Used for the learning rate, and for any other hyper-parameter (momentum, weight decay...). ``step`` is the
     optimizer's step counter: 0 before the first :meth:`Optimizer.step`. It may be given as an int, a float
     or a one-element tensor (SINGA passes its step-counter tensor). Subclasses implement ``call(step)``,
-    receiving the step as a float; what ``call`` returns is converted with ``float()``.
+    receiving the step as a float; what ``call`` returns is converted with ``float()`` and returned as a
+    :class:`HyperValue`: a float that also has SINGA's tensor methods (``as_type``, ``data``), so optimizers
+    written for SINGA (``self.momentum(self.step_counter).as_type(self.dtype)``) run unchanged.
     """
 
     def __init__(self, init_value):
         self.init_value = _real(f"{type(self).__name__}: init_value", init_value)
 
-    def __call__(self, step) -> float:
+    def __call__(self, step) -> HyperValue:
         s = float(step)
         if not s >= 0:
             raise ValueError(f"{type(self).__name__}: the step must be >= 0, got {step!r}")
-        return float(self.call(s))
+        return HyperValue(self.call(s))
 
     def call(self, step: float) -> float:
         raise NotImplementedError(f"{type(self).__name__} must implement call(step)")

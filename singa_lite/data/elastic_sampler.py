@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .partition import DistributedSampler, check_integer
+from .partition import DistributedSampler, check_integer, check_sampler
 
 STATE_KEYS = ("epoch", "cursor", "num_samples", "seed", "shuffle", "world_size", "batch_size")
 
@@ -35,14 +35,8 @@ class ElasticSampler:
     """This rank's indices of each step of an epoch, from a cursor the whole job shares (see the module)."""
 
     def __init__(self, num_samples, rank, world_size, batch_size, shuffle=True, seed=0):
-        self.world_size = check_integer("world_size", world_size, lo=1)
-        self.rank = check_integer("rank", rank, lo=0, hi=self.world_size - 1)
-        if hasattr(num_samples, "__len__"):
-            raise TypeError(f"num_samples is the dataset's size (e.g. len(train_x)), not the data: "
-                            f"got {type(num_samples).__name__}")
-        self.num_samples = check_integer("num_samples", num_samples, lo=1)
+        self.num_samples, self.rank, self.world_size, self.seed = check_sampler(num_samples, rank, world_size, seed)
         self.batch_size = check_integer("batch_size", batch_size, lo=1)
-        self.seed = check_integer("seed", seed, lo=0)
         if not isinstance(shuffle, (bool, np.bool_)):
             raise TypeError(f"shuffle must be True or False, got {shuffle!r}")
         self.shuffle = bool(shuffle)

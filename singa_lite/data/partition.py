@@ -66,6 +66,17 @@ def data_partition(dataset_x, dataset_y, rank_in_global, world_size):
     return dataset_x[idx_start:idx_end], dataset_y[idx_start:idx_end]
 
 
+def check_sampler(num_samples, rank, world_size, seed) -> tuple:
+    """A sampler's (num_samples, rank, world_size, seed), checked: ints in range, the dataset's size (not
+    the data itself). Shared by DistributedSampler and elastic_sampler.ElasticSampler."""
+    world_size = check_integer("world_size", world_size, lo=1)
+    rank = check_integer("rank", rank, lo=0, hi=world_size - 1)
+    if hasattr(num_samples, "__len__"):
+        raise TypeError(f"num_samples is the dataset's size (e.g. len(train_x)), not the data: "
+                        f"got {type(num_samples).__name__}")
+    return check_integer("num_samples", num_samples, lo=1), rank, world_size, check_integer("seed", seed, lo=0)
+
+
 class DistributedSampler:
     """The indices of one rank's share of a dataset of ``num_samples`` samples, for the current epoch.
 
@@ -96,13 +107,7 @@ class DistributedSampler:
     """
 
     def __init__(self, num_samples, rank, world_size, shuffle=True, seed=0, drop_last=False):
-        self.world_size = check_integer("world_size", world_size, lo=1)
-        self.rank = check_integer("rank", rank, lo=0, hi=self.world_size - 1)
-        if hasattr(num_samples, "__len__"):
-            raise TypeError(f"num_samples is the dataset's size (e.g. len(train_x)), not the data: "
-                            f"got {type(num_samples).__name__}")
-        self.num_samples = check_integer("num_samples", num_samples, lo=1)
-        self.seed = check_integer("seed", seed, lo=0)
+        self.num_samples, self.rank, self.world_size, self.seed = check_sampler(num_samples, rank, world_size, seed)
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")

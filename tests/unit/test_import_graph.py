@@ -10,6 +10,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from test_import_alone import cycles as circles  # Tarjan's strongly connected components, shared
 
 PACKAGE = Path(__file__).resolve().parents[2] / "singa_lite"
 ROOT = "singa_lite"
@@ -67,37 +68,6 @@ def imports(module: str) -> dict:
                 if target in MODULES and target != module and not module.startswith(target + "."):
                     found.setdefault(target, []).append(node.lineno)
     return found
-
-
-def circles(graph: dict) -> list:
-    """The strongly connected components with more than one module (Tarjan)."""
-    index, low, stack, on_stack, out = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
 
 
 def test_no_import_circle_counting_imports_inside_functions():

@@ -32,6 +32,12 @@ if ! command -v nvcc >/dev/null; then
   done
 fi
 start_all=$(date +%s)
+# every crash prints the Python stack of each thread (a segfault says where it happened)
+export PYTHONFAULTHANDLER=1
+# the report step's probes (tools/gpu_probe.sh) write here a setting under which the CPU and GPU probes pass when
+# plain runs crash; the later steps run under it and say so in their logs
+export PROBE_ENV=${PROBE_ENV:-/tmp/singa_lite_probe.env}
+rm -f "$PROBE_ENV"
 mkdir -p "$out"
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(info build report test examples bench cpu)
@@ -39,7 +45,7 @@ steps=("$@")
 # Each step's own limit in seconds, for the 16-core GPU machine, where the run has to end inside one 10-minute call
 # (DEADLINE=540). Estimates: the build is the long pole, a few minutes, bounded below by the longest file
 # (csrc/cpu/elementwise.cpp), which no core count shortens; measured times: docs/gpu.md, "Running the GPU checks".
-declare -A own=([info]=30 [build]=420 [report]=60 [test]=300 [examples]=240 [bench]=180 [cpu]=240)
+declare -A own=([info]=30 [build]=420 [report]=150 [test]=300 [examples]=240 [bench]=180 [cpu]=240)
 
 rows=()
 failed=0
@@ -93,11 +99,31 @@ step_build() {
   "$py" -c 'import singa_lite; assert singa_lite.build_info()["cuda"]["compiled"]; print("built with CUDA")'
 }
 
+probe_settings() {  # the probes' setting, if they kept one
+  if [ -s "$PROBE_ENV" ]; then
+    echo "running with: $(cat "$PROBE_ENV") (kept by tools/gpu_probe.sh: plain runs crashed)"
+    # shellcheck disable=SC1090
+    . "$PROBE_ENV"
+  fi
+}
+
+step_report() {
+  "$py" -m singa_lite
+  PYTHON="$py" tools/gpu_probe.sh
+}
+
 step_test() {
-  SINGA_LITE_REQUIRE_GPU=1 "$py" -m pytest -q -ra -p no:cacheprovider tests/gpu --junitxml="$out/gpu-tests.xml"
+  probe_settings
+  # in 4 processes where pytest-xdist is installed: a test that crashes its process is reported and its process
+  # replaced, instead of ending the whole suite
+  local parallel=()
+  "$py" -c 'import xdist' 2>/dev/null && parallel=(-n 4 --dist loadfile)
+  SINGA_LITE_REQUIRE_GPU=1 "$py" -m pytest -q -ra -p no:cacheprovider "${parallel[@]}" tests/gpu \
+    --junitxml="$out/gpu-tests.xml"
 }
 
 step_cpu() {
+  probe_settings
   # the CPU suite, in parallel where pytest-xdist is installed (the GPU machine has it)
   local parallel=()
   "$py" -c 'import xdist' 2>/dev/null && parallel=(-n "$((jobs < 8 ? jobs : 8))")
@@ -105,6 +131,7 @@ step_cpu() {
 }
 
 step_examples() {
+  probe_settings
   local ok=0
   echo "== mnist_dist, 1 rank on cuda:0, NCCL, the parent having initialised CUDA (spawned ranks)"
   "$py" -c 'import runpy, sys; from singa_lite import device; assert device.cuda_is_available();
@@ -124,17 +151,18 @@ sys.argv = ["mnist_dist.py"] + sys.argv[1:]; runpy.run_path("examples/mnist_dist
 }
 
 step_bench() {
+  probe_settings
   "$py" bench/bench_gpu.py --repeat 3 --steps 10
 }
 
-export -f step_info step_build step_test step_cpu step_examples step_bench
+export -f probe_settings step_info step_build step_report step_test step_cpu step_examples step_bench
 export py out wheels jobs
 
 for s in "${steps[@]}"; do
   case "$s" in
     info) run_step info step_info ;;
     build) run_step build step_build ;;
-    report) run_step report "$py" -m singa_lite ;;
+    report) run_step report step_report ;;
     test) run_step test step_test ;;
     examples) run_step examples step_examples ;;
     cpu) run_step cpu step_cpu ;;

@@ -28,6 +28,10 @@ case "$cmd" in
       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
       --platform any -d "$dir" $needed
+    # numpy 2.4 for one of tools/gpu_probe.sh's variants (the image has numpy 2.5): in probe/, which `install` skips
+    "$py" -m pip download -q --no-deps --only-binary=:all: --python-version "${GPU_PYTHON_VERSION:-3.12}" \
+      --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 -d "$dir/probe" "numpy>=2.4,<2.5"
     ls -l "$dir"
     kib=$(du -sk "$dir" | cut -f1)
     echo "$dir: $((kib / 1024)) MiB in $(find "$dir" -name '*.whl' | wc -l) wheels (limit ${limit_mib} MiB)"

@@ -84,6 +84,18 @@ step_info() {
   "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' \
     || echo "torch: not importable (bench part a needs it)"
   "$py" -c 'import cupy; print("cupy", cupy.__version__)' || echo "cupy: not importable"
+  # the C++ toolchain the build will use, and whether its libstdc++ is a shared library or a linker script that
+  # links part of it statically (a devtoolset-style GCC), which matters when numpy's libstdc++ is loaded first
+  local cxx
+  cxx=$(command -v "${CXX:-g++}" || true)
+  echo "c++: $cxx $("$cxx" -dumpfullversion 2>/dev/null); CXX=${CXX:-} CXXFLAGS=${CXXFLAGS:-} LDFLAGS=${LDFLAGS:-}"
+  ls -l /usr/bin/g++* /usr/bin/c++ 2>/dev/null
+  local so
+  so=$("$cxx" -print-file-name=libstdc++.so 2>/dev/null)
+  echo "libstdc++.so: $so"; file -L "$so" 2>/dev/null; head -c 400 "$so" 2>/dev/null | grep -a -i "input\|group" || true
+  echo "libstdc++.a: $("$cxx" -print-file-name=libstdc++.a 2>/dev/null)"
+  ls "$(dirname "$so")" 2>/dev/null | grep -i "stdc++" | head
+  ldconfig -p | grep "libstdc++" || true
   "$py" -m pip list 2>/dev/null | grep -iE '^(cmake|ninja|pybind11|scikit-build-core|scipy-openblas32|hypothesis|pytest|pytest-xdist|mpi4py|nvidia-(cublas|cudnn|nccl)[a-z0-9-]*) ' || true
 }
 
@@ -96,6 +108,12 @@ step_build() {
   # --no-index: nothing is fetched (the machine has no registry); the build dependencies are installed already.
   SINGA_LITE_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$py" -m pip install --no-index --no-build-isolation \
     --no-deps -v -e . || return 1
+  # which libstdc++ the extension uses: shared (listed by ldd) or parts of it linked in (its own std:: symbols)
+  local core
+  core=$("$py" -c 'import importlib.util as u; print(u.find_spec("singa_lite._core").origin)')
+  echo "extension: $core"; ldd "$core"
+  echo "std::locale / codecvt / ostream symbols defined in it: $(nm -C --defined-only "$core" 2>/dev/null |
+    grep -c 'std::locale\|std::codecvt\|std::basic_ostream')"
   "$py" -c 'import singa_lite; assert singa_lite.build_info()["cuda"]["compiled"]; print("built with CUDA")'
 }
 

@@ -70,7 +70,10 @@ if [ $cpu_rc -ne 0 ] || [ $gpu_rc -ne 0 ]; then
       "$py" -m pip install -q --no-index --no-deps --target /tmp/singa_lite_np24 gpu-wheels/probe/numpy-2.4*.whl; then
     np24=(PYTHONPATH=/tmp/singa_lite_np24)
   fi
-  for setting in "${np24[@]}" OMP_NUM_THREADS=1 SINGA_LITE_ISA=avx2 SINGA_LITE_CUDNN=0 SINGA_LITE_MALLOC=keep \
+  # singa_lite imported before anything else (numpy included), through a sitecustomize.py on PYTHONPATH: the
+  # first GPU machine crashed at import only when numpy was loaded first
+  mkdir -p /tmp/singa_lite_first && echo 'import singa_lite  # noqa: F401' >/tmp/singa_lite_first/sitecustomize.py
+  for setting in PYTHONPATH=/tmp/singa_lite_first "${np24[@]}" OMP_NUM_THREADS=1 SINGA_LITE_ISA=avx2 SINGA_LITE_CUDNN=0 SINGA_LITE_MALLOC=keep \
       SINGA_LITE_NUMPY_BLAS=keep CUDA_VISIBLE_DEVICES=; do
     probe "cpu-with-$setting" "$setting" -- "$cpu_probe" || continue
     [ "$setting" = CUDA_VISIBLE_DEVICES= ] && { echo "only without the GPU: nothing kept"; break; }

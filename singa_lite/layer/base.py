@@ -82,23 +82,35 @@ class Layer:
             sub._rename()
 
     def _param(self, shape, attr: str) -> Tensor:
-        """A new zero parameter, named and registered as attribute `attr`."""
-        p = Tensor(tuple(shape), requires_grad=True, stores_grad=True)
+        """A new zero parameter, named and registered as attribute `attr`, on the device of the input that
+        initializes the layer (so that its initializer draws from that device's generator, as SINGA's layers do:
+        `dev.SetRandSeed(s)` makes a model on `dev` start from the same weights every run)."""
+        p = Tensor(tuple(shape), device=self.__dict__.get("_creating_on"), requires_grad=True, stores_grad=True)
         setattr(self, attr, p)
         return p
 
     def _aux(self, shape, attr: str, value: float) -> Tensor:
-        t = Tensor(tuple(shape), requires_grad=False, stores_grad=False).set_value(value)
+        t = Tensor(tuple(shape), device=self.__dict__.get("_creating_on"), requires_grad=False,
+                   stores_grad=False).set_value(value)
         setattr(self, attr, t)
         return t
 
     # ----- calling
     def __call__(self, *xs, **kwargs):
         if not self._initialized:
-            self.initialize(*xs)
-            object.__setattr__(self, "_initialized", True)
+            self._initialize_first(xs)
         self.device_check(*xs)
         return self.forward(*xs, **kwargs)
+
+    def _initialize_first(self, xs) -> None:
+        """initialize(*xs), creating the parameters on the first input tensor's device (see _param)."""
+        first = next((x.data for x in xs if isinstance(x, Tensor)), None)
+        object.__setattr__(self, "_creating_on", None if first is None else as_device(first.device))
+        try:
+            self.initialize(*xs)
+        finally:
+            object.__setattr__(self, "_creating_on", None)
+        object.__setattr__(self, "_initialized", True)
 
     def initialize(self, *xs) -> None:
         """Creates parameters whose shapes depend on the input (called once, before the first forward)."""
@@ -200,8 +212,7 @@ def _initializing_forward(forward):
     @functools.wraps(forward)
     def wrapper(self, *xs, **kwargs):
         if not self._initialized:
-            self.initialize(*xs)
-            object.__setattr__(self, "_initialized", True)
+            self._initialize_first(xs)
         return forward(self, *xs, **kwargs)
 
     wrapper.__singa_lite_init_first__ = True

@@ -29,6 +29,18 @@ def _dy(dy, like: CTensor) -> CTensor:
     return grad_like(dy, (1,), like.dtype, like.device).reshape([])
 
 
+def _on_device_of(t: CTensor, x: CTensor) -> CTensor:
+    """Targets are data, not parameters: made on the host (labels from a loader), they go to the predictions'
+    device rather than failing the step, as SINGA scripts that build labels with tensor.from_numpy expect."""
+    return t if t.device == x.device else t.to(x.device)
+
+
+def _like(t: CTensor, x: CTensor) -> CTensor:
+    """t on x's device, in x's dtype."""
+    t = _on_device_of(t, x)
+    return t if t.dtype == x.dtype else t.cast(x.dtype)
+
+
 def _targets(t: CTensor, x: CTensor, op: str):
     """t as a (N, C) tensor in x's dtype, and whether each row is known to sum to 1.
 
@@ -38,6 +50,7 @@ def _targets(t: CTensor, x: CTensor, op: str):
     valid label, 0, and the only valid one-hot row, [1], give the same one-hot target."""
     if x.ndim != 2:
         raise CompatError(f"{op}: expected (batch, classes) predictions, got shape {x.shape}")
+    t = _on_device_of(t, x)
     integral = not t.dtype.is_floating
     if integral and t.shape[0] == x.shape[0] and (t.ndim == 1 or (t.ndim == 2 and t.shape[1] == 1)):
         labels = t if t.ndim == 1 else t.reshape([t.shape[0]])
@@ -46,7 +59,7 @@ def _targets(t: CTensor, x: CTensor, op: str):
         raise CompatError(f"{op}: targets must be integer class labels of shape ({x.shape[0]},) or "
                           f"({x.shape[0]}, 1), or one-hot / "
                           f"probability rows of shape {x.shape}; got shape {t.shape} ({t.dtype.name})")
-    return (t if t.dtype == x.dtype else t.cast(x.dtype)), integral
+    return _like(t, x), integral
 
 
 class CrossEntropy(Operator):
@@ -113,7 +126,7 @@ class MeanSquareError(Operator):
             raise CompatError(f"mse_loss: the target's shape {t.shape} must equal (or broadcast to) the "
                               f"prediction's shape {x.shape}")
         self.n = max(x.numel, 1)
-        self.err = _core.sub(x, t if t.dtype == x.dtype else t.cast(x.dtype))
+        self.err = _core.sub(x, _like(t, x))
         return _loss(_core.sum(_core.square(self.err)), 1.0 / self.n)
 
     def backward(self, dy=None):
@@ -133,7 +146,7 @@ class BinaryCrossEntropy(Operator):
         if tuple(t.shape) != tuple(x.shape):
             raise CompatError(f"binary_cross_entropy: targets of shape {t.shape} for predictions of shape "
                               f"{x.shape}; they must match")
-        self.x, self.t = x, (t if t.dtype == x.dtype else t.cast(x.dtype))
+        self.x, self.t = x, _like(t, x)
         self.batch = x.shape[0] if x.ndim else 1
         pos = _core.mul(self.t, _core.log(x))
         neg = _core.mul(_core.sub_scalar(self.t, 1.0, True), _core.log(_core.sub_scalar(x, 1.0, True)))

@@ -133,11 +133,15 @@ step_report() {
 step_test() {
   probe_settings
   # in 4 processes where pytest-xdist is installed: a test that crashes its process is reported and its process
-  # replaced, instead of ending the whole suite
-  local parallel=()
+  # replaced, instead of ending the whole suite. The tests that fill the GPU's memory (gpu_exclusive) run after
+  # them, alone: beside them the others found no memory (the first GPU run).
+  local parallel=() rc=0
   "$py" -c 'import xdist' 2>/dev/null && parallel=(-n 4 --dist loadfile)
-  SINGA_LITE_REQUIRE_GPU=1 "$py" -m pytest -q -ra -p no:cacheprovider "${parallel[@]}" tests/gpu \
-    --junitxml="$out/gpu-tests.xml"
+  SINGA_LITE_REQUIRE_GPU=1 "$py" -m pytest -q -ra -p no:cacheprovider "${parallel[@]}" -m "not gpu_exclusive" \
+    tests/gpu --junitxml="$out/gpu-tests.xml" || rc=1
+  echo "== the tests that fill the GPU, alone"
+  SINGA_LITE_REQUIRE_GPU=1 "$py" -m pytest -q -ra -p no:cacheprovider -m gpu_exclusive tests/gpu || rc=1
+  return $rc
 }
 
 step_cpu() {

@@ -392,12 +392,14 @@ Comm::Comm(const std::string& unique_id, int rank, int world_size, int device, d
   s->interrupt = std::move(interrupt_check);
   // NCCL binds a communicator to the device current when it is created: make it the chosen one.
   DeviceGuard guard(device);
+  // NCCL allocates its buffers with cudaMalloc, at init and at its first collectives, and cannot be retried once a
+  // collective half failed: give it the blocks the caching allocator holds free (allocator.h). First of all: the
+  // streams and the event below need a little device memory too, and on a GPU our cache had filled, creating the
+  // communication stream failed with "out of memory" (the first GPU run).
+  cuda::empty_cache(device);
   cuda::stream(device);  // the compute stream exists before the first collective waits for it
   s->stream = comm_stream(device);
   s->ready = std::make_shared<Event>(device);
-  // NCCL allocates its buffers with cudaMalloc, at init and at its first collectives, and cannot be retried once a
-  // collective half failed: give it the blocks the caching allocator holds free (allocator.h).
-  cuda::empty_cache(device);
 
   ncclConfig_v21400 config = nonblocking_config();  // calls return at once; we poll with a timeout
   ncclUniqueId id;

@@ -27,6 +27,12 @@ def rng():
     """A generator on a fresh seed each run (more inputs seen over time); a failure message can name the seed
     (rng.seed_for_message) so that the run can be repeated."""
     seed = secrets.randbits(32)
-    rng = np.random.default_rng(seed)
-    rng.seed_for_message = seed
-    return rng
+    return _SeededGenerator(seed)
+
+
+class _SeededGenerator(np.random.Generator):
+    """numpy's Generator, remembering its seed (numpy 2.5's Generator takes no attributes of its own)."""
+
+    def __init__(self, seed):
+        super().__init__(np.random.PCG64(seed))
+        self.seed_for_message = seed

@@ -13,7 +13,8 @@ import pytest
 
 from singa_lite import _core
 
-pytestmark = pytest.mark.gpu
+# gpu_exclusive: tests running beside these in other processes would find no memory left
+pytestmark = [pytest.mark.gpu, pytest.mark.gpu_exclusive]
 
 CPU = _core.Device("cpu")
 DT = _core.DType

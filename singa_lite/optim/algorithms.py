@@ -140,6 +140,27 @@ class AdaGrad(Optimizer):
         _step_by_root(p, g, hist, self.epsilon_value, self.lr_value, tmp)
 
 
+def adam_moments(g: _core.Tensor, m: _core.Tensor, v: _core.Tensor, b1: float, b2: float,
+                  tmp: _core.Tensor) -> None:
+    """m = b1 * m + (1 - b1) * g; v = b2 * v + (1 - b2) * g * g (tmp holds g * g on entry)."""
+    _core.mul_scalar(m, b1, out=m)
+    _core.axpy_(1.0 - b1, g, m)
+    _core.mul_scalar(v, b2, out=v)
+    _core.axpy_(1.0 - b2, tmp, v)
+
+
+def adam_ratio(m: _core.Tensor, v: _core.Tensor, bc1: float, bc2: float, eps: float,
+                out: _core.Tensor) -> None:
+    """out = (m / bc1) / (sqrt(v / bc2) + eps), the bias-corrected Adam direction (in the order of
+    torch.optim.AdamW: sqrt(v) / sqrt(bc2) + eps, then m / that, then / bc1)."""
+    _core.sqrt(v, out=out)
+    _core.mul_scalar(out, 1.0 / math.sqrt(bc2), out=out)
+    _core.add_scalar(out, eps, out=out)
+    _core.div(m, out, out=out)
+    if bc1 != 1.0:
+        _core.mul_scalar(out, 1.0 / bc1, out=out)
+
+
 class Adam(Optimizer):
     """Adam with bias correction, as ``torch.optim.Adam`` (L2 weight decay added to the gradient, not AdamW).
 
@@ -175,15 +196,9 @@ class Adam(Optimizer):
         tmp = _core.square(g)
         m = (m if m is not None else self._new_state("m", param_name, param_value)).data
         v = (v if v is not None else self._new_state("v", param_name, param_value)).data
-        _core.mul_scalar(m, b1, out=m)
-        _core.axpy_(1.0 - b1, g, m)
-        _core.mul_scalar(v, b2, out=v)
-        _core.axpy_(1.0 - b2, tmp, v)
+        adam_moments(g, m, v, b1, b2, tmp)
         # denominator sqrt(v) / sqrt(1 - b2^t) + eps, then param -= lr / (1 - b1^t) * m / denominator
-        _core.sqrt(v, out=tmp)
-        _core.mul_scalar(tmp, 1.0 / math.sqrt(1.0 - b2 ** t), out=tmp)
-        _core.add_scalar(tmp, self.epsilon_value, out=tmp)
-        _core.div(m, tmp, out=tmp)
+        adam_ratio(m, v, 1.0, 1.0 - b2 ** t, self.epsilon_value, tmp)
         _core.axpy_(-float(self.lr_value) / (1.0 - b1 ** t), tmp, p)
         self.t[param_name] = t
 

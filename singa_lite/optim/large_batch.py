@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import _core, tensor
 from ..tensor import Tensor
+from .algorithms import adam_moments, adam_ratio
 from .optimizer import Optimizer
 
 __all__ = ["AdamW", "LAMB", "LARS", "one_dimensional"]
@@ -45,27 +46,6 @@ def _norm(t: _core.Tensor) -> float:
         return 0.0
     s = _core.sum(_core.square(t), None, False)
     return math.sqrt(float(np.asarray(s if s.device.is_cpu() else s.to(_core.Device("cpu"))).reshape(-1)[0]))
-
-
-def _adam_moments(g: _core.Tensor, m: _core.Tensor, v: _core.Tensor, b1: float, b2: float,
-                  tmp: _core.Tensor) -> None:
-    """m = b1 * m + (1 - b1) * g; v = b2 * v + (1 - b2) * g * g (tmp holds g * g on entry)."""
-    _core.mul_scalar(m, b1, out=m)
-    _core.axpy_(1.0 - b1, g, m)
-    _core.mul_scalar(v, b2, out=v)
-    _core.axpy_(1.0 - b2, tmp, v)
-
-
-def _adam_ratio(m: _core.Tensor, v: _core.Tensor, bc1: float, bc2: float, eps: float,
-                out: _core.Tensor) -> None:
-    """out = (m / bc1) / (sqrt(v / bc2) + eps), the bias-corrected Adam direction (in the order of
-    torch.optim.AdamW: sqrt(v) / sqrt(bc2) + eps, then m / that, then / bc1)."""
-    _core.sqrt(v, out=out)
-    _core.mul_scalar(out, 1.0 / math.sqrt(bc2), out=out)
-    _core.add_scalar(out, eps, out=out)
-    _core.div(m, out, out=out)
-    if bc1 != 1.0:
-        _core.mul_scalar(out, 1.0 / bc1, out=out)
 
 
 # ---------------------------------------------------------------- AdamW
@@ -120,10 +100,10 @@ class AdamW(Optimizer):
             vmax = (vmax if vmax is not None else self._new_state("v_max", param_name, param_value)).data
         if wd != 0 and lr != 0:
             _core.mul_scalar(p, 1.0 - lr * wd, out=p)
-        _adam_moments(g, m, v, b1, b2, tmp)
+        adam_moments(g, m, v, b1, b2, tmp)
         if self.amsgrad:
             _core.maximum(vmax, v, out=vmax)
-        _adam_ratio(m, vmax if self.amsgrad else v, 1.0, 1.0 - b2 ** t, self.epsilon_value, tmp)
+        adam_ratio(m, vmax if self.amsgrad else v, 1.0, 1.0 - b2 ** t, self.epsilon_value, tmp)
         _core.axpy_(-lr / (1.0 - b1 ** t), tmp, p)
         self.t[param_name] = t
 
@@ -191,9 +171,9 @@ class LAMB(Optimizer):
         tmp = _core.square(g)
         m = (m if m is not None else self._new_state("m", param_name, param_value)).data
         v = (v if v is not None else self._new_state("v", param_name, param_value)).data
-        _adam_moments(g, m, v, b1, b2, tmp)
+        adam_moments(g, m, v, b1, b2, tmp)
         bc1, bc2 = (1.0 - b1 ** t, 1.0 - b2 ** t) if self.bias_correction else (1.0, 1.0)
-        _adam_ratio(m, v, bc1, bc2, self.epsilon_value, tmp)  # tmp = r
+        adam_ratio(m, v, bc1, bc2, self.epsilon_value, tmp)  # tmp = r
         if wd != 0:
             _core.axpy_(wd, p, tmp)
         ratio = 1.0

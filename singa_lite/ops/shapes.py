@@ -486,16 +486,17 @@ class ScatterElements(Operator):
         ind = np.where(self.indices < 0, self.indices + n, self.indices)
         if ((ind < 0) | (ind >= n)).any():
             raise IndexError(f"scatter_elements: indices out of range for axis {self.axis} of size {n}")
-        self.ind, self.ax, self.xmeta = ind, ax, (x.shape, x.dtype, x.device)
+        # the place of update [i, j, ...]: (i, j, ...) with indices[i, j, ...] along axis; indices may be
+        # smaller than x along the other axes too (ONNX), which numpy's put_along_axis does not allow
+        where = list(np.indices(ind.shape, sparse=True))
+        where[ax] = ind
+        self.where, self.xmeta = tuple(where), (x.shape, x.dtype, x.device)
         updates = self.updates.astype(xs.dtype)
         if self.reduction == "none":
-            np.put_along_axis(xs, ind, updates, axis=ax)
+            xs[self.where] = updates
         else:
             self.x_host = xs.copy()
-            # every (position, update) pair, repeated positions included: ufunc.at applies each one in turn
-            where = list(np.indices(ind.shape, sparse=True))
-            where[ax] = ind
-            _SCATTER_REDUCE[self.reduction].at(xs, tuple(where), updates)
+            _SCATTER_REDUCE[self.reduction].at(xs, self.where, updates)  # repeated places: each update counts
             self.y_host = xs
         return from_host(xs, x.device, x.dtype)
 
@@ -503,12 +504,10 @@ class ScatterElements(Operator):
         shape, dtype, dev = self.xmeta
         g = np.array(to_host(grad_like(dy, shape, dtype, dev)))
         if self.reduction == "none":
-            np.put_along_axis(g, self.ind, 0, axis=self.ax)
-        elif self.reduction == "mul":  # y = x * prod(updates there) = y / x where x != 0
+            g[self.where] = 0
+        elif self.reduction == "mul":  # y = x * the product of the updates at that place
             factor = np.ones_like(g)
-            where = list(np.indices(self.ind.shape, sparse=True))
-            where[self.ax] = self.ind
-            np.multiply.at(factor, tuple(where), self.updates.astype(g.dtype))
+            np.multiply.at(factor, self.where, self.updates.astype(g.dtype))
             g = g * factor
         elif self.reduction in ("max", "min"):
             g = np.where(self.y_host == self.x_host, g, 0).astype(g.dtype)

@@ -80,10 +80,19 @@ def _holder(dt: np.dtype) -> np.dtype | None:
     return None
 
 
+_NARROW_TYPES = {getattr(TensorProto, n) for n in ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ",
+                                                   "FLOAT4E2M1", "FLOAT8E8M0", "INT4", "UINT4", "INT2", "UINT2")
+                 if hasattr(TensorProto, n)}
+
+
 def onnx_type_to_singa_type(onnx_type: int):
     """SINGA's helper: the numpy dtype singa_lite keeps a tensor of ONNX type `onnx_type` in, or None when it
-    has no such tensors (strings, complex numbers)."""
-    return _holder(np_dtype_of(onnx_type))
+    has no such tensors (strings, complex numbers; the narrow types with an onnx that gives them no ml_dtypes
+    form, whose arrays would be their raw bytes)."""
+    dt = np_dtype_of(onnx_type)
+    if onnx_type in _NARROW_TYPES and not is_narrow(dt):
+        return None
+    return _holder(dt)
 
 
 def host_array(value: np.ndarray, what: str) -> np.ndarray:
@@ -106,7 +115,7 @@ def narrow_cast(values: np.ndarray, elem_type: int, saturate: bool = True, round
     with ONNX's `saturate` for float8, clamping to the largest finite value, and `round_mode` for
     FLOAT8E8M0)."""
     dt = np_dtype_of(elem_type)
-    held = _holder(dt)
+    held = onnx_type_to_singa_type(elem_type)
     if held is None:
         raise SonnxError(f"singa_lite has no tensor type for ONNX element type {TensorProto.DataType.Name(elem_type)}")
     values = np.asarray(values)

@@ -151,8 +151,11 @@ def main() -> int:
                     help="a git directory of apache/singa (default: $SINGA_MIRROR); needed once")
     ap.add_argument("what", choices=["tests", "shell", "fetch"])
     ap.add_argument("files", nargs="*", help="test files (default: the six CPU suites)")
-    args, extra = ap.parse_known_args()
-    extra = [a for a in extra if a != "--"]
+    argv = sys.argv[1:]
+    # everything after "--" goes to pytest (argparse would read it as more test files)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, extra = ap.parse_known_args(argv[:cut])
+    extra += argv[cut + 1:]
     if args.mirror:
         materialize(args.mirror)
     elif not (REF / "alias").exists():

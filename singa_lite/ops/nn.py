@@ -257,13 +257,22 @@ def _conv2d_with_handle(handle, x, W, b=None, odd_padding=(0, 0, 0, 0)):
 
 
 # ---------------------------------------------------------------- pooling
-def _pool_args(op, kernel, stride, padding):
+def _pool_args(op, kernel, stride, padding, odd_padding):
+    """(kernel, stride, padding, odd) of a pooling. The kernels pad at most half the kernel on each side;
+    padding beyond that (SINGA and ONNX allow up to kernel - 1, e.g. SINGA's AvgPool2d(3, 1, 2)) is added to
+    the explicit odd padding, which pads both sides alike here."""
     k = pair(kernel, f"{op}: kernel", 1)
     s = k if stride is None else pair(stride, f"{op}: stride", 1)
     p = pair(padding, f"{op}: padding", 0)
-    if 2 * p[0] > k[0] or 2 * p[1] > k[1]:
-        raise ValueError(f"{op}: padding {tuple(p)} must be at most half the kernel {tuple(k)}")
-    return k, list(s), p
+    if p[0] >= k[0] or p[1] >= k[1]:
+        raise ValueError(f"{op}: padding {tuple(p)} must be smaller than the kernel {tuple(k)}: a window would "
+                         f"hold padding only")
+    odd = _odd(odd_padding, op) or (0, 0, 0, 0)
+    extra = [max(p[0] - k[0] // 2, 0), max(p[1] - k[1] // 2, 0)]
+    if any(extra):
+        p = [p[0] - extra[0], p[1] - extra[1]]
+        odd = (odd[0] + extra[0], odd[1] + extra[0], odd[2] + extra[1], odd[3] + extra[1])
+    return k, list(s), p, _odd(odd, op)
 
 
 def _check_pool_input(op, x, k, s, p):
@@ -279,8 +288,8 @@ class _MaxPool2d(Operator):
 
     def __init__(self, kernel, stride=None, padding=0, name=None, odd_padding=(0, 0, 0, 0)):
         super().__init__(name)
-        self.kernel, self.stride, self.padding = _pool_args("max_pool2d", kernel, stride, padding)
-        self.odd = _odd(odd_padding, "max_pool2d")
+        self.kernel, self.stride, self.padding, self.odd = _pool_args("max_pool2d", kernel, stride, padding,
+                                                                      odd_padding)
 
     def forward(self, x):
         if self.odd:  # -inf rows / columns never win a window
@@ -317,9 +326,9 @@ class _AvgPool2d(Operator):
     def __init__(self, kernel, stride=None, padding=0, count_include_pad=True, name=None,
                  odd_padding=(0, 0, 0, 0)):
         super().__init__(name)
-        self.kernel, self.stride, self.padding = _pool_args("avg_pool2d", kernel, stride, padding)
+        self.kernel, self.stride, self.padding, self.odd = _pool_args("avg_pool2d", kernel, stride, padding,
+                                                                      odd_padding)
         self.count_include_pad = bool(count_include_pad)
-        self.odd = _odd(odd_padding, "avg_pool2d")
 
     def forward(self, x):
         self.counts = None

@@ -457,17 +457,27 @@ def gather(x, axis, indices):
     return Gather(axis, indices)(x)[0]
 
 
-class ScatterElements(Operator):
-    """A copy of x with out[..., indices[i, j], ...] = updates[i, j] along `axis` (ONNX ScatterElements);
-    the gradient of x is dy with the overwritten places zeroed. indices and updates get no gradient."""
+_SCATTER_REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
 
-    def __init__(self, indices, updates, axis=0):
+
+class ScatterElements(Operator):
+    """A copy of x with out[..., indices[i, j], ...] = updates[i, j] along `axis` (ONNX ScatterElements). With
+    a `reduction` ('add', 'mul', 'max', 'min') each update is combined with what is there instead, repeated
+    indices each counting. The gradient of x: dy with the overwritten places zeroed ('none'), dy ('add'), dy
+    times the product of the updates there ('mul'), dy where x is still the value ('max' / 'min'). indices
+    and updates get no gradient."""
+
+    def __init__(self, indices, updates, axis=0, reduction="none"):
         super().__init__()
         host = [to_host(v.data) if isinstance(v, Tensor) else np.asarray(v) for v in (indices, updates)]
         self.indices, self.updates, self.axis = host[0].astype(np.int64), host[1], int(axis)
         if self.indices.shape != self.updates.shape:
             raise ValueError(f"scatter_elements: indices {self.indices.shape} and updates {self.updates.shape} "
                              f"must have the same shape")
+        if reduction != "none" and reduction not in _SCATTER_REDUCE:
+            raise ValueError(f"scatter_elements: reduction must be 'none', 'add', 'mul', 'max' or 'min', got "
+                             f"{reduction!r}")
+        self.reduction = reduction
 
     def forward(self, x):
         xs = np.array(to_host(x))
@@ -476,19 +486,36 @@ class ScatterElements(Operator):
         ind = np.where(self.indices < 0, self.indices + n, self.indices)
         if ((ind < 0) | (ind >= n)).any():
             raise IndexError(f"scatter_elements: indices out of range for axis {self.axis} of size {n}")
-        self.ind, self.ax, self.xmeta = ind, ax, (x.shape, x.dtype, x.device)
-        np.put_along_axis(xs, ind, self.updates.astype(xs.dtype), axis=ax)
+        # the place of update [i, j, ...]: (i, j, ...) with indices[i, j, ...] along axis; indices may be
+        # smaller than x along the other axes too (ONNX), which numpy's put_along_axis does not allow
+        where = list(np.indices(ind.shape, sparse=True))
+        where[ax] = ind
+        self.where, self.xmeta = tuple(where), (x.shape, x.dtype, x.device)
+        updates = self.updates.astype(xs.dtype)
+        if self.reduction == "none":
+            xs[self.where] = updates
+        else:
+            self.x_host = xs.copy()
+            _SCATTER_REDUCE[self.reduction].at(xs, self.where, updates)  # repeated places: each update counts
+            self.y_host = xs
         return from_host(xs, x.device, x.dtype)
 
     def backward(self, dy=None):
         shape, dtype, dev = self.xmeta
         g = np.array(to_host(grad_like(dy, shape, dtype, dev)))
-        np.put_along_axis(g, self.ind, 0, axis=self.ax)
+        if self.reduction == "none":
+            g[self.where] = 0
+        elif self.reduction == "mul":  # y = x * the product of the updates at that place
+            factor = np.ones_like(g)
+            np.multiply.at(factor, self.where, self.updates.astype(g.dtype))
+            g = g * factor
+        elif self.reduction in ("max", "min"):
+            g = np.where(self.y_host == self.x_host, g, 0).astype(g.dtype)
         return from_host(g, dev, dtype)
 
 
-def scatter_elements(x, indices, updates, axis=0):
-    return ScatterElements(indices, updates, axis)(x)[0]
+def scatter_elements(x, indices, updates, axis=0, reduction="none"):
+    return ScatterElements(indices, updates, axis, reduction)(x)[0]
 
 
 # ---------------------------------------------------------------- outputs without a gradient

@@ -2,8 +2,12 @@
 
 Element types. singa_lite tensors hold float16 / float32 / float64 / bfloat16, int32 / int64 and bool, so
 an ONNX tensor of one of those keeps its type in both directions (SINGA narrows everything to float32 and
-int32). Other integer types become int32 / int64 on import, as ``tensor.from_numpy`` does; strings and
-complex numbers are refused by name.
+int32). Other integer types are held in int32 / int64 on import, as ``tensor.from_numpy`` does. The narrow
+types onnx reads as ml_dtypes arrays (float8 in its five forms, float4, int4 / uint4, int2 / uint2) are held
+in float32 / int32, which hold every value of theirs exactly; a Cast to one of them rounds onto that type's
+values (``narrow_cast``), so a held value is always one the narrow type has, and the graph's outputs are
+converted back to their declared types. Complex numbers are refused by name; strings are host values
+(numpy object arrays) that only ``Equal`` and ``Identity`` read.
 """
 from __future__ import annotations
 
@@ -13,7 +17,8 @@ from onnx import TensorProto, helper
 from .. import tensor
 
 __all__ = ["EXPORT_OPSET", "MIN_IMPORT_OPSET", "MAX_IMPORT_OPSET", "OnnxAttributes", "OnnxNode",
-           "SonnxError", "elem_type_of", "np_dtype_of", "onnx_type_to_singa_type"]
+           "SonnxError", "elem_type_of", "host_array", "is_narrow", "narrow_cast", "np_dtype_of",
+           "onnx_type_to_singa_type"]
 
 # The opset to_onnx writes: 13 is the first with single-axis Softmax and the axes of Squeeze / Unsqueeze /
 # ReduceSum as inputs, and every onnxruntime release since 1.7 runs it.
@@ -52,28 +57,80 @@ def elem_type_of(dtype) -> int:
     return helper.np_dtype_to_tensor_dtype(dtype)
 
 
-def onnx_type_to_singa_type(onnx_type: int):
-    """SINGA's helper: the numpy dtype singa_lite keeps a tensor of ONNX type `onnx_type` in, or None when it
-    has no such tensors (strings, complex numbers, 8-bit floats)."""
-    dt = np_dtype_of(onnx_type)
+def is_narrow(dt) -> bool:
+    """Whether numpy dtype `dt` is one of ml_dtypes' types (onnx's numpy form of bfloat16, float8, float4, int4,
+    int2 ...), which singa_lite holds in a wider dtype."""
+    return np.dtype(dt).type.__module__ == "ml_dtypes"
+
+
+def _holder(dt: np.dtype) -> np.dtype | None:
+    """The dtype singa_lite keeps numpy dtype `dt` in, or None."""
     if dt in _STORED:
         return dt
+    if is_narrow(dt):  # every value of these types is exact in float32 / int32
+        import ml_dtypes
+
+        try:
+            ml_dtypes.iinfo(dt)
+            return np.dtype(np.int32)
+        except ValueError:
+            return np.dtype(np.float32)
     if dt.kind in "iu":
         return np.dtype(np.int64 if dt.itemsize >= 4 else np.int32)
     return None
 
 
+_NARROW_TYPES = {getattr(TensorProto, n) for n in ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ",
+                                                   "FLOAT4E2M1", "FLOAT8E8M0", "INT4", "UINT4", "INT2", "UINT2")
+                 if hasattr(TensorProto, n)}
+
+
+def onnx_type_to_singa_type(onnx_type: int):
+    """SINGA's helper: the numpy dtype singa_lite keeps a tensor of ONNX type `onnx_type` in, or None when it
+    has no such tensors (strings, complex numbers; the narrow types with an onnx that gives them no ml_dtypes
+    form, whose arrays would be their raw bytes)."""
+    dt = np_dtype_of(onnx_type)
+    if onnx_type in _NARROW_TYPES and not is_narrow(dt):
+        return None
+    return _holder(dt)
+
+
 def host_array(value: np.ndarray, what: str) -> np.ndarray:
     """value in a dtype singa_lite stores (see onnx_type_to_singa_type); a clear error otherwise."""
     value = np.asarray(value)
-    if value.dtype in _STORED:
-        return value
-    if value.dtype.name == "bfloat16":  # ml_dtypes' type (onnx's numpy_helper): the value is exact in float32
-        return value.astype(np.float32)
-    if value.dtype.kind in "iu":
-        return value.astype(np.int64 if value.dtype.itemsize >= 4 else np.int32)
-    raise SonnxError(f"{what}: numpy dtype {value.dtype} has no singa_lite tensor type (float16/32/64, "
-                     f"int32/64, bool); convert it first")
+    held = _holder(value.dtype)
+    if held is None:
+        raise SonnxError(f"{what}: numpy dtype {value.dtype} has no singa_lite tensor type (float16/32/64, "
+                         f"bfloat16, int32/64, bool, or a narrower type held in one of them); convert it first")
+    return value if held == value.dtype else value.astype(held)
+
+
+_FLOAT8 = {getattr(TensorProto, n) for n in ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ")
+           if hasattr(TensorProto, n)}
+
+
+def narrow_cast(values: np.ndarray, elem_type: int, saturate: bool = True, round_mode: str = "up") -> np.ndarray:
+    """ONNX's Cast of `values` to `elem_type`, returned in the dtype singa_lite holds that type in: for the
+    narrow types (float8, float4, int4, ...) the values become the narrow type's (numpy's / ml_dtypes' rounding,
+    with ONNX's `saturate` for float8, clamping to the largest finite value, and `round_mode` for
+    FLOAT8E8M0)."""
+    dt = np_dtype_of(elem_type)
+    held = onnx_type_to_singa_type(elem_type)
+    if held is None:
+        raise SonnxError(f"singa_lite has no tensor type for ONNX element type {TensorProto.DataType.Name(elem_type)}")
+    values = np.asarray(values)
+    if elem_type in _FLOAT8 and saturate:
+        import ml_dtypes
+
+        info = ml_dtypes.finfo(dt)  # NaN stays NaN; +-inf and overflow become +-max
+        out = np.clip(values, info.min, info.max).astype(dt)
+    elif elem_type == getattr(TensorProto, "FLOAT8E8M0", None):
+        from onnx import numpy_helper
+
+        out = numpy_helper.to_float8e8m0(values.astype(np.float32), saturate, round_mode).astype(dt)
+    else:
+        out = values.astype(dt)
+    return out.astype(held)
 
 
 class OnnxAttributes(dict):

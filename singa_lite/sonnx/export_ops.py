@@ -288,6 +288,9 @@ def _space_to_depth(op, ins, outs, ctx):
 
 @exporter("ScatterElements")
 def _scatter(op, ins, outs, ctx):
+    if op.reduction != "none":  # ScatterElements has its reduction attribute from opset 16 (max / min: 18)
+        raise SonnxError(f"to_onnx: {op.name}: scatter_elements with reduction={op.reduction!r} has no opset-13 "
+                         f"ONNX form; only reduction='none' is exported")
     ctx.node("ScatterElements", [ins[0], ctx.const(op, "indices", op.indices),
                                  ctx.const(op, "updates", op.updates.astype(_out_dtype(op)))], outs, axis=op.axis)
 

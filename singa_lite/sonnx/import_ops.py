@@ -20,7 +20,7 @@ import numpy as np
 from onnx import TensorProto, numpy_helper
 
 from .. import engine, ops as F, tensor
-from .common import SonnxError, onnx_type_to_singa_type
+from .common import SonnxError, elem_type_of
 
 __all__ = ["IMPORTERS", "SINGA_NAMES", "NodeContext"]
 
@@ -43,10 +43,31 @@ def importer(onnx_types, singa_name):
 
 class NodeContext:
     """One node being run: ``x(i)`` its i-th input as a Tensor, ``value(i)`` as a numpy array (for inputs
-    that are really attributes), ``has(i)``, ``attr(name, default)``, ``opset``, ``node``."""
+    that are really attributes), ``raw(i)`` as held (a Tensor, a numpy array, a list for a sequence, None for
+    an empty optional), ``elem_type(i)`` its ONNX element type, ``has(i)``, ``attr(name, default)``,
+    ``opset``, ``node``."""
 
-    def __init__(self, node, fetch, opset: int, dev):
+    def __init__(self, node, fetch, opset: int, dev, types=None):
         self.node, self._fetch, self.opset, self.dev = node, fetch, opset, dev
+        self.types = {} if types is None else types
+
+    def raw(self, i: int):
+        if not self.has(i):
+            self.fail(f"input {i} is missing")
+        return self._fetch(self.node.inputs[i], as_tensor=False)
+
+    def elem_type(self, i: int) -> int:
+        """The ONNX element type of input i: the declared or inferred one (a float8 held in float32 is
+        FLOAT8...), else that of the value as held."""
+        known = self.types.get(self.node.inputs[i], (None, 0))[1]
+        if known:
+            return known
+        v = self.raw(i)
+        v = v[0] if isinstance(v, list) and v else v
+        if isinstance(v, tensor.Tensor):
+            return elem_type_of(v.dtype)
+        v = np.asarray(v)
+        return TensorProto.STRING if v.dtype.kind in "OUS" else elem_type_of(v.dtype)
 
     def has(self, i: int) -> bool:
         return i < len(self.node.inputs) and self.node.inputs[i] != ""
@@ -92,11 +113,11 @@ _UNARY = {"Relu": ("ReLU", F.relu), "Sigmoid": ("Sigmoid", F.sigmoid), "Tanh": (
           "Asinh": ("Asinh", F.asinh), "Acosh": ("Acosh", F.acosh), "Atanh": ("Atanh", F.atanh),
           "Erf": ("Erf", F.erf), "Ceil": ("Ceil", F.ceil), "Floor": ("Floor", F.floor),
           "Round": ("Rounde", F.rounde), "Softplus": ("SoftPlus", F.softplus),
-          "Softsign": ("SoftSign", F.softsign), "Identity": ("Identity", F.identity),
+          "Softsign": ("SoftSign", F.softsign),
           "NonZero": ("NonZero", F.nonzero)}
 _BINARY = {"Add": ("Add", F.add), "Sub": ("Sub", F.sub), "Mul": ("Mul", F.mul), "Less": ("Less", F.less),
            "Greater": ("Greater", F.greater),
-           "Equal": ("Equal", F.equal), "PRelu": ("PRelu", F.prelu)}
+           "PRelu": ("PRelu", F.prelu)}
 _LOGIC = {"And": ("And", F.And.apply), "Or": ("Or", F.Or.apply), "Xor": ("Xor", F.Xor.apply)}
 _VARIADIC = {"Sum": ("Sum", F.sum), "Mean": ("Mean", F.mean), "Max": ("Max", F.max), "Min": ("Min", F.min)}
 
@@ -206,27 +227,6 @@ def _clip(ctx):
 @importer("Not", "Not")
 def _not(ctx):
     return F.cast(F.Not.apply(F.cast(ctx.x(0), tensor.float32)), tensor.bool_)
-
-
-def _stored_dtype(ctx, elem_type):
-    """The singa_lite dtype an ONNX element type is computed in: itself, or the int32 / int64 that holds it
-    (the graph's outputs are converted back to the declared type)."""
-    if elem_type == TensorProto.BFLOAT16:
-        return tensor.bfloat16
-    dt = onnx_type_to_singa_type(elem_type)
-    if dt is None:
-        ctx.fail(f"singa_lite has no tensor type for ONNX element type {TensorProto.DataType.Name(elem_type)}")
-    return tensor.to_dtype(dt)
-
-
-@importer("Cast", "Cast")
-def _cast(ctx):
-    return F.cast(ctx.x(0), _stored_dtype(ctx, ctx.attr("to")))
-
-
-@importer("CastLike", "Cast")
-def _castlike(ctx):
-    return F.cast(ctx.x(0), ctx.x(1).dtype)
 
 
 @importer("Where", "Where")
@@ -346,21 +346,42 @@ def _gap(ctx):
 @importer("BatchNormalization", "layer.BatchNorm2d")
 def _batchnorm(ctx):
     """ONNX's momentum weighs the running value (running = m * running + (1 - m) * batch), SINGA's the
-    batch statistic: ours is 1 - m. The running statistics are updated in place while training."""
-    if len(ctx.node.outputs) > 1 and not engine.training:
-        ctx.fail("the running-statistics outputs of a training-mode BatchNormalization need "
+    batch statistic: ours is 1 - m. Under autograd.training the running statistics are updated in place by
+    our operator (the batch variance unbiased, as SINGA and PyTorch); a node that outputs them (the
+    training-mode form) gets ONNX's values instead (the batch variance biased), in those outputs and in the
+    state. training_mode=1 outside autograd.training normalises by the batch statistics."""
+    training_form = len(ctx.node.outputs) > 1 and any(ctx.node.outputs[1:])
+    training = engine.training or bool(ctx.attr("training_mode", 0)) or (training_form and ctx.opset < 14)
+    if training_form and not training:
+        ctx.fail("the running-statistics outputs exist in training mode only: set the node's training_mode=1 or "
                  "autograd.training = True")
     x = ctx.x(0)
     squeezed = x.ndim() == 3
     if squeezed:
         x = F.unsqueeze(x, [2])
     mean, var = ctx.aux(3), ctx.aux(4)
-    y = F.batchnorm_2d(x, ctx.x(1), ctx.x(2), mean, var, 1.0 - ctx.attr("momentum", 0.9),
-                       ctx.attr("epsilon", 1e-5))
+    m, eps = ctx.attr("momentum", 0.9), ctx.attr("epsilon", 1e-5)
+    if not training:
+        y = F.batchnorm_2d(x, ctx.x(1), ctx.x(2), mean, var, 1.0 - m, eps)
+        return F.squeeze(y, [2]) if squeezed else y
+    if engine.training and not training_form:  # our operator: batch statistics, their gradient, the state
+        y = F.batchnorm_2d(x, ctx.x(1), ctx.x(2), mean, var, 1.0 - m, eps)
+        return F.squeeze(y, [2]) if squeezed else y
+    old_stats = [tensor.to_numpy(t).astype(np.float64) for t in (mean, var)]
+    host = tensor.to_numpy(x).astype(np.float64)
+    axes = tuple(i for i in range(host.ndim) if i != 1)
+    batch = (host.mean(axes), host.var(axes))
+    if engine.training:
+        y = F.batchnorm_2d(x, ctx.x(1), ctx.x(2), mean, var, 1.0 - m, eps)
+    else:  # training_mode=1 outside training: the same normalisation, no gradient to give
+        stats = [tensor.from_numpy(b.astype(tensor.numpy_dtype(x.dtype)), ctx.dev) for b in batch]
+        y = F.batchnorm_2d(x, ctx.x(1), ctx.x(2), *stats, 1.0 - m, eps)
     y = F.squeeze(y, [2]) if squeezed else y
-    if len(ctx.node.outputs) > 1:
-        return (y, mean, var)[:len(ctx.node.outputs)]
-    return y
+    if not training_form:
+        return y
+    for t, b, old in zip((mean, var), batch, old_stats):
+        t.copy_from_numpy((m * old + (1 - m) * b).astype(tensor.numpy_dtype(t.dtype)))
+    return (y, mean, var)[:len(ctx.node.outputs)]
 
 
 @importer("Dropout", "Dropout")
@@ -379,7 +400,12 @@ def _dropout(ctx):
 @importer("Reshape", "Reshape")
 def _reshape(ctx):
     shape = ctx.attr("shape") if ctx.opset < 5 else ctx.ints(1)
-    return F.reshape(ctx.x(0), shape)
+    x = ctx.x(0)
+    if ctx.attr("allowzero", 0) and 0 in shape:
+        # a literal 0 (an empty result; x is empty too): ours reads 0 as "keep that axis", which from the
+        # flat (0,) keeps 0 at axis 0 and finds no axis to keep after it, so every 0 stays 0
+        return F.reshape(F.reshape(x, [-1]), shape)
+    return F.reshape(x, shape)
 
 
 @importer("Flatten", "Flatten")
@@ -510,26 +536,44 @@ _RESIZE_ATTRS = ("mode", "coordinate_transformation_mode", "nearest_mode", "cubi
                  "extrapolation_value", "antialias")
 
 
-def _resize_matrix(ctx, n: int, scale, size, roi):
+def _resize_matrix(ctx, n: int, scale, size, roi, aspect=None):
     """(A, b) with resize(v) = v @ A + b for a 1-D signal v of length n: Resize is separable and affine in its
     input along each axis, so onnx's reference evaluator, run once on the identity and once on zeros, gives
-    the exact matrix of any mode (nearest, linear, cubic, antialias, every coordinate transformation)."""
+    the exact matrix of any mode (nearest, linear, cubic, antialias, every coordinate transformation).
+
+    aspect (p, q): keep_aspect_ratio_policy, whose one scale p / q (a ratio of the node's sizes) every
+    resized axis shares: the reference runs on a second axis of length q asked for size p next to this one,
+    so that its policy picks that same scale (a float64 division of the same rational) and this axis' length
+    (round half up), and the matrix is read from the first slice of that axis."""
     from onnx import helper
     from onnx.reference import ReferenceEvaluator
 
-    attrs = {k: ctx.attr(k) for k in _RESIZE_ATTRS if ctx.attr(k) is not None}
+    attrs = {k: ctx.attr(k) for k in _RESIZE_ATTRS + ("keep_aspect_ratio_policy",) if ctx.attr(k) is not None}
+    if aspect is not None:
+        attrs["axes"] = [1, 2]
     inputs = ["X", "roi" if roi is not None else "", "scales" if size is None else "", "sizes" if size else ""]
     node = helper.make_node("Resize", inputs, ["Y"], **attrs)
     graph = helper.make_graph([node], "axis", [helper.make_tensor_value_info(v, TensorProto.FLOAT, None)
                                                for v in ("X", "roi", "scales", "sizes")],
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
     ref = ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", max(ctx.opset, 11))]))
-    feeds = {"roi": np.array([0, roi[0], 1, roi[1]], np.float32) if roi is not None else None,
-             "scales": np.array([1, scale], np.float32) if size is None else None,
-             "sizes": np.array([n, size], np.int64) if size else None}
+    if aspect is None:
+        feeds = {"roi": np.array([0, roi[0], 1, roi[1]], np.float32) if roi is not None else None,
+                 "scales": np.array([1, scale], np.float32) if size is None else None,
+                 "sizes": np.array([n, size], np.int64) if size else None}
+        shape = (n, n)
+    else:
+        feeds = {"roi": np.array([roi[0], 0, roi[1], 1], np.float32) if roi is not None else None,
+                 "sizes": np.array([size, aspect[0]], np.int64)}
+        shape = (n, n, aspect[1])
     feeds = {k: v for k, v in feeds.items() if v is not None}
-    eye = ref.run(None, dict(feeds, X=np.eye(n, dtype=np.float32)))[0]
-    zero = ref.run(None, dict(feeds, X=np.zeros((n, n), np.float32)))[0]
+    eye = np.eye(n, dtype=np.float32)
+    if aspect is not None:
+        eye = np.repeat(eye[:, :, None], aspect[1], axis=2)
+    eye = ref.run(None, dict(feeds, X=eye))[0]
+    zero = ref.run(None, dict(feeds, X=np.zeros(shape, np.float32)))[0]
+    if aspect is not None:
+        eye, zero = eye[..., 0], zero[..., 0]
     return eye - zero, zero[0]
 
 
@@ -545,9 +589,16 @@ def _resize(ctx):
         roi, scales, sizes = ctx.value(1), ctx.value(2), ctx.value(3)
     axes = ctx.attr("axes") or list(range(nd))
     axes = [a + nd if a < 0 else a for a in axes]
-    if ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
-        ctx.fail("only keep_aspect_ratio_policy='stretch' is supported")
     use_sizes = sizes is not None and sizes.size > 0
+    policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
+    if policy not in ("stretch", "not_larger", "not_smaller"):
+        ctx.fail(f"keep_aspect_ratio_policy must be 'stretch', 'not_larger' or 'not_smaller', got {policy!r}")
+    aspect = None
+    if use_sizes and policy != "stretch":  # one scale for every axis: the smallest / largest size ratio
+        ratios = [(int(sizes.reshape(-1)[j]), x.shape[a]) for j, a in enumerate(axes)]
+        p, q = (min if policy == "not_larger" else max)(ratios, key=lambda r: r[0] / r[1])
+        g = math.gcd(p, q) or 1
+        aspect = (p // g, q // g)
     per = {}
     for j, a in enumerate(axes):
         sc = None if use_sizes else float(scales.reshape(-1)[j])
@@ -555,14 +606,16 @@ def _resize(ctx):
         r = None
         if roi is not None and roi.size and ctx.attr("coordinate_transformation_mode") == "tf_crop_and_resize":
             r = (float(roi.reshape(-1)[j]), float(roi.reshape(-1)[j + len(axes)]))
-        if (sz != x.shape[a] if use_sizes else sc != 1.0) or r is not None:
+        if aspect is not None or (sz != x.shape[a] if use_sizes else sc != 1.0) or r is not None:
             per[a] = (sc, sz, r)
+    if aspect is not None and aspect[0] == aspect[1] and not any(r for _, _, r in per.values()):
+        per = {}  # the shared scale is 1: nothing moves
     cache = ctx.node.__dict__.setdefault("resize_cache", {})
     dtype = x.dtype
     for a, (sc, sz, r) in per.items():
-        key = (a, x.shape[a], sc, sz, r)
+        key = (a, x.shape[a], sc, sz, r, aspect)
         if key not in cache:
-            cache[key] = _resize_matrix(ctx, x.shape[a], sc, sz, r)
+            cache[key] = _resize_matrix(ctx, x.shape[a], sc, sz, r, aspect)
         A, b = cache[key]
         perm = [i for i in range(nd) if i != a] + [a]
         back = [perm.index(i) for i in range(nd)]
@@ -581,15 +634,25 @@ importer("SpaceToDepth", "SpaceToDepth")(
 
 @importer("ScatterElements", "ScatterElements")
 def _scatter(ctx):
-    if ctx.attr("reduction", "none") != "none":
-        ctx.fail("only reduction='none' is supported")
-    return F.scatter_elements(ctx.x(0), ctx.value(1), ctx.value(2), ctx.attr("axis", 0))
+    return F.scatter_elements(ctx.x(0), ctx.value(1), ctx.value(2), ctx.attr("axis", 0),
+                              ctx.attr("reduction", "none"))
 
 
 @importer("OneHot", "OneHot")
 def _onehot(ctx):
+    """ONNX gives an all-off row for an index outside [-depth, depth - 1], ours wraps it: such indices point to
+    one extra class, cut off afterwards."""
     values = ctx.value(2)
-    y = F.onehot(ctx.attr("axis", -1), ctx.x(0), ctx.value(1), values)
+    depth = int(np.asarray(ctx.value(1)).reshape(-1)[0])
+    ind = ctx.value(0).astype(np.int64)
+    axis = ctx.attr("axis", -1)
+    if ((ind < -depth) | (ind >= depth)).any():
+        ind = np.where((ind < -depth) | (ind >= depth), depth, np.where(ind < 0, ind + depth, ind))
+        y = F.onehot(axis, tensor.from_numpy(ind, ctx.dev), depth + 1, values)
+        ax = axis + ind.ndim + 1 if axis < 0 else axis
+        y = F.slice(y, [0], [depth], [ax], [1])
+    else:
+        y = F.onehot(axis, ctx.x(0), ctx.value(1), values)
     return F.cast(y, tensor.to_dtype(values.dtype)) if values.dtype != np.float32 else y
 
 

@@ -31,6 +31,7 @@ from onnx.backend.base import Backend, BackendRep
 from .. import device as device_mod, tensor
 from .common import MAX_IMPORT_OPSET, MIN_IMPORT_OPSET, OnnxNode, SonnxError, host_array, np_dtype_of
 from .import_ops import IMPORTERS, SINGA_NAMES, NodeContext
+from .import_values import NarrowCast  # noqa: F401 - registers the converters of the values beyond tensors
 
 __all__ = ["SingaBackend", "SingaRep", "prepare", "run_node"]
 
@@ -62,6 +63,40 @@ def _value_infos(values, skip) -> list:
                  if tt.HasField("shape") else None)
         out.append(ValueInfo(v.name, tt.elem_type, shape))
     return out
+
+
+def _kind(type_proto) -> tuple:
+    """(kind, element type) of an ONNX TypeProto: kind "tensor", "sequence" or "optional" (the element type
+    is that of the tensors inside), or ("other", 0) for maps and the like."""
+    which = type_proto.WhichOneof("value")
+    if which == "tensor_type":
+        return "tensor", type_proto.tensor_type.elem_type
+    if which in ("sequence_type", "optional_type"):
+        inner = getattr(type_proto, which).elem_type
+        return ("sequence" if which == "sequence_type" else "optional"), _kind(inner)[1]
+    return "other", 0
+
+
+def _types(model) -> dict:
+    """value name -> (kind, ONNX element type) for every value whose type the model declares or onnx's shape
+    inference finds: the importer holds narrow types (float8, int4, ...) in wider tensors, so what a value
+    *is* (CastLike's target, an output's type) is read from here."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # noqa: BLE001 - inference is a help only: a model it cannot read still runs
+        inferred = model.graph
+    types = {}
+    for v in list(inferred.value_info) + list(model.graph.input) + list(model.graph.output):
+        kind = _kind(v.type)
+        if kind[1] or kind[0] != "tensor":
+            types[v.name] = kind
+    for init in model.graph.initializer:
+        types[init.name] = ("tensor", init.data_type)
+    for node in model.graph.node:
+        if node.op_type == "Cast":
+            to = next((a.i for a in node.attribute if a.name == "to"), 0)
+            types[node.output[0]] = ("tensor", to)
+    return types
 
 
 def _opset_of(model) -> int:
@@ -98,6 +133,7 @@ class SingaRep(BackendRep):
                                   for init in graph.initializer)
         self.inputs = _value_infos(graph.input, self.states)
         self.outputs = _value_infos(graph.output, ())
+        self.types = _types(model)  # value name -> (kind, ONNX element type)
         self.layers = []
         for i, proto in enumerate(graph.node):
             node = OnnxNode(proto)
@@ -140,6 +176,9 @@ class SingaRep(BackendRep):
             if name in env:
                 v = env[name]
                 if as_tensor and not isinstance(v, tensor.Tensor):
+                    if v is None or isinstance(v, list):
+                        raise SonnxError(f"value {name!r} is {'an empty optional' if v is None else 'a sequence'}"
+                                         f", not a tensor; only the sequence operators and Identity read it")
                     v = env[name] = tensor.from_numpy(host_array(v, name), self.dev)
                 return v
             if name in self.states:
@@ -160,24 +199,40 @@ class SingaRep(BackendRep):
             names = [i.name for i in self.inputs]
             raise SonnxError(f"run: the graph has {len(names)} inputs {names}, got {len(xs)} values; pass one "
                              f"array or Tensor per input, in that order")
-        env = {}
-        for info, x in zip(self.inputs, xs):
-            if isinstance(x, tensor.Tensor):
-                env[info.name] = x
-            else:
-                t = tensor.from_numpy(host_array(np.asarray(x), f"input {info.name}"), self.dev)
-                env[info.name] = t.as_type(tensor.bfloat16) if info.dtype == onnx.TensorProto.BFLOAT16 else t
-        return env
+        return {info.name: self._input_value(x, info) for info, x in zip(self.inputs, xs)}
+
+    def _input_value(self, x, info):
+        """A graph input as the importer holds it: a Tensor; a list for a sequence (None or the value for an
+        optional); a numpy object array for strings."""
+        kind, elem = self.types.get(info.name, ("tensor", info.dtype))
+        return self._held(x, info.name, kind, elem)
+
+    def _held(self, x, name, kind, elem):
+        if x is None and kind == "optional":
+            return None
+        if isinstance(x, (list, tuple)) and kind in ("sequence", "optional"):
+            return [self._held(v, name, "tensor", elem) for v in x]
+        if isinstance(x, tensor.Tensor):
+            return x
+        x = np.asarray(x)
+        if elem == onnx.TensorProto.STRING or x.dtype.kind in "OUS":
+            return x.astype(object)
+        t = tensor.from_numpy(host_array(x, f"input {name}"), self.dev)
+        return t.as_type(tensor.bfloat16) if elem == onnx.TensorProto.BFLOAT16 else t
 
     def _to_output(self, v, name: str, info):
+        if v is None or isinstance(v, list):  # an empty optional, a sequence
+            elem = self.types.get(name, (None, 0))[1]
+            return v if v is None else [self._to_output(e, name, ValueInfo(name, elem, None)) for e in v]
         if self.is_graph:
             return v if isinstance(v, tensor.Tensor) else tensor.from_numpy(host_array(v, name), self.dev)
         arr = tensor.to_numpy(v) if isinstance(v, tensor.Tensor) else np.asarray(v)
-        if info is not None:
-            if info.dtype:
-                arr = arr.astype(np_dtype_of(info.dtype), copy=False)
-            if info.shape is not None and None not in info.shape and int(np.prod(info.shape)) == arr.size:
-                arr = arr.reshape(info.shape)  # e.g. a full reduction: our (1,) is ONNX's ()
+        elem = info.dtype if info is not None and info.dtype else self.types.get(name, (None, 0))[1]
+        if elem and elem != onnx.TensorProto.STRING:
+            arr = arr.astype(np_dtype_of(elem), copy=False)  # narrow types: exact, the values are the type's
+        if info is not None and info.shape is not None and None not in info.shape and \
+                int(np.prod(info.shape)) == arr.size:
+            arr = arr.reshape(info.shape)  # e.g. a full reduction: our (1,) is ONNX's ()
         return arr
 
     # ----- running
@@ -208,7 +263,7 @@ class SingaRep(BackendRep):
         env = self._input_tensors(inputs)
         fetch = self._fetcher(env)
         for node, convert in self.layers[:last + 1]:
-            outs = convert(NodeContext(node, fetch, self.opset, self.dev))
+            outs = convert(NodeContext(node, fetch, self.opset, self.dev, self.types))
             outs = outs if isinstance(outs, (tuple, list)) else (outs,)
             if len(outs) < len([o for o in node.outputs if o]):
                 raise SonnxError(f"{node.op_type} node {node.name!r}: gave {len(outs)} outputs, the graph wants "
@@ -223,6 +278,15 @@ class SingaRep(BackendRep):
         if missing:
             raise SonnxError(f"run: no value named {missing} was computed")
         return [self._to_output(env[w] if w in env else self.states[w], w, infos.get(w)) for w in wanted]
+
+
+def _input_info(name: str, value):
+    """The ValueInfoProto of a run_node input: a tensor of the array's type, or a sequence (a list of arrays)."""
+    h = onnx.helper
+    if isinstance(value, (list, tuple)):
+        elem = h.np_dtype_to_tensor_dtype(np.asarray(value[0]).dtype) if len(value) else onnx.TensorProto.FLOAT
+        return h.make_value_info(name, h.make_sequence_type_proto(h.make_tensor_type_proto(elem, None)))
+    return h.make_tensor_value_info(name, h.np_dtype_to_tensor_dtype(np.asarray(value).dtype), None)
 
 
 class SingaBackend(Backend):
@@ -263,9 +327,7 @@ class SingaBackend(Backend):
         if len(given) != len(inputs):
             raise SonnxError(f"run_node {node.op_type}: the node has {len(given)} inputs, got {len(inputs)} values")
         graph = onnx.helper.make_graph(
-            [node], "run_node",
-            [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype), None)
-             for n, v in zip(given, inputs)],
+            [node], "run_node", [_input_info(n, v) for n, v in zip(given, inputs)],
             [onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o])
         opset = opset_version or cls._opset_version
         model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])

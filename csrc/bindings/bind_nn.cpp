@@ -2,6 +2,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/binders.h"
+#include "cpu/onednn.h"
 #include "ops/ops.h"
 
 namespace py = pybind11;
@@ -21,6 +22,29 @@ void bind_nn(py::module_& m) {
         py::arg("count_include_pad") = true, release);
   m.def("avg_pool2d_backward", &avg_pool2d_backward, py::arg("dy"), py::arg("x_shape"), py::arg("kernel"),
         py::arg("stride"), py::arg("padding"), py::arg("count_include_pad") = true, release);
+
+  // oneDNN's float32 convolutions (cpu/onednn.h); singa_lite/_runtime/onednn.py finds and loads the library.
+  m.def("onednn_load", &cpu::onednn::load, py::arg("path"), release,
+        "Opens libdnnl (oneDNN 3.x) at path; returns its version. Once per process.");
+  m.def("onednn_available", &cpu::onednn::available, "Loaded, switched on, and usable in this process.");
+  m.def("onednn_unavailable_reason", &cpu::onednn::unavailable_reason, "Why onednn_available() is False, or ''.");
+  m.def("set_onednn_enabled", &cpu::onednn::set_enabled, py::arg("enabled"),
+        "Off: CPU convolutions run as im2col + GEMM even when oneDNN is loaded.");
+  m.def("onednn_version", &cpu::onednn::version, "The loaded oneDNN's version, or '' when none is loaded.");
+  m.def("onednn_cached_primitives", &cpu::onednn::cached_primitives);
+  m.def("onednn_conv2d_forward", [](const Tensor& x, const Tensor& w, const std::optional<Tensor>& b, Pair stride,
+                                    Pair padding, Pair dilation, int64_t groups) {
+    return cpu::onednn::conv2d_forward(x, w, b ? *b : Tensor(), stride, padding, dilation, groups);
+  }, py::arg("x"), py::arg("w"), py::arg("b"), py::arg("stride"), py::arg("padding"), py::arg("dilation"),
+        py::arg("groups"), release);
+  m.def("onednn_conv2d_backward_data", &cpu::onednn::conv2d_backward_data, py::arg("w"), py::arg("dy"),
+        py::arg("x_shape"), py::arg("stride"), py::arg("padding"), py::arg("dilation"), py::arg("groups"), release);
+  m.def("onednn_conv2d_backward_weights", [](const Tensor& x, const Tensor& dy, const Shape& w_shape, bool with_bias,
+                                             Pair stride, Pair padding, Pair dilation, int64_t groups) {
+    auto [dw, db] = cpu::onednn::conv2d_backward_weights(x, dy, w_shape, with_bias, stride, padding, dilation, groups);
+    return std::make_pair(dw, with_bias ? std::optional<Tensor>(db) : std::nullopt);
+  }, py::arg("x"), py::arg("dy"), py::arg("w_shape"), py::arg("with_bias"), py::arg("stride"), py::arg("padding"),
+        py::arg("dilation"), py::arg("groups"), release, "Returns (dW, db); db is None without with_bias.");
 }
 
 }  // namespace sl::bindings

@@ -37,6 +37,7 @@ import numpy as np
 
 from .. import _core
 from .. import engine
+from .._runtime import onednn as _onednn
 from ..engine import CTensor, Operator
 from ..raw import from_host, grad_like, pair, to_host, zeros
 from ..singa_wrap.handles import BatchNormHandle, ConvHandle, PoolingHandle
@@ -103,6 +104,12 @@ def _use_cudnn(x: CTensor, *numels: int) -> bool:
             and _core.cudnn_available())
 
 
+def _use_onednn(x: CTensor, y_numel: int) -> bool:
+    """Run this convolution through oneDNN? A float32 CPU tensor, a non-empty result, and oneDNN loaded and
+    usable (singa_lite/_runtime/onednn.py; asked last)."""
+    return x.device.is_cpu() and x.dtype.name == "float32" and x.numel > 0 and y_numel > 0 and _onednn.ready()
+
+
 # ---------------------------------------------------------------- convolution
 class _Conv2d(Operator):
     """y = conv(x, W) (+ b): inputs (x, W) or (x, W, b); see the module docstring for the algorithm."""
@@ -151,6 +158,11 @@ class _Conv2d(Operator):
         N = x.shape[0]
         OC, Cg, kh, kw = W.shape
         self.cudnn = _use_cudnn(x, x.numel, W.numel, N * OC * oh * ow)
+        self.onednn = not self.cudnn and _use_onednn(x, N * OC * oh * ow)
+        if self.onednn:
+            y = _core.onednn_conv2d_forward(x, W, b, self.stride, self.padding, self.dilation, self.groups)
+            self.x, self.W, self.has_bias = x, W, b is not None
+            return y
         if self.cudnn:
             y = _core.cudnn_conv2d_forward(x, W, self.stride, self.padding, self.dilation, self.groups)
             if b is not None:
@@ -178,7 +190,10 @@ class _Conv2d(Operator):
         return y.reshape([N, OC, oh, ow])
 
     def backward(self, dy):
-        grads = self._backward_cudnn(dy) if self.cudnn else self._backward_im2col(dy)
+        if self.onednn:
+            grads = self._backward_onednn(dy)
+        else:
+            grads = self._backward_cudnn(dy) if self.cudnn else self._backward_im2col(dy)
         if self.odd and grads[0] is not None:
             grads = (_crop_edges(grads[0], self.odd),) + tuple(grads[1:])
         return grads
@@ -216,6 +231,17 @@ class _Conv2d(Operator):
                     _core.matmul(W2T.slice(1, i * OCg, (i + 1) * OCg), dy2.slice(0, i * OCg, (i + 1) * OCg),
                                  out=dcols.slice(0, i * Kg, (i + 1) * Kg))
             dx = _core.col2im(dcols, self.x_shape, self.kernel, self.stride, self.padding, self.dilation)
+        return (dx, dW, db) if self.has_bias else (dx, dW)
+
+    def _backward_onednn(self, dy):
+        need = _needs(self)
+        args = (self.stride, self.padding, self.dilation, self.groups)
+        x, W = self.x, self.W
+        dx = _core.onednn_conv2d_backward_data(W, dy, list(x.shape), *args) if need[0] else None
+        dW = db = None
+        if need[1] or (self.has_bias and need[2]):
+            dW, db = _core.onednn_conv2d_backward_weights(x, dy, list(W.shape), self.has_bias and need[2], *args)
+            dW = dW if need[1] else None
         return (dx, dW, db) if self.has_bias else (dx, dW)
 
     def _backward_cudnn(self, dy):

@@ -119,6 +119,10 @@ struct Library {
   engine_t engine = nullptr;
   stream_t stream = nullptr;
   bool enabled = true;
+  // The OpenMP runtime libdnnl runs on, as libdnnl resolves it. In a build whose kernels use another runtime
+  // (the portable wheel: LLVM's libomp) set_num_threads reaches only ours, so each call passes the count on.
+  int (*omp_get_max_threads)() = nullptr;
+  void (*omp_set_num_threads)(int) = nullptr;
 };
 
 Library& lib() {
@@ -255,7 +259,9 @@ Geometry geometry(const Shape& x, const Shape& w_ocikk, Pair stride, Pair paddin
 
 // The cached plan of a pass, created on first use.
 Plan& plan_for(Pass pass, const Geometry& g, Pair stride, Pair padding, Pair dilation, int64_t groups, bool bias) {
-  const int nt = omp_get_max_threads();  // a primitive is tuned for, and must run with, one thread count
+  // A primitive is tuned for, and must run with, one thread count: ours, passed on to libdnnl's runtime.
+  const int nt = max_threads();
+  if (lib().omp_get_max_threads() != nt) lib().omp_set_num_threads(nt);
   Key key{pass, g.x, g.w, {stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1]}, groups, bias, nt};
   auto& cache = plans();
   if (auto it = cache.find(key); it != cache.end()) return *it->second;
@@ -348,12 +354,19 @@ std::string load(const std::string& path) {
       throw Error(str("oneDNN: ", path, " has no ", kNames[i], " (need oneDNN 3.x)"));
     }
   }
+  auto* get_threads = reinterpret_cast<int (*)()>(dlsym(h, "omp_get_max_threads"));
+  auto* set_threads = reinterpret_cast<void (*)(int)>(dlsym(h, "omp_set_num_threads"));
+  if (!get_threads || !set_threads) {
+    dlclose(h);
+    throw Error(str("oneDNN: ", path, " runs on no OpenMP runtime (need the onednn-cpu-gomp build)"));
+  }
   const version_t* v = f.version();
   if (v->major != 3) {
     dlclose(h);
     throw Error(str("oneDNN: ", path, " is version ", v->major, ".", v->minor, "; need 3.x"));
   }
   l.f = f;
+  l.omp_get_max_threads = get_threads, l.omp_set_num_threads = set_threads;
   check(f.engine_create(&l.engine, kEngineCpu, 0), "engine_create");
   check(f.stream_create(&l.stream, l.engine, kStreamDefault), "stream_create");
   l.path = path;

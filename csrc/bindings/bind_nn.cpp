@@ -2,6 +2,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/binders.h"
+#include "cpu/batch_norm.h"
 #include "cpu/onednn.h"
 #include "ops/ops.h"
 
@@ -22,6 +23,27 @@ void bind_nn(py::module_& m) {
         py::arg("count_include_pad") = true, release);
   m.def("avg_pool2d_backward", &avg_pool2d_backward, py::arg("dy"), py::arg("x_shape"), py::arg("kernel"),
         py::arg("stride"), py::arg("padding"), py::arg("count_include_pad") = true, release);
+
+  // Batch normalisation's training passes on the CPU, fused per channel (cpu/batch_norm.h).
+  m.def("batch_norm_train_forward", [](const Tensor& x, const Tensor& scale, const Tensor& bias, double eps) {
+    cpu::BatchNormForward r;
+    {
+      py::gil_scoped_release nogil;
+      r = cpu::batch_norm_train_forward(x, scale, bias, eps);
+    }
+    return py::make_tuple(r.y, r.mean, r.var, r.inv_std);
+  }, py::arg("x"), py::arg("scale"), py::arg("bias"), py::arg("eps"),
+        "(y, mean, biased var, inv_std) of x (N, C, H, W) or (N, C); float32 / float64 CPU tensors.");
+  m.def("batch_norm_train_backward", [](const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& inv_std,
+                                        const Tensor& scale, bool need_dx) {
+    cpu::BatchNormBackward r;
+    {
+      py::gil_scoped_release nogil;
+      r = cpu::batch_norm_train_backward(x, dy, mean, inv_std, scale, need_dx);
+    }
+    return py::make_tuple(need_dx ? py::cast(r.dx) : py::none(), r.dscale, r.dbias);
+  }, py::arg("x"), py::arg("dy"), py::arg("mean"), py::arg("inv_std"), py::arg("scale"), py::arg("need_dx"),
+        "(dx or None, dscale, dbias); dx only with need_dx.");
 
   // oneDNN's float32 convolutions (cpu/onednn.h); singa_lite/_runtime/onednn.py finds and loads the library.
   m.def("onednn_load", &cpu::onednn::load, py::arg("path"), release,

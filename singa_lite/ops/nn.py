@@ -472,7 +472,7 @@ class _BatchNorm2d(Operator):
         axes = [0] + list(range(2, x.ndim))
         self.axes, self.pshape = axes, pshape
         scale_b = scale.reshape(pshape)
-        self.training = engine.training
+        self.training, self.fused = engine.training, False
         # cuDNN takes 4-D tensors: (N, C) is (N, C, 1, 1), the same statistics per channel.
         self.cudnn = _use_cudnn(x, x.numel)
         x4 = x if x.ndim == 4 or not self.cudnn else x.reshape([x.shape[0], C, 1, 1])
@@ -486,6 +486,12 @@ class _BatchNorm2d(Operator):
                     x4, scale, bias, self.running_mean, self.running_var, self.momentum, self.eps)
                 self.saved = (x4, scale, saved_mean, saved_inv_std)
                 return y.reshape(list(x.shape))
+            self.fused = x.device.is_cpu() and x.dtype.name in ("float32", "float64")
+            if self.fused:  # two passes over x per direction (csrc/cpu/batch_norm.cpp)
+                y, mean, var, inv_std = _core.batch_norm_train_forward(x, scale, bias, self.eps)
+                self._update_running(mean, var, M)
+                self.x, self.saved, self.scale_b = x, (scale, mean, inv_std), scale_b
+                return y
             mean = _core.mean(x, axes, True)
             xhat = _core.sub(x, mean)
             var = _core.mean(_core.square(xhat), axes, True)  # biased, for normalising
@@ -495,12 +501,7 @@ class _BatchNorm2d(Operator):
             _core.mul(xhat, inv_std, out=xhat)
             y = _core.mul(xhat, scale_b)
             _core.add(y, bias.reshape(pshape), out=y)
-            m = self.momentum  # running = (1 - m) * running + m * batch statistic (SINGA, cuDNN, PyTorch)
-            rm, rv = self.running_mean, self.running_var
-            _core.mul_scalar(rm, 1.0 - m, out=rm)
-            _core.axpy_(m, mean.reshape([C]), rm)
-            _core.mul_scalar(rv, 1.0 - m, out=rv)
-            _core.axpy_(m * M / (M - 1), var.reshape([C]), rv)
+            self._update_running(mean.reshape([C]), var.reshape([C]), M)
             self.xhat, self.inv_std, self.M = xhat, inv_std, M
         else:  # the affine map y = (x - running_mean) * inv_std * scale + bias
             inv_std = _core.add_scalar(self.running_var.reshape(pshape), self.eps)
@@ -519,9 +520,21 @@ class _BatchNorm2d(Operator):
         self.scale_b = scale_b
         return y
 
+    def _update_running(self, mean, var, M):
+        """running = (1 - m) * running + m * batch statistic (SINGA, cuDNN, PyTorch); var unbiased here."""
+        m, rm, rv = self.momentum, self.running_mean, self.running_var
+        _core.mul_scalar(rm, 1.0 - m, out=rm)
+        _core.axpy_(m, mean, rm)
+        _core.mul_scalar(rv, 1.0 - m, out=rv)
+        _core.axpy_(m * M / (M - 1), var, rv)
+
     def backward(self, dy):
         axes, C = self.axes, self.pshape[1]
         need = _needs(self)
+        if self.fused:
+            scale, mean, inv_std = self.saved
+            dx, dscale, dbias = _core.batch_norm_train_backward(self.x, dy, mean, inv_std, scale, bool(need[0]))
+            return (dx, dscale if need[1] else None, dbias if need[2] else None)
         if self.cudnn and self.training:
             x4, scale, saved_mean, saved_inv_std = self.saved
             dx, dscale, dbias = _core.cudnn_batch_norm_backward(x4, dy.reshape(list(x4.shape)), scale, saved_mean,

@@ -186,3 +186,11 @@ print(os.waitstatus_to_exitcode(status))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip() == "0"
+
+
+def test_build_info_reports_onednn():
+    import singa_lite
+
+    info = singa_lite.build_info()["onednn"]
+    assert info["used"] == onednn.ready() and info["status"] == onednn.status()
+    assert (info["version"] is not None) == bool(_core.onednn_version())

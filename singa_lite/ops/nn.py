@@ -4,17 +4,27 @@
 All images are NCHW. The operators follow the contract of :class:`engine.Operator`: ``forward`` and
 ``backward`` work on raw ``_core.Tensor``s, and the functions below take and return ``tensor.Tensor``s.
 
-Convolution is im2col + GEMM. ``cols = im2col(x)`` has shape (K, N*L) with K = C*kh*kw and L = OH*OW: every
-image's columns side by side, so each group is one GEMM for the whole batch, ``W.reshape(OC, K) @ cols`` of
-shape (OC, N*L), which one pass turns into NCHW while adding the bias. The backward reuses the cached cols, with
-dy in the same (OC, N*L) layout: ``dW = dy @ cols^T`` (the transposed view goes to BLAS as a flag),
-``db`` = the sum of dy over (N, H, W) and ``dx = col2im(W^T @ dy)``, the latter skipped when x needs no
+float32 convolutions on the CPU run on oneDNN when it is loaded (the ``onednn-cpu-gomp`` wheel, a dependency on
+x86-64 Linux; singa_lite/_runtime/onednn.py finds it, csrc/cpu/onednn.h runs it): one cached oneDNN primitive per
+pass and shape, in the blocked layouts oneDNN picks, our NCHW tensors reordered in and out. Its forward and input
+gradient give the same bits for any thread count in our tests; its weight gradient splits the batch sum over
+threads, so it may differ between thread counts in the last bits (each count repeats its own).
+``SINGA_LITE_ONEDNN=0`` (or ``_core.set_onednn_enabled(False)``) keeps the algorithm below, which does not
+depend on the thread count.
+
+Otherwise (other dtypes, other platforms) convolution is im2col + GEMM. ``cols = im2col(x)`` has shape (K, N*L) with
+K = C*kh*kw and L = OH*OW: every image's columns side by side, so each group is one GEMM for the whole batch,
+``W.reshape(OC, K) @ cols`` of shape (OC, N*L), which one pass turns into NCHW while adding the bias. The backward
+reuses the cached cols, with dy in the same (OC, N*L) layout: ``dW = dy @ cols^T`` (the transposed view goes to BLAS
+as a flag), ``db`` = the sum of dy over (N, H, W) and ``dx = col2im(W^T @ dy)``, the latter skipped when x needs no
 gradient (a network's data input). Groups slice W, cols and y along their channel axes (views, no copies).
 docs/benchmarks/training.md measures the training step and these kernels.
 
-Batch normalisation follows SINGA (``src/model/operation/batchnorm.cc``: its CPU path computes
-``running = running * (1 - factor) + batch_stat * factor`` with ``factor = momentum``, and its cuDNN path
-passes ``momentum`` as cuDNN's exponentialAverageFactor, which means the same thing):
+Batch normalisation's training passes on the CPU (float32 / float64) are fused per channel in C++
+(csrc/cpu/batch_norm.cpp: statistics, then the affine map; backward: two sums, then dx), with sums in a fixed order,
+so any thread count gives the same bits. Batch normalisation follows SINGA (``src/model/operation/batchnorm.cc``:
+its CPU path computes ``running = running * (1 - factor) + batch_stat * factor`` with ``factor = momentum``, and its
+cuDNN path passes ``momentum`` as cuDNN's exponentialAverageFactor, which means the same thing):
 
     running_mean = (1 - momentum) * running_mean + momentum * batch_mean
     running_var  = (1 - momentum) * running_var  + momentum * batch_var_unbiased

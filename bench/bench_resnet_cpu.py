@@ -129,9 +129,12 @@ def main():
         print(f"{name:10s} {1e3 * med:8.1f} ms/step (blocks {blocks}); "
               f"conv FLOPs / step time = {step_flops / med / 1e9:.0f} GFLOP/s = {step_flops / med / gemm:.0%} "
               f"of the SGEMM ceiling")
-    verdict = "PASS" if s / t <= 0.8 else "above goal"
-    print(f"ratio singa_lite / torch {s / t:.3f} (goal <= 0.8: {verdict}); per round "
-          f"{', '.join(f'{r:.2f}' for r in ratios)}")
+    # Per round too: a burst of load from other processes that hits one block of a round moves that round's
+    # ratio only; the median over rounds is the figure the docs quote.
+    per_round = statistics.median(ratios)
+    verdict = "PASS" if per_round <= 0.8 else "above goal"
+    print(f"ratio singa_lite / torch: of the medians {s / t:.3f}; median per round {per_round:.3f} (goal <= 0.8: "
+          f"{verdict}); per round {', '.join(f'{r:.2f}' for r in ratios)}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Batch normalisation's fused CPU training passes (csrc/cpu/batch_norm.cpp, used by ops/nn.py's _BatchNorm2d for
-float32 / float64 CPU tensors): values against a float64 numpy reference, the same bits for 1 and 2 threads, the
-(N, C) form, odd sizes (channel lengths that are no multiple of the 8 summing lanes), and bad arguments.
-test_nn_ops.py checks the operator's gradients against finite differences through the same kernels."""
+float32 / float64 CPU tensors): values against a float64 numpy reference, the same bits for 1 and 2 threads and on
+every instruction-set level, the (N, C) form, odd sizes (channel lengths that are no multiple of the 8 summing
+lanes), and bad arguments. test_nn_ops.py checks the operator's gradients against finite differences through the
+same kernels."""
 import numpy as np
 import pytest
 
@@ -61,6 +62,28 @@ def test_same_bits_for_1_and_2_threads(restore_threads):
         out[n] = [np_(t) for t in (*fwd, *bwd)]
     for a, b in zip(out[1], out[2]):
         np.testing.assert_array_equal(a, b)
+
+
+ISA_LEVELS = ["baseline", "avx2", "avx512"]
+ISA_SUPPORTED = ISA_LEVELS[: ISA_LEVELS.index(_core.build_info()["cpu_isa"]["best"]) + 1]
+
+
+def test_same_bits_on_every_instruction_set_level():
+    rng = np.random.default_rng(2)
+    x, dy = rng.standard_normal((4, 24, 5, 7)).astype(np.float32), rng.standard_normal((4, 24, 5, 7)).astype(
+        np.float32)
+    scale, bias = rng.standard_normal(24).astype(np.float32), rng.standard_normal(24).astype(np.float32)
+    before = _core.get_isa()
+    seen = {}
+    try:
+        for level in ISA_SUPPORTED:
+            _core.set_isa(level)
+            fwd = _core.batch_norm_train_forward(ct(x), ct(scale), ct(bias), 1e-5)
+            bwd = _core.batch_norm_train_backward(ct(x), ct(dy), fwd[1], fwd[3], ct(scale), True)
+            seen[level] = b"".join(np_(t).tobytes() for t in (*fwd, *bwd))
+    finally:
+        _core.set_isa(before)
+    assert len(seen) == len(ISA_SUPPORTED) and len(set(seen.values())) == 1
 
 
 def test_errors():

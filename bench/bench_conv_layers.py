@@ -1,7 +1,9 @@
 """The convolutions of ResNet-18 (CIFAR form, batch 16) one by one: forward and backward (input and weight
 gradients; the stem's input gradient is not needed) of singa_lite on oneDNN, singa_lite as im2col + GEMM
 (oneDNN switched off), and PyTorch, in the same process, blocks interleaved, medians. ms per call; the column
-'x' is how many such layers one step has; GF/s counts the forward's multiply-adds twice.
+'x' is how many such layers one step has; GF/s counts the forward's multiply-adds twice. Then batch norm's
+training forward + backward at each stage's shape: singa_lite's fused kernels, the element-wise ops they
+replaced (composed here as ops/nn.py still does for other devices), and PyTorch's.
 
     python bench/bench_conv_layers.py                 # 2 threads
     python bench/bench_conv_layers.py --threads 1
@@ -94,6 +96,66 @@ def main():
               f"{med[5]:7.2f} | {flops / med[0] / 1e6:13.0f} {flops / med[2] / 1e6:6.0f}")
     print(f"{'step':9s} {'':2s} | {totals[0]:12.1f} {totals[1]:7.1f} {totals[2]:7.1f} | {totals[3]:12.1f} "
           f"{totals[4]:7.1f} {totals[5]:7.1f} |  (ms, all of one step's convolutions)")
+    batch_norm(args, np, torch, _core, tensor)
+
+
+def composed_batch_norm(_core, x, scale, bias, dy, eps=1e-5):
+    """Batch norm's training forward + backward as the element-wise ops ops/nn.py composes where no fused kernel
+    runs (the CPU path before the fused one)."""
+    axes, C = [0, 2, 3], x.shape[1]
+    pshape, M = [1, C, 1, 1], x.numel // C
+    mean = _core.mean(x, axes, True)
+    xhat = _core.sub(x, mean)
+    inv = _core.add_scalar(_core.mean(_core.square(xhat), axes, True), eps)
+    _core.sqrt(inv, out=inv)
+    _core.reciprocal(inv, out=inv)
+    _core.mul(xhat, inv, out=xhat)
+    sb = scale.reshape(pshape)
+    y = _core.mul(xhat, sb)
+    _core.add(y, bias.reshape(pshape), out=y)
+    dbias = _core.sum(dy, axes, True)
+    ds = _core.sum(_core.mul(dy, xhat), axes, True)
+    k = _core.mul(sb, inv)
+    dx = _core.mul(xhat, ds)
+    _core.add(dx, dbias, out=dx)
+    _core.sub(_core.mul_scalar(dy, float(M)), dx, out=dx)
+    _core.mul_scalar(k, 1.0 / M, out=k)
+    _core.mul(dx, k, out=dx)
+    return y, dx
+
+
+def batch_norm(args, np, torch, _core, tensor):
+    rng = np.random.default_rng(1)
+    print("\nbatch norm, training forward + backward, ms per call (count per step)")
+    print(f"{'shape':18s} {'x':>2s} | {'fused':>7s} {'composed':>8s} {'torch':>7s}")
+    for C, H, count in ((64, 32, 5), (128, 16, 5), (256, 8, 5), (512, 4, 5)):
+        shape = (args.batch, C, H, H)
+        x, dy = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+        sc, bi = (rng.standard_normal(C).astype(np.float32) for _ in range(2))
+        sx, sdy, ssc, sbi = (tensor.from_numpy(a).data for a in (x, dy, sc, bi))
+        tx = torch.from_numpy(x).requires_grad_()
+        tsc, tbi = torch.from_numpy(sc).requires_grad_(), torch.from_numpy(bi).requires_grad_()
+        tdy = torch.from_numpy(dy)
+
+        def fused():
+            _, mean, _, inv_std = _core.batch_norm_train_forward(sx, ssc, sbi, 1e-5)
+            _core.batch_norm_train_backward(sx, sdy, mean, inv_std, ssc, True)
+
+        def torch_bn():
+            y = torch.nn.functional.batch_norm(tx, None, None, tsc, tbi, True)
+            torch.autograd.grad(y, [tx, tsc, tbi], tdy)
+        fns = [fused, lambda: composed_batch_norm(_core, sx, ssc, sbi, sdy), torch_bn]
+        times = [[] for _ in fns]
+        for f in fns:
+            f()
+        for _ in range(args.repeat):
+            for f, t in zip(fns, times):
+                start = time.perf_counter()
+                for _ in range(4 * args.calls):
+                    f()
+                t.append((time.perf_counter() - start) / (4 * args.calls) * 1e3)
+        med = [statistics.median(t) for t in times]
+        print(f"{str(shape):18s} {count:2d} | {med[0]:7.3f} {med[1]:8.3f} {med[2]:7.3f}")
 
 
 if __name__ == "__main__":

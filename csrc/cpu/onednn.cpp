@@ -108,6 +108,7 @@ struct Arg {
   bool input = true;
   Md plain_md;
   Mem plain, blocked;
+  size_t blocked_bytes = 0;
   Pd reorder_pd;
   Prim reorder;
 
@@ -118,6 +119,7 @@ struct Arg {
     plain.make(plain_md.h, nullptr);
     if (f.memory_desc_equal(plain_md.h, chosen)) return;
     blocked.make(chosen, kMemoryAllocate);
+    blocked_bytes = f.memory_desc_get_size(chosen);
     const_memory_desc_t from = input ? plain_md.h : chosen, to = input ? chosen : plain_md.h;
     check(f.reorder_pd_create(&reorder_pd.h, from, lib().engine, to, lib().engine, nullptr), "reorder_pd_create");
     reorder.make(reorder_pd);
@@ -145,7 +147,11 @@ struct Plan {
   int nargs = 0;
 };
 
+// Bounds on the cache: a model has a few dozen plans, but a sweep over shapes must not grow it without end. Each
+// plan holds its blocked buffers (activation-sized), so the bound is on their bytes as well as on the count.
 constexpr size_t kMaxPlans = 512;
+constexpr size_t kMaxPlanBytes = size_t(2) << 30;
+size_t plan_bytes = 0;
 
 using Key = std::tuple<int, Shape, Shape, std::array<int64_t, 6>, int64_t, bool, int>;
 
@@ -181,7 +187,10 @@ Plan& plan_for(Pass pass, const Geometry& g, Pair stride, Pair padding, Pair dil
   Key key{pass, g.x, g.w, {stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1]}, groups, bias, nt};
   auto& cache = plans();
   if (auto it = cache.find(key); it != cache.end()) return *it->second;
-  if (cache.size() >= kMaxPlans) cache.clear();  // a model has a few dozen; a shape sweep must not grow without end
+  if (cache.size() >= kMaxPlans || plan_bytes >= kMaxPlanBytes) {
+    cache.clear();
+    plan_bytes = 0;
+  }
   auto& f = lib().f;
   auto p = std::make_unique<Plan>();
   const int wtag = g.w.size() == 4 ? kTagAbcd : kTagAbcde;
@@ -217,6 +226,7 @@ Plan& plan_for(Pass pass, const Geometry& g, Pair stride, Pair padding, Pair dil
     if (bias) p->args[p->nargs++].init(kArgDiffBias, false, {g.y[1]}, kTagA, b_md.h);
   }
   p->prim.make(p->pd);
+  for (const Arg& a : p->args) plan_bytes += a.blocked_bytes;
   return *cache.emplace(std::move(key), std::move(p)).first->second;
 }
 

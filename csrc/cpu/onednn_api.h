@@ -55,6 +55,7 @@ struct Functions {
   status_t (*memory_desc_create_with_tag)(memory_desc_t*, int, const dims_t, int, int);
   status_t (*memory_desc_destroy)(memory_desc_t);
   int (*memory_desc_equal)(const_memory_desc_t, const_memory_desc_t);
+  size_t (*memory_desc_get_size)(const_memory_desc_t);
   status_t (*memory_create)(memory_t*, const_memory_desc_t, engine_t, void*);
   status_t (*memory_destroy)(memory_t);
   status_t (*memory_set_data_handle)(memory_t, void*);
@@ -78,8 +79,8 @@ struct Functions {
 };
 constexpr const char* kNames[] = {
     "dnnl_engine_create", "dnnl_stream_create", "dnnl_stream_wait", "dnnl_memory_desc_create_with_tag",
-    "dnnl_memory_desc_destroy", "dnnl_memory_desc_equal", "dnnl_memory_create", "dnnl_memory_destroy",
-    "dnnl_memory_set_data_handle", "dnnl_convolution_forward_primitive_desc_create",
+    "dnnl_memory_desc_destroy", "dnnl_memory_desc_equal", "dnnl_memory_desc_get_size", "dnnl_memory_create",
+    "dnnl_memory_destroy", "dnnl_memory_set_data_handle", "dnnl_convolution_forward_primitive_desc_create",
     "dnnl_convolution_backward_data_primitive_desc_create",
     "dnnl_convolution_backward_weights_primitive_desc_create", "dnnl_reorder_primitive_desc_create",
     "dnnl_primitive_desc_query_md", "dnnl_primitive_desc_destroy", "dnnl_primitive_create",

@@ -194,3 +194,16 @@ def test_build_info_reports_onednn():
     info = singa_lite.build_info()["onednn"]
     assert info["used"] == onednn.ready() and info["status"] == onednn.status()
     assert (info["version"] is not None) == bool(_core.onednn_version())
+
+
+@pytest.mark.slow
+@needs_onednn
+def test_cache_stays_bounded_over_a_shape_sweep():
+    """A primitive per shape, but not without end: past 512 the cache starts again (cpu/onednn.cpp)."""
+    w = tensor.from_numpy(np.ones((1, 1, 1, 1), np.float32)).data
+    for n in range(1, 530):
+        x = tensor.from_numpy(np.full((n, 1, 2, 2), 2.0, np.float32)).data
+        y = _core.onednn_conv2d_forward(x, w, None, [1, 1], [0, 0], [1, 1], 1)
+        assert tuple(y.shape) == (n, 1, 2, 2)
+        assert 1 <= _core.onednn_cached_primitives() <= 512
+    assert np.array_equal(tensor.to_numpy(tensor.Tensor(data=y)), np.full((529, 1, 2, 2), 2.0, np.float32))

@@ -41,6 +41,8 @@ def test_loaded_where_the_wheel_is():
         assert platform.machine() != "x86_64" or sys.platform != "linux" or os.environ.get(onednn.LIB_VAR), \
             "onednn-cpu-gomp is a dependency on x86-64 Linux but is not installed"
         pytest.skip("onednn-cpu-gomp is not installed (not x86-64 Linux)")
+    if os.environ.get(onednn.SWITCH_VAR) == "0":
+        pytest.skip(f"{onednn.SWITCH_VAR}=0 switches oneDNN off")
     assert onednn.ready(), onednn.status()
     assert _core.onednn_version().startswith("3.")
     assert "oneDNN 3." in onednn.status()

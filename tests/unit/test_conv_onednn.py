@@ -156,7 +156,8 @@ def test_unloadable_library_is_reported():
     """A path that is no oneDNN: the process keeps im2col + GEMM and says why (a fresh process: one load each)."""
     code = ("from singa_lite._runtime import onednn; from singa_lite import _core; "
             "print(onednn.ready()); print(onednn.status())")
-    env = {**os.environ, onednn.LIB_VAR: "/nonexistent/libdnnl.so.3"}
+    env = {k: v for k, v in os.environ.items() if k != onednn.SWITCH_VAR}
+    env[onednn.LIB_VAR] = "/nonexistent/libdnnl.so.3"
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     ready, status = p.stdout.splitlines()[:2]

@@ -25,8 +25,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from singa_lite import autograd, device, layer, model, opt, tensor  # noqa: E402
-from bench_models import SingaCNN, torch_cnn, torch_sgd_step  # noqa: E402
+from singa_lite import autograd, device, opt, tensor  # noqa: E402
+from bench_models import SingaCNN, SingaResNet18, torch_cnn, torch_resnet18, torch_sgd_step  # noqa: E402
 
 
 def parse_args():
@@ -36,71 +36,6 @@ def parse_args():
     p.add_argument("--repeat", type=int, default=7, help="timed blocks per side")
     p.add_argument("--steps", type=int, default=20, help="steps per block")
     return p.parse_args()
-
-
-# ----------------------------------------------------------------- models
-class SingaBlock(layer.Layer):
-    def __init__(self, out_ch: int, stride: int):
-        super().__init__()
-        self.conv1 = layer.Conv2d(out_ch, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = layer.BatchNorm2d()
-        self.conv2 = layer.Conv2d(out_ch, 3, stride=1, padding=1, bias=False)
-        self.bn2 = layer.BatchNorm2d()
-        self.stride, self.out_ch = stride, out_ch
-        self.short = None
-
-    def forward(self, x):
-        if self.short is None and (self.stride != 1 or x.shape[1] != self.out_ch):
-            self.short = layer.Conv2d(self.out_ch, 1, stride=self.stride, bias=False)
-            self.short_bn = layer.BatchNorm2d()
-        y = autograd.relu(self.bn1(self.conv1(x)))
-        y = self.bn2(self.conv2(y))
-        s = x if self.short is None else self.short_bn(self.short(x))
-        return autograd.relu(autograd.add(y, s))
-
-
-class SingaResNet18(model.Model):
-    """ResNet-18 for 32x32 inputs: 3x3 stem, four stages of two basic blocks (64-512 channels), global
-    average pooling, a linear classifier."""
-
-    def __init__(self, classes: int = 10):
-        super().__init__()
-        self.stem, self.bn = layer.Conv2d(64, 3, padding=1, bias=False), layer.BatchNorm2d()
-        self.blocks = []
-        for i, (ch, stride) in enumerate([(64, 1), (64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2),
-                                          (512, 1)]):
-            setattr(self, f"block{i}", SingaBlock(ch, stride))
-            self.blocks.append(getattr(self, f"block{i}"))
-        self.pool, self.fc = layer.GlobalAvgPool2d(), layer.Linear(classes)
-
-    def forward(self, x):
-        y = autograd.relu(self.bn(self.stem(x)))
-        for b in self.blocks:
-            y = b(y)
-        return self.fc(autograd.flatten(self.pool(y)))
-
-
-def torch_resnet18(torch, classes: int = 10):
-    nn = torch.nn
-
-    class Block(nn.Module):
-        def __init__(self, cin, cout, stride):
-            super().__init__()
-            self.conv1, self.bn1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
-            self.conv2, self.bn2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
-            self.short = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-                          if stride != 1 or cin != cout else nn.Identity())
-
-        def forward(self, x):
-            y = torch.relu(self.bn1(self.conv1(x)))
-            return torch.relu(self.bn2(self.conv2(y)) + self.short(x))
-
-    layers, cin = [nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()], 64
-    for cout, stride in [(64, 1), (64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2), (512, 1)]:
-        layers.append(Block(cin, cout, stride))
-        cin = cout
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, classes)]
-    return nn.Sequential(*layers)
 
 
 # ----------------------------------------------------------------- timing

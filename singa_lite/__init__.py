@@ -81,6 +81,9 @@ def build_info() -> dict:
     info["nccl"] = {"compiled": nccl.compiled(), "version": nccl.version() if ok else None,
                     "status": "loaded" if ok else _core.nccl_unavailable_reason() if nccl.compiled() else
                     "not built (CPU-only build)"}
+    from ._runtime import onednn
+
+    info["onednn"] = {"used": onednn.ready(), "version": _core.onednn_version() or None, "status": onednn.status()}
     return info
 
 

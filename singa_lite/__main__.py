@@ -26,6 +26,9 @@ def main() -> None:
         version = f"version {dnn['version']}, " if dnn["version"] else ""
         print(f"  cuDNN: {version}not used: {dnn['reason']}; convolution runs as im2col + GEMM, pooling and batch "
               f"norm on the own kernels")
+    dnnl = info["onednn"]
+    print(f"  oneDNN: {dnnl['status']}" + ("; float32 CPU convolutions run on it" if dnnl["used"] else
+                                         "; CPU convolutions run as im2col + GEMM"))
     nccl = info["nccl"]
     print(f"  NCCL : {'version ' + str(nccl['version']) if nccl['version'] else nccl['status'].splitlines()[0]}")
     print(f"  threads: {singa_lite.device.get_num_threads()}")

@@ -4,17 +4,27 @@
 All images are NCHW. The operators follow the contract of :class:`engine.Operator`: ``forward`` and
 ``backward`` work on raw ``_core.Tensor``s, and the functions below take and return ``tensor.Tensor``s.
 
-Convolution is im2col + GEMM. ``cols = im2col(x)`` has shape (K, N*L) with K = C*kh*kw and L = OH*OW: every
-image's columns side by side, so each group is one GEMM for the whole batch, ``W.reshape(OC, K) @ cols`` of
-shape (OC, N*L), which one pass turns into NCHW while adding the bias. The backward reuses the cached cols, with
-dy in the same (OC, N*L) layout: ``dW = dy @ cols^T`` (the transposed view goes to BLAS as a flag),
-``db`` = the sum of dy over (N, H, W) and ``dx = col2im(W^T @ dy)``, the latter skipped when x needs no
+float32 convolutions on the CPU run on oneDNN when it is loaded (the ``onednn-cpu-gomp`` wheel, a dependency on
+x86-64 Linux; singa_lite/_runtime/onednn.py finds it, csrc/cpu/onednn.h runs it): one cached oneDNN primitive per
+pass and shape, in the blocked layouts oneDNN picks, our NCHW tensors reordered in and out. Its forward and input
+gradient give the same bits for any thread count in our tests; its weight gradient splits the batch sum over
+threads, so it may differ between thread counts in the last bits (each count repeats its own).
+``SINGA_LITE_ONEDNN=0`` (or ``_core.set_onednn_enabled(False)``) keeps the algorithm below, which does not
+depend on the thread count.
+
+Otherwise (other dtypes, other platforms) convolution is im2col + GEMM. ``cols = im2col(x)`` has shape (K, N*L) with
+K = C*kh*kw and L = OH*OW: every image's columns side by side, so each group is one GEMM for the whole batch,
+``W.reshape(OC, K) @ cols`` of shape (OC, N*L), which one pass turns into NCHW while adding the bias. The backward
+reuses the cached cols, with dy in the same (OC, N*L) layout: ``dW = dy @ cols^T`` (the transposed view goes to BLAS
+as a flag), ``db`` = the sum of dy over (N, H, W) and ``dx = col2im(W^T @ dy)``, the latter skipped when x needs no
 gradient (a network's data input). Groups slice W, cols and y along their channel axes (views, no copies).
 docs/benchmarks/training.md measures the training step and these kernels.
 
-Batch normalisation follows SINGA (``src/model/operation/batchnorm.cc``: its CPU path computes
-``running = running * (1 - factor) + batch_stat * factor`` with ``factor = momentum``, and its cuDNN path
-passes ``momentum`` as cuDNN's exponentialAverageFactor, which means the same thing):
+Batch normalisation's training passes on the CPU (float32 / float64) are fused per channel in C++
+(csrc/cpu/batch_norm.cpp: statistics, then the affine map; backward: two sums, then dx), with sums in a fixed order,
+so any thread count gives the same bits. Batch normalisation follows SINGA (``src/model/operation/batchnorm.cc``:
+its CPU path computes ``running = running * (1 - factor) + batch_stat * factor`` with ``factor = momentum``, and its
+cuDNN path passes ``momentum`` as cuDNN's exponentialAverageFactor, which means the same thing):
 
     running_mean = (1 - momentum) * running_mean + momentum * batch_mean
     running_var  = (1 - momentum) * running_var  + momentum * batch_var_unbiased
@@ -37,6 +47,7 @@ import numpy as np
 
 from .. import _core
 from .. import engine
+from .._runtime import onednn as _onednn
 from ..engine import CTensor, Operator
 from ..raw import from_host, grad_like, pair, to_host, zeros
 from ..singa_wrap.handles import BatchNormHandle, ConvHandle, PoolingHandle
@@ -103,6 +114,12 @@ def _use_cudnn(x: CTensor, *numels: int) -> bool:
             and _core.cudnn_available())
 
 
+def _use_onednn(x: CTensor, y_numel: int) -> bool:
+    """Run this convolution through oneDNN? A float32 CPU tensor, a non-empty result, and oneDNN loaded and
+    usable (singa_lite/_runtime/onednn.py; asked last)."""
+    return x.device.is_cpu() and x.dtype.name == "float32" and x.numel > 0 and y_numel > 0 and _onednn.ready()
+
+
 # ---------------------------------------------------------------- convolution
 class _Conv2d(Operator):
     """y = conv(x, W) (+ b): inputs (x, W) or (x, W, b); see the module docstring for the algorithm."""
@@ -151,6 +168,11 @@ class _Conv2d(Operator):
         N = x.shape[0]
         OC, Cg, kh, kw = W.shape
         self.cudnn = _use_cudnn(x, x.numel, W.numel, N * OC * oh * ow)
+        self.onednn = not self.cudnn and _use_onednn(x, N * OC * oh * ow)
+        if self.onednn:
+            y = _core.onednn_conv2d_forward(x, W, b, self.stride, self.padding, self.dilation, self.groups)
+            self.x, self.W, self.has_bias = x, W, b is not None
+            return y
         if self.cudnn:
             y = _core.cudnn_conv2d_forward(x, W, self.stride, self.padding, self.dilation, self.groups)
             if b is not None:
@@ -178,7 +200,10 @@ class _Conv2d(Operator):
         return y.reshape([N, OC, oh, ow])
 
     def backward(self, dy):
-        grads = self._backward_cudnn(dy) if self.cudnn else self._backward_im2col(dy)
+        if self.onednn:
+            grads = self._backward_onednn(dy)
+        else:
+            grads = self._backward_cudnn(dy) if self.cudnn else self._backward_im2col(dy)
         if self.odd and grads[0] is not None:
             grads = (_crop_edges(grads[0], self.odd),) + tuple(grads[1:])
         return grads
@@ -216,6 +241,17 @@ class _Conv2d(Operator):
                     _core.matmul(W2T.slice(1, i * OCg, (i + 1) * OCg), dy2.slice(0, i * OCg, (i + 1) * OCg),
                                  out=dcols.slice(0, i * Kg, (i + 1) * Kg))
             dx = _core.col2im(dcols, self.x_shape, self.kernel, self.stride, self.padding, self.dilation)
+        return (dx, dW, db) if self.has_bias else (dx, dW)
+
+    def _backward_onednn(self, dy):
+        need = _needs(self)
+        args = (self.stride, self.padding, self.dilation, self.groups)
+        x, W = self.x, self.W
+        dx = _core.onednn_conv2d_backward_data(W, dy, list(x.shape), *args) if need[0] else None
+        dW = db = None
+        if need[1] or (self.has_bias and need[2]):
+            dW, db = _core.onednn_conv2d_backward_weights(x, dy, list(W.shape), self.has_bias and need[2], *args)
+            dW = dW if need[1] else None
         return (dx, dW, db) if self.has_bias else (dx, dW)
 
     def _backward_cudnn(self, dy):
@@ -455,7 +491,7 @@ class _BatchNorm2d(Operator):
         axes = [0] + list(range(2, x.ndim))
         self.axes, self.pshape = axes, pshape
         scale_b = scale.reshape(pshape)
-        self.training = engine.training
+        self.training, self.fused = engine.training, False
         # cuDNN takes 4-D tensors: (N, C) is (N, C, 1, 1), the same statistics per channel.
         self.cudnn = _use_cudnn(x, x.numel)
         x4 = x if x.ndim == 4 or not self.cudnn else x.reshape([x.shape[0], C, 1, 1])
@@ -469,6 +505,12 @@ class _BatchNorm2d(Operator):
                     x4, scale, bias, self.running_mean, self.running_var, self.momentum, self.eps)
                 self.saved = (x4, scale, saved_mean, saved_inv_std)
                 return y.reshape(list(x.shape))
+            self.fused = x.device.is_cpu() and x.dtype.name in ("float32", "float64")
+            if self.fused:  # two passes over x per direction (csrc/cpu/batch_norm.cpp)
+                y, mean, var, inv_std = _core.batch_norm_train_forward(x, scale, bias, self.eps)
+                self._update_running(mean, var, M)
+                self.x, self.saved, self.scale_b = x, (scale, mean, inv_std), scale_b
+                return y
             mean = _core.mean(x, axes, True)
             xhat = _core.sub(x, mean)
             var = _core.mean(_core.square(xhat), axes, True)  # biased, for normalising
@@ -478,12 +520,7 @@ class _BatchNorm2d(Operator):
             _core.mul(xhat, inv_std, out=xhat)
             y = _core.mul(xhat, scale_b)
             _core.add(y, bias.reshape(pshape), out=y)
-            m = self.momentum  # running = (1 - m) * running + m * batch statistic (SINGA, cuDNN, PyTorch)
-            rm, rv = self.running_mean, self.running_var
-            _core.mul_scalar(rm, 1.0 - m, out=rm)
-            _core.axpy_(m, mean.reshape([C]), rm)
-            _core.mul_scalar(rv, 1.0 - m, out=rv)
-            _core.axpy_(m * M / (M - 1), var.reshape([C]), rv)
+            self._update_running(mean.reshape([C]), var.reshape([C]), M)
             self.xhat, self.inv_std, self.M = xhat, inv_std, M
         else:  # the affine map y = (x - running_mean) * inv_std * scale + bias
             inv_std = _core.add_scalar(self.running_var.reshape(pshape), self.eps)
@@ -502,9 +539,21 @@ class _BatchNorm2d(Operator):
         self.scale_b = scale_b
         return y
 
+    def _update_running(self, mean, var, M):
+        """running = (1 - m) * running + m * batch statistic (SINGA, cuDNN, PyTorch); var unbiased here."""
+        m, rm, rv = self.momentum, self.running_mean, self.running_var
+        _core.mul_scalar(rm, 1.0 - m, out=rm)
+        _core.axpy_(m, mean, rm)
+        _core.mul_scalar(rv, 1.0 - m, out=rv)
+        _core.axpy_(m * M / (M - 1), var, rv)
+
     def backward(self, dy):
         axes, C = self.axes, self.pshape[1]
         need = _needs(self)
+        if self.fused:
+            scale, mean, inv_std = self.saved
+            dx, dscale, dbias = _core.batch_norm_train_backward(self.x, dy, mean, inv_std, scale, bool(need[0]))
+            return (dx, dscale if need[1] else None, dbias if need[2] else None)
         if self.cudnn and self.training:
             x4, scale, saved_mean, saved_inv_std = self.saved
             dx, dscale, dbias = _core.cudnn_batch_norm_backward(x4, dy.reshape(list(x4.shape)), scale, saved_mean,

@@ -1,0 +1,151 @@
+"""ResNet-18 (CIFAR form: 3x3 stem, stages 64-128-256-512, batch norm, residual adds) training steps on the CPU,
+singa_lite against PyTorch eager, each library in a worker process of its own, same threads, same data.
+
+One step = forward, cross-entropy, backward, SGD with momentum 0.9. The parent asks the two workers for a block
+of steps in turn (singa_lite, torch, singa_lite, ...), sleeping a moment before each block, and reports medians
+over blocks; ratio = singa_lite step / torch step (goal <= 0.8). Separate processes keep one library's idle
+thread pool from spinning against the other's. The convolutions' FLOP/s are reported against the best SGEMM
+rate measured in the torch worker (2048^3, same threads): a measured ceiling, not the data-sheet peak.
+
+    python bench/bench_resnet_cpu.py                        # batch 16, 2 threads, 7 blocks of 5 steps
+    python bench/bench_resnet_cpu.py --threads 1 --repeat 9
+    SINGA_LITE_ONEDNN=0 python bench/bench_resnet_cpu.py    # singa_lite's convolutions as im2col + GEMM
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--threads", type=int, default=2, help="threads for both libraries")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--repeat", type=int, default=7, help="timed blocks per library")
+    p.add_argument("--steps", type=int, default=5, help="training steps per block")
+    p.add_argument("--gap", type=float, default=0.3, help="seconds of sleep before each block")
+    p.add_argument("--worker", choices=("singa", "torch"), help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+def worker(args):
+    """Builds the model, warms up, says 'ready', then answers each line 'N' with the seconds of N steps."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
+    import numpy as np
+
+    sys.path.insert(0, HERE)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((args.batch, 3, 32, 32)).astype(np.float32)
+    y = rng.integers(0, 10, args.batch).astype(np.int32)
+    extra = ""
+    if args.worker == "torch":
+        import torch
+
+        from bench_models import torch_resnet18, torch_sgd_step
+
+        torch.set_num_threads(args.threads)
+        step = torch_sgd_step(torch, torch_resnet18(torch), x, y)
+        a = torch.randn(2048, 2048)
+        torch.mm(a, a)
+        best = min(_timed(lambda: torch.mm(a, a), 1) for _ in range(5))
+        extra = f" {2 * 2048 ** 3 / best:.6g}"
+    else:
+        from singa_lite import autograd, device, opt, tensor
+        from singa_lite._runtime import onednn
+
+        from bench_models import SingaResNet18
+
+        device.set_num_threads(args.threads)
+        net, sgd = SingaResNet18(), opt.SGD(lr=0.01, momentum=0.9)
+        tx, ty = tensor.from_numpy(x), tensor.from_numpy(y)
+        autograd.training = True
+
+        def step():
+            sgd(autograd.softmax_cross_entropy(net.forward(tx), ty))
+        extra = " " + onednn.status().replace(" ", "_")
+    for _ in range(3):
+        step()
+    print("ready" + extra, flush=True)
+    for line in sys.stdin:
+        c = time.process_time()
+        wall = _timed(step, int(line))
+        print(wall, (time.process_time() - c) / int(line), flush=True)
+
+
+def _timed(fn, n):
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) / n
+
+
+def main():
+    args = parse_args()
+    if args.worker:
+        return worker(args)
+    sys.path.insert(0, HERE)
+    from bench_models import resnet18_conv_flops
+
+    cmd = [sys.executable, os.path.abspath(__file__), "--threads", str(args.threads), "--batch", str(args.batch)]
+    workers, info = {}, {}
+    for name in ("singa", "torch"):  # one at a time: their warm-ups do not overlap
+        workers[name] = subprocess.Popen(cmd + ["--worker", name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         text=True)
+        first = workers[name].stdout.readline().split()
+        assert first and first[0] == "ready", f"the {name} worker did not start"
+        info[name] = first[1] if len(first) > 1 else ""
+    load_before = os.getloadavg()
+    times = {name: [] for name in workers}
+    cpu = {name: [] for name in workers}
+    try:
+        for _ in range(args.repeat):
+            for name, w in workers.items():
+                time.sleep(args.gap)
+                w.stdin.write(f"{args.steps}\n")
+                w.stdin.flush()
+                wall, used = w.stdout.readline().split()
+                times[name].append(float(wall))
+                cpu[name].append(float(used))
+    finally:
+        for w in workers.values():
+            w.stdin.close()
+            w.wait(timeout=120)
+    load_after = os.getloadavg()
+    s, t = statistics.median(times["singa"]), statistics.median(times["torch"])
+    ratios = sorted(a / b for a, b in zip(times["singa"], times["torch"]))
+    _, step_flops = resnet18_conv_flops(args.batch)
+    gemm = float(info["torch"])
+    print(f"ResNet-18 CIFAR, batch {args.batch}, {args.threads} threads each, {args.repeat} blocks of {args.steps} "
+          f"steps, interleaved; {os.cpu_count()} CPUs; load average {load_before[0]:.2f} before, "
+          f"{load_after[0]:.2f} after")
+    print(f"singa_lite convolutions: {info['singa'].replace('_', ' ')}")
+    print(f"SGEMM 2048^3 ceiling (torch.mm, best of 5): {gemm / 1e9:.0f} GFLOP/s; conv FLOPs per step "
+          f"{step_flops / 1e9:.2f} G")
+    for name, key, med in (("singa_lite", "singa", s), ("torch", "torch", t)):
+        blocks = ", ".join(f"{1e3 * v:.0f}" for v in sorted(times[key]))
+        print(f"{name:10s} {1e3 * med:8.1f} ms/step (blocks {blocks}); "
+              f"conv FLOPs / step time = {step_flops / med / 1e9:.0f} GFLOP/s = {step_flops / med / gemm:.0%} "
+              f"of the SGEMM ceiling")
+    # Per round too: a burst of load from other processes that hits one block of a round moves that round's
+    # ratio only; the median over rounds is the figure the docs quote.
+    per_round = statistics.median(ratios)
+    verdict = "PASS" if per_round <= 0.8 else "above goal"
+    # CPU seconds per step (all threads): what other processes' load changes least; both libraries' OpenMP
+    # threads spin a little after parallel work, which counts here.
+    cs, ct = statistics.median(cpu["singa"]), statistics.median(cpu["torch"])
+    print(f"CPU time per step (all threads): singa_lite {1e3 * cs:.0f} ms, torch {1e3 * ct:.0f} ms, "
+          f"ratio {cs / ct:.3f}")
+    print(f"ratio singa_lite / torch: of the medians {s / t:.3f}; median per round {per_round:.3f} (goal <= 0.8: "
+          f"{verdict}); per round {', '.join(f'{r:.2f}' for r in ratios)}")
+
+
+if __name__ == "__main__":
+    main()

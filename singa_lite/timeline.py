@@ -23,6 +23,9 @@ monotonic clock, so the files of ranks on one host line up):
   completed (``args``: bytes, elements, tensors, ``queued_us``: how long it waited behind earlier ones since
   its launch). Collectives run one at a time, so they rarely overlap; when they do (a backend that reports
   no times), the later ones go to a second track.
+- the straggler report (comm/straggler.py), when DistOpt makes one: its verdict as an instant event
+  (``ph: "i"``, ``cat: "mark"``, ``args.summary``) on every rank, and the straggler's process named
+  "rank r (straggler: ...)".
 
 The path: ``.rank{r}`` is inserted before the extension (``trace.json`` -> ``trace.rank0.json``); a path that
 is a directory (or ends with ``/``) gets ``timeline.rank{r}.json`` inside. The rank is the one given to
@@ -167,9 +170,9 @@ def step_end() -> None:
 
 
 def mark(name: str, args=None, note: str | None = None) -> None:
-    """If recording: an instant event `name` across the whole trace (``ph: "i"``, global scope), drawn as a line
-    through every rank in the merged file (the straggler report's verdicts); note: a few words after this rank's
-    process name ("rank 1 (straggler ...)"), '' to clear it, None to leave it."""
+    """If recording: an instant event `name` (``ph: "i"``, drawn as a line through this rank's tracks; the
+    straggler report's verdicts); note: a few words after this rank's process name ("rank 1 (straggler: ...)"),
+    '' to clear it, None to leave it."""
     if _active is not None:
         t = _now()
         _active.add(name, "mark", COMPUTE, t, t, args)
@@ -197,6 +200,7 @@ class _Recorder:
     def restart(self) -> None:
         """Forgets what was recorded (in a forked child) and the rank (the child has its own)."""
         self.events, self.dropped, self.steps, self.step_start, self.last_end = [], 0, 0, None, None
+        self.note = ""
         self.rank = self.world_size = None
 
     def add(self, name, cat, tid, t0, t1, args=None) -> None:
@@ -271,7 +275,7 @@ class _Recorder:
                 lanes[lane] = t1
                 tid = COMM + lane
             if cat == "mark":
-                ev = {"name": name, "cat": cat, "ph": "i", "s": "g", "pid": rank, "tid": tid, "ts": _us(t0)}
+                ev = {"name": name, "cat": cat, "ph": "i", "s": "p", "pid": rank, "tid": tid, "ts": _us(t0)}
             else:
                 ev = {"name": name, "cat": cat, "ph": "X", "pid": rank, "tid": tid, "ts": _us(t0),
                       "dur": _us(t1 - t0)}

@@ -49,9 +49,10 @@ import numpy as np
 
 from .. import _core, tensor
 from ..optim.algorithms import SGD
+from ..comm.straggler import check_every, report_every_from_environment
 from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
-from . import buffers, replicas, straggler, unused, zero
+from . import buffers, replicas, unused, zero
 from .accumulate import check_passes
 from .exchange import SparseExchange, check_spars, wire_dtype
 from .fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD, check_first_bucket, check_threshold
@@ -60,7 +61,7 @@ from .lowlevel import SingaCalls
 from .pending import PendingStep
 from .reducer import Reducer
 from .replica_check import ReplicaCheck
-from .straggler import StragglerReport
+from .step_stats import StepStats, StragglerReport
 
 __all__ = ["DistOpt", "PendingStep", "DEFAULT_THRESHOLD", "DEFAULT_FIRST_BUCKET"]
 
@@ -93,7 +94,7 @@ class DistOpt(SingaCalls):
     updates that shard, then the parameters are broadcast from their owners) or 2 (the gradients' buckets are
     reduced into their owner too, so each rank keeps its shard of them); see parallel/zero.py and ``memory_report()``.
     step_stats (default True): time each step's phases and each collective on this rank, for ``stats()``, the
-    straggler report (parallel/straggler.py; a few microseconds a step); report_every=N: the ranks compare
+    straggler report (comm/straggler.py; a few microseconds a step); report_every=N: the ranks compare
     those every N steps and rank 0 prints the table (default: SINGA_LITE_REPORT, which ``singa-run --report N``
     sets; None: only when ``stats()`` is called).
     Gradient accumulation (parallel/accumulate.py)::
@@ -129,9 +130,9 @@ class DistOpt(SingaCalls):
         zero_stage = zero.check_stage(zero_stage, "DistOpt")
         if not isinstance(step_stats, bool):
             raise TypeError(f"DistOpt: step_stats must be True or False, got {step_stats!r}")
-        report_every = straggler.check_every(report_every, "DistOpt")
+        report_every = check_every(report_every, "DistOpt")
         if report_every is None:
-            report_every = straggler.report_every_from_environment()  # singa-run --report N
+            report_every = report_every_from_environment()  # singa-run --report N
         if report_every is not None and not step_stats:
             raise ValueError("DistOpt: report_every needs step_stats=True (the reports compare those figures)")
         if zero_stage and check_replicas_every is not None:
@@ -172,7 +173,7 @@ class DistOpt(SingaCalls):
                                           fusers=self.reducer.exchanges)
         self._init_singa_calls(communicator, self.buffSize)
         if step_stats:  # last: every rank starts timing its collectives at the same point
-            self.reducer.stats = straggler.StepStats(communicator, report_every)
+            self.reducer.stats = StepStats(communicator, report_every)
 
     def __repr__(self):
         return (f"DistOpt({type(self.opt).__name__}, rank {self.global_rank} of {self.world_size}, "
@@ -494,7 +495,7 @@ class DistOpt(SingaCalls):
 
     # ----- the straggler report
     def stats(self) -> "StragglerReport":
-        """Which rank is slow, and where each rank's time goes (parallel/straggler.py; docs/straggler.md). A
+        """Which rank is slow, and where each rank's time goes (comm/straggler.py; docs/straggler.md). A
         collective: every rank calls it at the same point (one small all-gather of each rank's figures since the
         last report). Returns the report of every step so far but the first, the same on every rank: per rank
         the milliseconds per step in data loading, forward, backward, update and blocked in collectives (wait),

@@ -7,7 +7,7 @@ import time
 
 from .. import timeline
 from ..optim.clip import clip_grad_norm
-from .straggler import BACKWARD, WAIT
+from .step_stats import BACKWARD, WAIT
 
 __all__ = ["PendingStep"]
 

@@ -35,7 +35,7 @@ from . import fusion, hooks, replicas
 from .accumulate import Accumulator
 from .exchange import HalfExchange, HookExchange, PartialExchange, PlainExchange, SparseExchange
 from .pending import PendingStep
-from .straggler import BACKWARD, FORWARD
+from .step_stats import BACKWARD, FORWARD
 
 CTensor = _core.Tensor
 _CPU = _core.Device("cpu")

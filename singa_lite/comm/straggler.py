@@ -216,7 +216,8 @@ class StragglerReport:
         return f"straggler: last in {100 * s.last_share:.0f}% of {self.basis}{where}"
 
     def __str__(self) -> str:
-        head = (f"straggler report: {self.world_size} ranks, {self.steps} steps, {self.compared} {self.basis} "
+        ranks = f"{self.world_size} rank" + ("s" if self.world_size != 1 else "")
+        head = (f"straggler report: {ranks}, {self.steps} steps, {self.compared} {self.basis} "
                 f"compared ({self.contested} where a rank waited)"
                 + (f", {self.backend} backend" if self.backend else "") + "; ms per step")
         cols = ("rank", "step", *PHASES, "waited", "caused", "last in")

@@ -17,6 +17,7 @@ times): the report then compares steps instead (see parallel/straggler.py).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
@@ -24,23 +25,23 @@ import time
 _now = time.perf_counter
 
 POINT_TO_POINT = frozenset({"send", "recv"})
-DEFAULT_CAPACITY = 1 << 16  # durations kept: 512 KiB; older ones are dropped (the same ones on every rank)
+DEFAULT_CAPACITY = 1 << 14  # durations kept (older ones are dropped: the same ones on every rank)
 
 
 class ArrivalLog:
     """Durations (seconds) of one communicator's collectives, numbered from 1 in call order.
 
-    ``first`` is the number of ``durations[0]``; ``taken(upto)`` forgets what the caller has compared."""
+    ``first`` is the number of the oldest duration kept; ``taken(upto)`` forgets what the caller has compared."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY):
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"ArrivalLog: capacity must be an int >= 1, got {capacity!r}")
         self.capacity = capacity
-        self.durations: list = []
+        self.durations = collections.deque(maxlen=capacity)  # the oldest go first, in constant time
         self.first = 1
         self.blocked = 0.0  # seconds the calling threads spent blocked in this communicator's operations
         self.paused = 0  # > 0: calls are neither numbered nor timed (the report's own gather)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # first and durations change together (the communication thread adds)
 
     def timed(self, fn, inline: bool):
         """fn, timed into the log when it runs. inline: it runs on the calling thread, which is blocked meanwhile."""
@@ -56,11 +57,9 @@ class ArrivalLog:
 
     def add(self, seconds: float) -> None:
         with self._lock:
+            if len(self.durations) == self.capacity:  # every rank drops the same ones: the numbers stay aligned
+                self.first += 1
             self.durations.append(seconds)
-            if len(self.durations) > self.capacity:  # every rank drops the same ones: the same count is logged
-                drop = len(self.durations) - self.capacity
-                del self.durations[:drop]
-                self.first += drop
 
     def snapshot(self) -> tuple:
         """(number of the first duration, [durations]) of what is logged now."""
@@ -70,9 +69,9 @@ class ArrivalLog:
     def taken(self, upto: int) -> None:
         """Forgets the durations numbered up to `upto`."""
         with self._lock:
-            drop = min(max(upto - self.first + 1, 0), len(self.durations))
-            del self.durations[:drop]
-            self.first += drop
+            for _ in range(min(max(upto - self.first + 1, 0), len(self.durations))):
+                self.durations.popleft()
+                self.first += 1
 
     @contextlib.contextmanager
     def pause(self):

@@ -14,8 +14,9 @@ block timed between barriers:
 - report: the same, and every `--every` steps the ranks compare them (one all-gather) as ``report_every=N`` /
   ``singa-run --report N`` do (rank 0 prints each table, to /dev/null here).
 
-Rank 0 reports the medians of the slowest rank's step times and their ratios to "off", measured in the same run
-(goal: <= 1 % of a step).
+Rank 0 reports the medians of the slowest rank's step times, the median over the rounds of each round's ratio to
+"off" (the modes of a round ran one after the other, so the machine's slower and faster spells cancel), and the
+median time of one report's gather (goal: <= 1 % of a step).
 """
 from __future__ import annotations
 
@@ -81,6 +82,16 @@ def rank_main(rank, args, holder, port, queue):
     sgd = opt.DistOpt(opt.SGD(lr=0.01, momentum=0.9), communicator=comm)
     stats, log = sgd.reducer.stats, comm.arrivals
     tx = tensor.from_numpy(x)
+    gathers = []  # seconds of each report's gather (and tables), timed inside the report mode's blocks
+    gather = stats.gather
+
+    def timed_gather(*a, **k):
+        t = time.perf_counter()
+        try:
+            return gather(*a, **k)
+        finally:
+            gathers.append(time.perf_counter() - t)
+    stats.gather = timed_gather
 
     def step():
         autograd.training = True
@@ -114,8 +125,9 @@ def rank_main(rank, args, holder, port, queue):
             times[name].append(slowest((time.perf_counter() - t) / args.steps))
     mode("report")
     reports = stats.reports
+    worst = slowest(statistics.median(gathers)) if gathers else 0.0
     if rank == 0:
-        queue.put({"times": times, "reports": reports})
+        queue.put({"times": times, "reports": reports, "gather": worst})
     comm.barrier()
     comm.close()
     if store is not None:
@@ -153,15 +165,21 @@ def main(argv=None) -> int:
         if server is not None:
             server.close()
     med = {m: statistics.median(result["times"][m]) for m in MODES}
+    # each round's modes ran one after the other: their ratios cancel the machine's slower and faster spells
+    ratio = {m: statistics.median(t / o for t, o in zip(result["times"][m], result["times"]["off"])) for m in MODES}
     summary = {"model": args.model, "backend": args.backend, "world_size": args.world_size, "batch": args.batch,
                "steps": args.steps, "repeat": args.repeat, "every": args.every, "reports": result["reports"],
+               "gather_ms": result["gather"] * 1e3,
                **{f"{m}_ms": med[m] * 1e3 for m in MODES},
-               **{f"{m}_ratio": med[m] / med["off"] for m in MODES if m != "off"},
+               **{f"{m}_ratio": ratio[m] for m in MODES if m != "off"},
                "times_ms": {m: [t * 1e3 for t in v] for m, v in result["times"].items()}}
     print(f"{args.model} on {args.world_size} ranks ({args.backend}), batch {args.batch}: step off "
-          f"{med['off'] * 1e3:.3f} ms, on {med['on'] * 1e3:.3f} ms ({100 * (med['on'] / med['off'] - 1):+.2f} %), "
-          f"report every {args.every} {med['report'] * 1e3:.3f} ms ({100 * (med['report'] / med['off'] - 1):+.2f} %) "
-          f"(medians of {args.repeat} blocks of {args.steps} steps; {result['reports']} reports)")
+          f"{med['off'] * 1e3:.3f} ms, on {med['on'] * 1e3:.3f} ms, report every {args.every} "
+          f"{med['report'] * 1e3:.3f} ms (medians of {args.repeat} blocks of {args.steps} steps); per round, on / off "
+          f"{100 * (ratio['on'] - 1):+.2f} %, report / off {100 * (ratio['report'] - 1):+.2f} % (medians); one report "
+          f"{result['gather'] * 1e3:.3f} ms "
+          f"(median of {result['reports']}) = {100 * result['gather'] / (args.every * med['off']):.3f} % of a step "
+          f"at N = {args.every}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)

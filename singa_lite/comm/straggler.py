@@ -137,21 +137,36 @@ def analyze(payloads: list) -> tuple:
         totals.steps[r] = int(p["steps"])
         totals.phases[r] = [float(v) for v in p["phases"]]
         totals.time[r] = float(p["time"])
+    durations = [seconds(p["durations"]) for p in payloads]
+    waits = [seconds(p["waits"]) for p in payloads]
     # collectives: the numbers every rank has timed (asynchronous ones may still run on some ranks)
     first = max(int(p["first"]) for p in payloads)
-    upto = min(int(p["first"]) + len(p["durations"]) - 1 for p in payloads)
+    upto = min(int(p["first"]) + len(d) - 1 for p, d in zip(payloads, durations))
     if upto >= first and P > 1:
-        d = np.array([p["durations"][first - int(p["first"]):upto + 1 - int(p["first"])] for p in payloads],
-                     dtype=np.float64)
+        d = np.stack([d[first - int(p["first"]):upto + 1 - int(p["first"])] for p, d in zip(payloads, durations)])
         totals.contested = _compare(d, totals.last, totals.waited, totals.caused)
         totals.compared = d.shape[1]
     # steps: each one's time blocked in collectives
-    n = min(len(p["waits"]) for p in payloads)
+    n = min(len(w) for w in waits)
     if n and P > 1:
-        w = np.array([p["waits"][len(p["waits"]) - n:] for p in payloads], dtype=np.float64)
+        w = np.stack([w[len(w) - n:] for w in waits])
         totals.steps_contested = _compare(w, totals.last_steps, totals.waited_steps, totals.caused_steps)
         totals.steps_compared = n
     return totals, upto
+
+
+def packed(seconds_list) -> bytes:
+    """Durations as the payload carries them: float32 bytes (a JSON list of floats costs far more to send)."""
+    return np.asarray(seconds_list, dtype=np.float32).tobytes()
+
+
+def seconds(value) -> np.ndarray:
+    """packed() bytes (or a list of numbers) as float64 seconds."""
+    if isinstance(value, (bytes, bytearray)):
+        if len(value) % 4:
+            raise ValueError(f"durations: {len(value)} bytes is no whole number of float32 values")
+        return np.frombuffer(value, dtype=np.float32).astype(np.float64)
+    return np.asarray(value, dtype=np.float64).reshape(-1)
 
 
 def _compare(d: np.ndarray, last: list, waited: list, caused: list) -> int:
@@ -297,10 +312,16 @@ def figures_path(folder: str, rank: int) -> str:
 
 
 def write_figures(folder: str, rank: int, doc: dict) -> None:
+    """Writes a rank's figures for final_report (packed durations as lists of seconds), replacing any older file
+    whole."""
+    def default(o):
+        if isinstance(o, (bytes, bytearray)):
+            return seconds(o).tolist()
+        raise TypeError(f"write_figures: {type(o).__name__} is not JSON data")
     path = figures_path(folder, rank)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
-        json.dump(doc, f)
+        json.dump(doc, f, default=default)
     os.replace(tmp, path)
 
 

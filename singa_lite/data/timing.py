@@ -18,18 +18,18 @@ import time
 __all__ = ["loading", "timed", "seconds"]
 
 now = time.perf_counter  # the clock every count uses
-_total = 0.0
+total = 0.0  # seconds spent loading data in this process so far (read it; add() counts)
 
 
 def seconds() -> float:
     """Seconds spent loading data in this process so far (a running total: take differences)."""
-    return _total
+    return total
 
 
 def add(seconds_spent: float) -> None:
     """Counts `seconds_spent` as data loading (for readers that time themselves)."""
-    global _total
-    _total += seconds_spent
+    global total
+    total += seconds_spent
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import time
 from .. import timeline
 from ..comm import arrivals
 from ..comm.straggler import (BACKWARD, DATA, FORWARD, PHASES, REPORT_DIR_VAR, UPDATE, WAIT, StragglerReport, Totals,
-                              analyze, report, write_figures)
+                              analyze, packed, report, write_figures)
 from ..data import timing
 
 __all__ = ["StepStats", "DATA", "FORWARD", "BACKWARD", "UPDATE", "WAIT", "StragglerReport"]
@@ -47,31 +47,31 @@ class StepStats:
 
     def _restart_clock(self) -> None:
         self.cursor = _now()
-        self._data = timing.seconds()
+        self._data = timing.total
         self._blocked = self.log.blocked
 
     # ----- the clock
     def charge(self, phase: int) -> None:
         """The time since the last charge goes to `phase`, less what was data loading (to data) and blocked in
         collectives (to wait) meanwhile."""
-        if self.cursor is None:
+        cursor = self.cursor
+        if cursor is None:
             return
         now = _now()
-        span = now - self.cursor
-        data = timing.seconds() - self._data
-        blocked = self.log.blocked - self._blocked
-        self._data += data
-        self._blocked += blocked
+        data_total, blocked_total = timing.total, self.log.blocked
+        span = now - cursor
+        data, blocked = data_total - self._data, blocked_total - self._blocked
+        self._data, self._blocked, self.cursor = data_total, blocked_total, now
         rest = span - data - blocked
         if rest < 0:  # another thread's counts too: scaled down to what this thread could have spent
             scale = span / (data + blocked)
             data, blocked, rest = data * scale, blocked * scale, 0.0
-        self.phases[DATA] += data
-        self.phases[WAIT] += blocked
-        self.phases[phase] += rest
-        self._step_wait += blocked + (rest if phase == WAIT else 0.0)
+        phases = self.phases
+        phases[DATA] += data
+        phases[WAIT] += blocked
+        phases[phase] += rest
+        self._step_wait += blocked + rest if phase == WAIT else blocked
         self.time += span
-        self.cursor = now
 
     def step_over(self, completed: bool = True) -> None:
         """A step ended (the rest of its time is the update's); every `every` steps, a report (completed: the
@@ -87,18 +87,19 @@ class StepStats:
         self._step_wait = 0.0
         self.ended += 1
         if completed and self.every is not None and self.ended % self.every == 0:
-            self.gather(print_table=self.rank == 0)
+            self.gather(print_table=self.rank == 0, whole_run=False)
 
     # ----- reports
     def payload(self) -> dict:
         """This rank's figures since the last report (JSON data)."""
         first, durations = self.log.snapshot()
-        return {"steps": self.steps, "phases": list(self.phases), "time": self.time, "waits": list(self.waits),
-                "first": first, "durations": durations}
+        return {"steps": self.steps, "phases": list(self.phases), "time": self.time, "waits": packed(self.waits),
+                "first": first, "durations": packed(durations)}
 
-    def gather(self, print_table: bool = False) -> StragglerReport:
+    def gather(self, print_table: bool = False, whole_run: bool = True) -> StragglerReport | None:
         """Collective: every rank's figures since the last report, compared; returns the report of the whole run
-        so far (the same on every rank). print_table: print the period's report to stderr."""
+        so far (the same on every rank; None unless whole_run). print_table: print the period's report to
+        stderr."""
         mine = self.payload()
         with self.log.pause():
             every = self.comm.all_gather_object(mine)
@@ -107,8 +108,8 @@ class StepStats:
         self._new_window()
         self.totals = self.totals.merged(window)
         self.reports += 1
-        period = report(window, self.backend)
-        whole = report(self.totals, self.backend)
+        period = report(window, self.backend) if print_table or timeline.is_active() else None
+        whole = report(self.totals, self.backend) if whole_run or timeline.is_active() else None
         if timeline.is_active():
             note = whole.note() if whole.straggler == self.rank else ""
             timeline.mark("straggler: " + ("none" if period.straggler is None else f"rank {period.straggler}"),

@@ -4,6 +4,7 @@ step, on P ranks started here (multiprocessing, one host):
     python bench/bench_straggler.py                          # SINGA's MNIST CNN, 2 ranks, shm, batch 32
     python bench/bench_straggler.py --model tiny             # a step of about a millisecond: the worst case
     python bench/bench_straggler.py --backend tcp --model mlp
+    python bench/bench_straggler.py --world-size 1 --model tiny   # the bookkeeping alone, without a peer's noise
 
 One step = forward + loss + backward + DistOpt's gradient averaging + SGD (momentum 0.9) update. Three ways of
 running the same DistOpt, in blocks of `--steps` steps interleaved `--repeat` times (the order rotating), each
@@ -41,11 +42,15 @@ def parse_args(argv=None):
                    help="cnn: SINGA's MNIST CNN (431k parameters); mlp: the DDP exercises' tanh MLP (400k); tiny: "
                         "16-32-4 linear layers (the cost against a step of about a millisecond)")
     p.add_argument("--batch", type=int, default=32, help="batch per rank")
-    p.add_argument("--steps", type=int, default=20, help="steps per timed block")
+    p.add_argument("--steps", type=int, default=None, help="steps per timed block (default: --every, so that each "
+                   "block of the report mode holds one report)")
     p.add_argument("--repeat", type=int, default=15, help="timed blocks of each mode")
-    p.add_argument("--every", type=int, default=10, help="N: the report mode compares the ranks every N steps")
+    p.add_argument("--every", type=int, default=100, help="N: the report mode compares the ranks every N steps")
     p.add_argument("--json", default=None, help="also write the results to this file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.steps is None:
+        args.steps = args.every
+    return args
 
 
 def rank_main(rank, args, holder, port, queue):
@@ -167,16 +172,19 @@ def main(argv=None) -> int:
     med = {m: statistics.median(result["times"][m]) for m in MODES}
     # each round's modes ran one after the other: their ratios cancel the machine's slower and faster spells
     ratio = {m: statistics.median(t / o for t, o in zip(result["times"][m], result["times"]["off"])) for m in MODES}
+    extra = {m: statistics.median(t - o for t, o in zip(result["times"][m], result["times"]["off"])) for m in MODES}
     summary = {"model": args.model, "backend": args.backend, "world_size": args.world_size, "batch": args.batch,
                "steps": args.steps, "repeat": args.repeat, "every": args.every, "reports": result["reports"],
                "gather_ms": result["gather"] * 1e3,
                **{f"{m}_ms": med[m] * 1e3 for m in MODES},
                **{f"{m}_ratio": ratio[m] for m in MODES if m != "off"},
+               **{f"{m}_extra_us": extra[m] * 1e6 for m in MODES if m != "off"},
                "times_ms": {m: [t * 1e3 for t in v] for m, v in result["times"].items()}}
     print(f"{args.model} on {args.world_size} ranks ({args.backend}), batch {args.batch}: step off "
           f"{med['off'] * 1e3:.3f} ms, on {med['on'] * 1e3:.3f} ms, report every {args.every} "
           f"{med['report'] * 1e3:.3f} ms (medians of {args.repeat} blocks of {args.steps} steps); per round, on / off "
-          f"{100 * (ratio['on'] - 1):+.2f} %, report / off {100 * (ratio['report'] - 1):+.2f} % (medians); one report "
+          f"{100 * (ratio['on'] - 1):+.2f} % ({extra['on'] * 1e6:+.1f} us), report / off "
+          f"{100 * (ratio['report'] - 1):+.2f} % ({extra['report'] * 1e6:+.1f} us) (medians); one report "
           f"{result['gather'] * 1e3:.3f} ms "
           f"(median of {result['reports']}) = {100 * result['gather'] / (args.every * med['off']):.3f} % of a step "
           f"at N = {args.every}")

@@ -4,7 +4,7 @@ step, on P ranks started here (multiprocessing, one host):
     python bench/bench_straggler.py                          # SINGA's MNIST CNN, 2 ranks, shm, batch 32
     python bench/bench_straggler.py --model tiny             # a step of about a millisecond: the worst case
     python bench/bench_straggler.py --backend tcp --model mlp
-    python bench/bench_straggler.py --world-size 1 --model tiny   # the bookkeeping alone, without a peer's noise
+    python bench/bench_straggler.py --world-size 1 --model tiny   # the bookkeeping alone, without a peer
 
 One step = forward + loss + backward + DistOpt's gradient averaging + SGD (momentum 0.9) update. Three ways of
 running the same DistOpt, in blocks of `--steps` steps interleaved `--repeat` times (the order rotating), each
@@ -16,8 +16,10 @@ block timed between barriers:
   ``singa-run --report N`` do (rank 0 prints each table, to /dev/null here).
 
 Rank 0 reports the medians of the slowest rank's step times, the median over the rounds of each round's ratio to
-"off" (the modes of a round ran one after the other, so the machine's slower and faster spells cancel), and the
-median time of one report's gather (goal: <= 1 % of a step).
+"off" (the modes of a round ran one after the other, so the machine's slower and faster spells cancel: short
+blocks, many rounds), the median time of one report's gather, and the cost of a report every `--at` steps: the
+"on" ratio plus the report mode's excess over it scaled from N = `--every` (goal: <= 1 % of a step at N = 100,
+singa-run --report's default).
 """
 from __future__ import annotations
 
@@ -44,8 +46,10 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=32, help="batch per rank")
     p.add_argument("--steps", type=int, default=None, help="steps per timed block (default: --every, so that each "
                    "block of the report mode holds one report)")
-    p.add_argument("--repeat", type=int, default=15, help="timed blocks of each mode")
-    p.add_argument("--every", type=int, default=100, help="N: the report mode compares the ranks every N steps")
+    p.add_argument("--at", type=int, default=100, help="also give the cost of a report every this many steps, from "
+                   "the measured one every --every")
+    p.add_argument("--repeat", type=int, default=60, help="rounds: timed blocks of each mode")
+    p.add_argument("--every", type=int, default=10, help="N: the report mode compares the ranks every N steps")
     p.add_argument("--json", default=None, help="also write the results to this file")
     args = p.parse_args(argv)
     if args.steps is None:
@@ -173,9 +177,11 @@ def main(argv=None) -> int:
     # each round's modes ran one after the other: their ratios cancel the machine's slower and faster spells
     ratio = {m: statistics.median(t / o for t, o in zip(result["times"][m], result["times"]["off"])) for m in MODES}
     extra = {m: statistics.median(t - o for t, o in zip(result["times"][m], result["times"]["off"])) for m in MODES}
+    # a report every `at` steps: the bookkeeping of every step, plus the report's part spread over `at` steps
+    at = (ratio["on"] - 1) + (ratio["report"] - ratio["on"]) * args.every / args.at
     summary = {"model": args.model, "backend": args.backend, "world_size": args.world_size, "batch": args.batch,
                "steps": args.steps, "repeat": args.repeat, "every": args.every, "reports": result["reports"],
-               "gather_ms": result["gather"] * 1e3,
+               "gather_ms": result["gather"] * 1e3, "at": args.at, "cost_at": at,
                **{f"{m}_ms": med[m] * 1e3 for m in MODES},
                **{f"{m}_ratio": ratio[m] for m in MODES if m != "off"},
                **{f"{m}_extra_us": extra[m] * 1e6 for m in MODES if m != "off"},
@@ -185,9 +191,8 @@ def main(argv=None) -> int:
           f"{med['report'] * 1e3:.3f} ms (medians of {args.repeat} blocks of {args.steps} steps); per round, on / off "
           f"{100 * (ratio['on'] - 1):+.2f} % ({extra['on'] * 1e6:+.1f} us), report / off "
           f"{100 * (ratio['report'] - 1):+.2f} % ({extra['report'] * 1e6:+.1f} us) (medians); one report "
-          f"{result['gather'] * 1e3:.3f} ms "
-          f"(median of {result['reports']}) = {100 * result['gather'] / (args.every * med['off']):.3f} % of a step "
-          f"at N = {args.every}")
+          f"{result['gather'] * 1e3:.3f} ms (median of {result['reports']}); so at N = {args.at}: "
+          f"{100 * at:+.2f} % of a step")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)

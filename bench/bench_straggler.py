@@ -11,6 +11,7 @@ running the same DistOpt, in blocks of `--steps` steps interleaved `--repeat` ti
 block timed between barriers:
 
 - off: no step phases timed, no collective timed (``step_stats=False``, no arrival log on the communicator);
+- off again: the same, a second time: how far two identical blocks of a round differ here (the noise floor);
 - on: the phases of every step and the duration of every collective recorded (DistOpt's default);
 - report: the same, and every `--every` steps the ranks compare them (one all-gather) as ``report_every=N`` /
   ``singa-run --report N`` do (rank 0 prints each table, to /dev/null here).
@@ -32,7 +33,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODES = ("off", "on", "report")
+MODES = ("off", "off again", "on", "report")
 
 
 def parse_args(argv=None):
@@ -107,7 +108,7 @@ def rank_main(rank, args, holder, port, queue):
         sgd(autograd.softmax_cross_entropy(forward(tx), y))
 
     def mode(name):
-        on = name != "off"
+        on = not name.startswith("off")
         sgd.reducer.stats, comm.arrivals = (stats, log) if on else (None, None)
         stats.every = args.every if name == "report" else None
         if on and stats.cursor is not None:
@@ -182,13 +183,14 @@ def main(argv=None) -> int:
     summary = {"model": args.model, "backend": args.backend, "world_size": args.world_size, "batch": args.batch,
                "steps": args.steps, "repeat": args.repeat, "every": args.every, "reports": result["reports"],
                "gather_ms": result["gather"] * 1e3, "at": args.at, "cost_at": at,
-               **{f"{m}_ms": med[m] * 1e3 for m in MODES},
-               **{f"{m}_ratio": ratio[m] for m in MODES if m != "off"},
-               **{f"{m}_extra_us": extra[m] * 1e6 for m in MODES if m != "off"},
+               **{f"{m.replace(' ', '_')}_ms": med[m] * 1e3 for m in MODES},
+               **{f"{m.replace(' ', '_')}_ratio": ratio[m] for m in MODES if m != "off"},
+               **{f"{m.replace(' ', '_')}_extra_us": extra[m] * 1e6 for m in MODES if m != "off"},
                "times_ms": {m: [t * 1e3 for t in v] for m, v in result["times"].items()}}
     print(f"{args.model} on {args.world_size} ranks ({args.backend}), batch {args.batch}: step off "
           f"{med['off'] * 1e3:.3f} ms, on {med['on'] * 1e3:.3f} ms, report every {args.every} "
-          f"{med['report'] * 1e3:.3f} ms (medians of {args.repeat} blocks of {args.steps} steps); per round, on / off "
+          f"{med['report'] * 1e3:.3f} ms (medians of {args.repeat} blocks of {args.steps} steps); per round, off "
+          f"again / off {100 * (ratio['off again'] - 1):+.2f} % ({extra['off again'] * 1e6:+.1f} us), on / off "
           f"{100 * (ratio['on'] - 1):+.2f} % ({extra['on'] * 1e6:+.1f} us), report / off "
           f"{100 * (ratio['report'] - 1):+.2f} % ({extra['report'] * 1e6:+.1f} us) (medians); one report "
           f"{result['gather'] * 1e3:.3f} ms (median of {result['reports']}); so at N = {args.at}: "

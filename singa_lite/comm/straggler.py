@@ -295,10 +295,14 @@ def _verdict(ranks: list, basis: str, compared: int, steps: int) -> tuple:
     step = statistics.median(x.step_ms for x in ranks)
     # what it costs the others: their time blocked in collectives beyond its own (the transfer every rank pays)
     cost = statistics.median(x.phase_ms["wait"] for x in ranks if x is not s) - s.phase_ms["wait"]
-    if total <= 0 or s.caused_ms < share_needed(len(ranks)) * total or cost < SIGNIFICANT * step:
+    if total <= 0 or s.caused_ms < share_needed(len(ranks)) * total:
         most = f"; the most, {100 * s.caused_ms / total:.0f}%, for rank {s.rank}" if total > 0 else ""
         return None, (f"no straggler: the waiting in {basis} ({total:.2f} ms/step in all) is spread over the "
                       f"ranks{most}")
+    if cost < SIGNIFICANT * step:
+        return None, (f"no straggler: the others waited mostly for rank {s.rank} ({100 * s.caused_ms / total:.0f}% "
+                      f"of the waiting in {basis}), but blocked only {cost:.2f} ms/step longer than it, under "
+                      f"{100 * SIGNIFICANT:.0f}% of a {step:.1f} ms step")
     where = (f"mostly in {_PHASE_WORDS[s.extra_phase]} (+{s.extra_phase_ms:.1f} ms/step)" if s.extra_phase_ms > 0
              else "though no phase of its own took longer than the others' (a slower link or host?)")
     return s.rank, (f"rank {s.rank} is the straggler: last in {100 * s.last_share:.0f}% of the {basis} where a "

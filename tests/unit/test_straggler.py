@@ -73,6 +73,17 @@ def test_ranks_that_wait_about_equally_have_no_straggler():
     assert [r.last for r in rep.ranks] == [2, 2]
 
 
+def test_a_rank_the_others_wait_for_only_a_little_is_no_straggler():
+    fast, slow = slow_in("data", ms=1.0)
+    for p in (fast, slow):  # steps of 100 ms: 1 ms of waiting a step is under a tenth of one
+        p["phases"][PHASES.index("forward")] += 4 * 0.1
+        p["time"] = sum(p["phases"])
+    rep = report(analyze([fast, slow])[0])
+    assert rep.straggler is None and rep.ranks[1].last_share == 1.0
+    assert rep.summary.startswith("no straggler: the others waited mostly for rank 1 (100% of the waiting in "
+                                  "collectives), but blocked only 1.00 ms/step longer than it, under 10% of a "), rep
+
+
 def test_only_the_collectives_every_rank_has_timed_are_compared():
     # rank 0 still runs collective 7 (not timed yet) and dropped 1-2 (its log's capacity): 3..6 are compared
     a = payload(first=3, durations=[0.05, 1e-3, 1e-3, 1e-3])

@@ -91,7 +91,7 @@ class Reducer:
         self.replica_check = None  # a replica_check.ReplicaCheck (DistOpt's check_replicas_every), or None
         self.unused = None  # an unused.UnusedParameters (DistOpt's find_unused_parameters=True), or None
         self.zero = None  # a zero.Zero (DistOpt's zero_stage=1 or 2), or None
-        self.stats = None  # a straggler.StepStats (DistOpt's step phases and reports), or None
+        self.stats = None  # a step_stats.StepStats (DistOpt's step phases and reports), or None
 
     # ----- what crosses the wire
     def register_comm_hook(self, state, hook) -> None:
@@ -305,9 +305,9 @@ class Reducer:
         if self.pending is step:
             self.pending = None
 
-    # ----- the straggler report's clock (straggler.py): where each step's time goes
+    # ----- the straggler report's clock (step_stats.py): where each step's time goes
     def charge(self, phase: int) -> None:
-        """The time since the last charge goes to `phase` (straggler.PHASES; less data loading and time blocked in
+        """The time since the last charge goes to `phase` (comm.straggler.PHASES; less data loading and time blocked in
         collectives meanwhile)."""
         if self.stats is not None:
             self.stats.charge(phase)

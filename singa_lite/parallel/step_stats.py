@@ -4,6 +4,7 @@ the report every N steps (one all-gather of the figures since the last one)."""
 from __future__ import annotations
 
 import atexit
+import collections
 import os
 import sys
 import time
@@ -42,7 +43,7 @@ class StepStats:
     def _new_window(self) -> None:
         self.steps, self.time = 0, 0.0
         self.phases = [0.0] * len(PHASES)
-        self.waits = []
+        self.waits = collections.deque(maxlen=MAX_STEPS_KEPT)  # each step's time blocked in collectives
         self._step_wait = 0.0
 
     def _restart_clock(self) -> None:
@@ -82,8 +83,6 @@ class StepStats:
             self.charge(UPDATE)
             self.steps += 1
             self.waits.append(self._step_wait)
-            if len(self.waits) > MAX_STEPS_KEPT:
-                del self.waits[0]
         self._step_wait = 0.0
         self.ended += 1
         if completed and self.every is not None and self.ended % self.every == 0:

@@ -5,6 +5,7 @@ step, on P ranks started here (multiprocessing, one host):
     python bench/bench_straggler.py --model tiny             # a step of about a millisecond: the worst case
     python bench/bench_straggler.py --backend tcp --model mlp
     python bench/bench_straggler.py --world-size 1 --model tiny   # the bookkeeping alone, without a peer
+    python bench/bench_straggler.py --micro                        # a collective with and without its log
 
 One step = forward + loss + backward + DistOpt's gradient averaging + SGD (momentum 0.9) update. Three ways of
 running the same DistOpt, in blocks of `--steps` steps interleaved `--repeat` times (the order rotating), each
@@ -52,6 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=60, help="rounds: timed blocks of each mode")
     p.add_argument("--every", type=int, default=10, help="N: the report mode compares the ranks every N steps")
     p.add_argument("--json", default=None, help="also write the results to this file")
+    p.add_argument("--micro", action="store_true", help="time the pieces alone in this process instead: a "
+                   "collective with and without an arrival log, one clock charge")
     args = p.parse_args(argv)
     if args.steps is None:
         args.steps = args.every
@@ -144,8 +147,57 @@ def rank_main(rank, args, holder, port, queue):
         store.close()
 
 
+def micro(repeat: int) -> None:
+    """The pieces alone, in this process (a tcp world of one rank): a small all_reduce, in line and asynchronous,
+    with and without an arrival log, interleaved; one StepStats.charge."""
+    import numpy as np
+
+    from singa_lite import dist, tensor
+    from singa_lite.comm import arrivals
+
+    comm = dist.init(backend="tcp", timeout=60)
+    t = tensor.from_numpy(np.ones(100, np.float32))
+    log = arrivals.ArrivalLog()
+
+    def block(n, asynchronous):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            if asynchronous:
+                comm.all_reduce(t, async_op=True).wait()
+            else:
+                comm.all_reduce(t)
+        return (time.perf_counter() - t0) / n
+
+    for asynchronous in (False, True):
+        off, on = [], []
+        for _ in range(repeat):
+            comm.arrivals = None
+            off.append(block(1000, asynchronous))
+            comm.arrivals = log
+            on.append(block(1000, asynchronous))
+            log.taken(log.first + len(log.durations))
+        comm.arrivals = None
+        extra = statistics.median(b - a for a, b in zip(off, on))
+        print(f"all_reduce of 100 floats, {'asynchronous' if asynchronous else 'in line'}: "
+              f"{statistics.median(off) * 1e6:.2f} us without a log, {extra * 1e6:+.2f} us with one (median of "
+              f"{repeat} rounds' differences)")
+    from singa_lite.parallel.step_stats import FORWARD, StepStats
+
+    stats = StepStats(comm)
+    stats.step_over()  # the clock starts
+    n = 100000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        stats.charge(FORWARD)
+    print(f"StepStats.charge: {(time.perf_counter() - t0) / n * 1e6:.3f} us a call (5 calls a step)")
+    comm.close()
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.micro:
+        micro(args.repeat)
+        return 0
     from singa_lite import dist
 
     holder = dist.NcclIdHolder() if args.backend == "shm" else None

@@ -23,6 +23,9 @@ monotonic clock, so the files of ranks on one host line up):
   completed (``args``: bytes, elements, tensors, ``queued_us``: how long it waited behind earlier ones since
   its launch). Collectives run one at a time, so they rarely overlap; when they do (a backend that reports
   no times), the later ones go to a second track.
+- the straggler report (comm/straggler.py), when DistOpt makes one: its verdict as an instant event
+  (``ph: "i"``, ``cat: "mark"``, ``args.summary``) on every rank, and the straggler's process named
+  "rank r (straggler: ...)".
 
 The path: ``.rank{r}`` is inserted before the extension (``trace.json`` -> ``trace.rank0.json``); a path that
 is a directory (or ends with ``/``) gets ``timeline.rank{r}.json`` inside. The rank is the one given to
@@ -54,7 +57,7 @@ import warnings
 from . import device
 from .checkpoint_io import atomic_file
 
-__all__ = ["start", "stop", "timeline", "mark_step", "is_active", "recorder", "rank_path", "merge", "ENV_VAR"]
+__all__ = ["start", "stop", "timeline", "mark_step", "mark", "is_active", "recorder", "rank_path", "merge", "ENV_VAR"]
 
 ENV_VAR = "SINGA_LITE_TIMELINE"
 MAX_EVENTS_VAR = "SINGA_LITE_TIMELINE_MAX_EVENTS"
@@ -166,6 +169,17 @@ def step_end() -> None:
         _active.step_end()
 
 
+def mark(name: str, args=None, note: str | None = None) -> None:
+    """If recording: an instant event `name` (``ph: "i"``, drawn as a line through this rank's tracks; the
+    straggler report's verdicts); note: a few words after this rank's process name ("rank 1 (straggler: ...)"),
+    '' to clear it, None to leave it."""
+    if _active is not None:
+        t = _now()
+        _active.add(name, "mark", COMPUTE, t, t, args)
+        if note is not None:
+            _active.note = note
+
+
 # ---------------------------------------------------------------- the recorder
 class _Recorder:
     """Installed as the engine's operator hook while recording (around the time profiler, if one is on)."""
@@ -181,10 +195,12 @@ class _Recorder:
         self.steps = 0
         self.step_start = None  # perf_counter() of the open step's first operator; None between steps
         self.last_end = None  # perf_counter() at the end of the previous step
+        self.note = ""  # shown after this rank's process name (mark())
 
     def restart(self) -> None:
         """Forgets what was recorded (in a forked child) and the rank (the child has its own)."""
         self.events, self.dropped, self.steps, self.step_start, self.last_end = [], 0, 0, None, None
+        self.note = ""
         self.rank = self.world_size = None
 
     def add(self, name, cat, tid, t0, t1, args=None) -> None:
@@ -258,12 +274,16 @@ class _Recorder:
                     lanes.append(t1)
                 lanes[lane] = t1
                 tid = COMM + lane
-            ev = {"name": name, "cat": cat, "ph": "X", "pid": rank, "tid": tid, "ts": _us(t0),
-                  "dur": _us(t1 - t0)}
+            if cat == "mark":
+                ev = {"name": name, "cat": cat, "ph": "i", "s": "p", "pid": rank, "tid": tid, "ts": _us(t0)}
+            else:
+                ev = {"name": name, "cat": cat, "ph": "X", "pid": rank, "tid": tid, "ts": _us(t0),
+                      "dur": _us(t1 - t0)}
             if args:
                 ev["args"] = {"type": args} if isinstance(args, str) else args
             evs.append(ev)
-        meta = [{"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}},
+        label = f"rank {rank} ({self.note})" if self.note else f"rank {rank}"
+        meta = [{"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": label}},
                 {"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}},
                 {"name": "thread_name", "ph": "M", "pid": rank, "tid": COMPUTE, "args": {"name": "training thread"}}]
         for i in range(max(1, len(lanes))):

@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import _core, tensor
 from ..tensor import Tensor
+from .arrivals import POINT_TO_POINT
 
 CTensor = _core.Tensor
 CommError = _core.CommError  # a RuntimeError subclass, raised by the C++ backends too
@@ -64,7 +65,14 @@ class Work:
         limit = timeout
         if limit is None and self._comm is not None:
             limit = self._comm.timeout + (WAIT_GRACE_S if self._comm._times_out_itself else 0.0)
-        if not self._done.wait(limit):
+        log = None if self._comm is None else self._comm.arrivals
+        if log is not None and not self._done.is_set():  # the straggler report's time blocked in collectives
+            t0 = time.perf_counter()
+            done = self._done.wait(limit)
+            log.blocked += time.perf_counter() - t0
+        else:
+            done = self._done.wait(limit)
+        if not done:
             if timeout is None and self._comm is not None:
                 raise self._comm._expired(self.name)
             raise CommError(f"{self.name}: not finished after waiting {timeout} s")
@@ -171,6 +179,8 @@ class Communicator:
     _times_out_itself = True
     _parent_ranks = None  # on a group: its members as ranks of the communicator it was made from
     _closed_because = None  # why close() was called for the user (its parent was closed), for later errors
+    # An arrivals.ArrivalLog once the straggler report attached one: each collective's duration, in call order
+    arrivals = None
 
     def __init__(self, rank: int, world_size: int, local_rank: int, local_size: int, timeout: float):
         self._rank, self._world_size = int(rank), int(world_size)
@@ -456,9 +466,13 @@ class Communicator:
     def _run(self, name: str, fn, async_op: bool):
         if self._broken is not None:
             raise self._broken
+        inline = not async_op and self._runner.pending == 0
+        log = self.arrivals
+        if log is not None and not log.paused and name not in POINT_TO_POINT:
+            fn = log.timed(fn, inline)
         if async_op:
             return self._runner.submit(name, lambda: self._guard(fn), self)
-        if self._runner.pending == 0:
+        if inline:
             with self._runner.lock:  # nothing queued: run here, saving a thread hand-off per call
                 return self._guard(fn)
         return self._runner.submit(name, lambda: self._guard(fn), self).wait()

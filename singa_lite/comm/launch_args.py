@@ -13,8 +13,10 @@ import sys
 from .. import timeline
 from . import HOLDER_VAR, auth
 from .env import RESTART_VAR
+from .straggler import REPORT_DIR_VAR, REPORT_VAR
 
 MAX_RESTARTS_VAR = "SINGA_LITE_MAX_RESTARTS"
+DEFAULT_REPORT_EVERY = 100  # steps between two straggler reports of `--report` without N
 
 BACKEND_VAR = "SINGA_LITE_COMM_BACKEND"
 TIMEOUT_VAR = "SINGA_LITE_COMM_TIMEOUT"
@@ -33,6 +35,8 @@ environment of each rank:
   {RESTART_VAR}, {MAX_RESTARTS_VAR}   with --max-restarts: this generation (0 for the first
                           start, then 1, 2...) and the most restarts; the job id and secret stay the same
   {timeline.ENV_VAR}     --timeline DIR: each rank writes DIR/timeline.rank<r>.json at exit
+  {REPORT_VAR}, {REPORT_DIR_VAR}   --report N: every N steps each DistOpt compares the ranks, rank 0
+                          prints the table; at exit each rank leaves its figures in a folder of singa-run's
   OMP_NUM_THREADS         cores / ranks, unless already set
   PYTHONUNBUFFERED=1      with --prefix, unless already set (so lines arrive as they are printed)
 with --hostfile: no {HOLDER_VAR} and no OMP_NUM_THREADS (dist.init() shares each host's cores), but
@@ -84,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"record a Chrome-trace timeline of every rank (sets {timeline.ENV_VAR}=DIR/): each "
                         f"rank writes DIR/timeline.rank<r>.json at exit, and singa-run then merges them into "
                         f"DIR/timeline.json, one process per rank (open it in ui.perfetto.dev)")
+    p.add_argument("--report", type=int, default=None, metavar="N",
+                   help=f"the straggler report (docs/straggler.md): every N steps (default {DEFAULT_REPORT_EVERY}) "
+                        f"each DistOpt compares the ranks' step phases and collectives and rank 0 prints which "
+                        f"rank the others wait for, and where its time goes; at the end singa-run prints the table "
+                        f"of the whole job (sets {REPORT_VAR})")
     p.add_argument("--prefix", action=argparse.BooleanOptionalAction, default=True,
                    help="prefix every output line with its rank")
     p.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
@@ -121,6 +130,11 @@ def parse_command_line(parser: argparse.ArgumentParser, argv) -> argparse.Namesp
         word = argv[i]
         if word == "--":  # an explicit end of singa-run's options
             return _with_script_args(parser.parse_args(argv[:i] + argv[i + 1:i + 2]), argv[i + 2:])
+        if word == "--report":  # N is optional: a next word that is no number is the script
+            if i + 1 < len(argv) and argv[i + 1].lstrip("-").isdigit():
+                i += 2
+                continue
+            argv[i] = f"--report={DEFAULT_REPORT_EVERY}"
         if not word.startswith("-") or word == "-":
             return _with_script_args(parser.parse_args(argv[:i + 1]), argv[i + 1:])
         i += 2 if word in _TAKE_A_VALUE else 1
@@ -198,6 +212,8 @@ def check_args(args) -> None:
         raise UsageError(f"--grace must be a finite number of seconds >= 0, got {args.grace}")
     if args.timeline is not None:
         _check_timeline(args.timeline)
+    if args.report is not None and args.report < 1:
+        raise UsageError(f"--report wants a number of steps >= 1 between two reports, got {args.report}")
     if args.module:
         top = args.target.split(".")[0]
         if not all(part.isidentifier() for part in args.target.split(".")):
@@ -338,6 +354,8 @@ def remote_variables(args, rank: int) -> dict:
         env[TIMEOUT_VAR] = repr(args.timeout)
     if args.timeline is not None:
         env[timeline.ENV_VAR] = os.path.join(os.path.abspath(args.timeline), "")
+    if getattr(args, "report", None) is not None:  # no folder: the ranks' hosts are not this one
+        env[REPORT_VAR] = args.report
     if args.prefix:
         env["PYTHONUNBUFFERED"] = "1"
     return {k: str(v) for k, v in env.items()}
@@ -373,6 +391,10 @@ def rank_environment(args, rank: int, holder_text: str, base=None) -> dict:
         env[TIMEOUT_VAR] = repr(args.timeout)
     if getattr(args, "timeline", None) is not None:  # a directory: the rank names its own file in it
         env[timeline.ENV_VAR] = os.path.join(os.path.abspath(args.timeline), "")
+    if getattr(args, "report", None) is not None:
+        env[REPORT_VAR] = str(args.report)
+        if getattr(args, "report_dir", None):  # where the ranks leave their figures for the job's table
+            env[REPORT_DIR_VAR] = args.report_dir
     if "OMP_NUM_THREADS" not in env:  # N ranks of all cores each would oversubscribe the CPU
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         env["OMP_NUM_THREADS"] = str(max(1, cores // args.np))

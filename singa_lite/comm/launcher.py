@@ -43,15 +43,17 @@ from __future__ import annotations
 import os
 import queue
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 from .. import timeline
-from . import HOLDER_VAR, auth
+from . import HOLDER_VAR, auth, straggler
 from .holder import NcclIdHolder
 # The command line (launch_args.py); every public name of it is singa-run's too, so it can be read from here.
 from .launch_args import (BACKEND_VAR, EPILOG, MAX_TIMEOUT_S, REMOTE_MARK, TIMEOUT_VAR, UsageError,  # noqa: F401
@@ -237,14 +239,21 @@ class Job:
                     raise UsageError(f"--backend nccl, but NCCL cannot be used here: {holder.nccl_error}")
             if self.args.timeline is not None:
                 os.makedirs(self.args.timeline, exist_ok=True)
+            if getattr(self.args, "report", None) is not None and self.args.placement is None:  # for the end
+                self.args.report_dir = tempfile.mkdtemp(prefix="singa_lite_report_")
             self._start(holder.to_string() if holder is not None else None)
             code = self._supervise()
             self._drain()
             self._report()
+            if getattr(self.args, "report_dir", None):
+                self._straggler_report()
             if self.args.timeline is not None:
                 self._merge_timelines()
             return code
         finally:
+            if getattr(self.args, "report_dir", None):
+                shutil.rmtree(self.args.report_dir, ignore_errors=True)
+                self.args.report_dir = None
             if self._running() or self.stopping:
                 self._signal_ranks(signal.SIGKILL, every=True)  # an error in singa-run itself, or leftovers
             for p in self.procs:  # reap: every rank has ended by now (or singa-run gave up on it)
@@ -259,6 +268,14 @@ class Job:
                     pass
             if holder is not None:
                 holder.cleanup()  # the segment's name, if the ranks did not remove it (one never joined)
+
+    def _straggler_report(self) -> None:
+        """The straggler report of the whole job, from the figures the ranks left (comm/straggler.py)."""
+        found, why = straggler.final_report(self.args.report_dir, self.args.np)
+        if found is None:
+            self.say(f"no straggler report of the whole job: {why}")
+        else:
+            self.say(f"the whole job's {found}")
 
     def _merge_timelines(self) -> None:
         """One trace of the whole job from the ranks' files (a rank stopped by a signal wrote none)."""

@@ -415,9 +415,17 @@ class MpiCommunicator(Communicator):
                 and type(op) is str:
             raw = t.data if isinstance(t, Tensor) else t
             if type(raw) is _core.Tensor:
+                log = self.arrivals
+                if log is not None and log.paused:
+                    log = None
+                t0 = time.perf_counter() if log is not None else 0.0  # for the straggler report (arrivals.py)
                 with self._runner.lock:
                     try:
                         if self._hot_all_reduce(raw, op):
+                            if log is not None:
+                                took = time.perf_counter() - t0
+                                log.blocked += took
+                                log.add(took)
                             return t
                     except (CommError, CollectiveMismatch) as e:
                         self._reraise(e)

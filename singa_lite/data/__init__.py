@@ -10,6 +10,7 @@
 ``batches(x, y, sampler, b)``       mini-batches of a sampler's indices
 ``ElasticSampler(n, r, w, b)``      per-step shares from a job-wide cursor: exact resume on any number of ranks
 ``ImageBatchIter(list, b, fn)``     SINGA's threaded image batch reader (a list file; PIL optional)
+``timed(it)``, ``loading()``        count a loader of one's own as data loading (the straggler report)
 ==================================  =====================================================================
 
 Every loader returns ``((train_x, train_y), (test_x, test_y))`` with float32 images ``(N, C, H, W)``
@@ -20,6 +21,7 @@ from .cifar10 import CIFAR10_CLASSES, SafeUnpickler, UnsafePickleError, load_cif
 from .digits import load_digits
 from .elastic_sampler import ElasticSampler
 from .image_batch import ImageBatchIter
+from .timing import loading, timed
 from .mnist import MNIST_FILES, load_mnist, read_idx
 from .partition import DistributedSampler, batches, data_partition
 
@@ -27,5 +29,5 @@ __all__ = [
     "load_mnist", "load_cifar10", "load_digits", "read_idx", "read_cifar10_batch", "MNIST_FILES",
     "CIFAR10_CLASSES", "SafeUnpickler", "UnsafePickleError", "data_partition", "DistributedSampler", "ElasticSampler",
     "batches",
-    "ImageBatchIter",
+    "ImageBatchIter", "loading", "timed",
 ]

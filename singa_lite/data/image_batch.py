@@ -28,6 +28,8 @@ import threading
 
 import numpy as np
 
+from . import timing
+
 __all__ = ["ImageBatchIter"]
 
 _POLL = 0.05  # seconds between checks of the stop flag while blocked on the queue
@@ -179,6 +181,7 @@ class ImageBatchIter:
         if self._thread is None:
             raise RuntimeError("ImageBatchIter.next: " + ("end() was called; start() again to read more"
                                                           if self._ended else "call start() first"))
+        t0 = timing.now()
         while True:
             try:
                 item = self._queue.get(timeout=_POLL)
@@ -186,6 +189,7 @@ class ImageBatchIter:
             except queue.Empty:
                 if not self._thread.is_alive() and self._queue.empty():
                     raise RuntimeError("ImageBatchIter.next: the reader thread stopped without a batch") from None
+        timing.add(timing.now() - t0)  # waiting for the reader: the straggler report's data loading
         if isinstance(item, _Failure):
             self._failure = item.exc
             raise item.exc

@@ -20,6 +20,8 @@ import numbers
 
 import numpy as np
 
+from . import timing
+
 
 def check_integer(name: str, value, lo: int, hi: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -238,9 +240,12 @@ def batches(x, y, sampler, batch_size, drop_last=False):
 
     def generate():
         for start in range(0, stop, batch_size):
+            t0 = timing.now()
             chunk = idx[start:start + batch_size]
             if first is not None:  # counted before the yield: a checkpoint taken in the loop body includes it
                 sampler.position = first + start + len(chunk)
-            yield x[chunk], y[chunk]
+            batch = x[chunk], y[chunk]
+            timing.add(timing.now() - t0)  # the straggler report's data loading (data/loading.py)
+            yield batch
 
     return generate()

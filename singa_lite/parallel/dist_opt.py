@@ -49,6 +49,7 @@ import numpy as np
 
 from .. import _core, tensor
 from ..optim.algorithms import SGD
+from ..comm.straggler import check_every, report_every_from_environment
 from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
 from . import buffers, replicas, unused, zero
@@ -60,6 +61,7 @@ from .lowlevel import SingaCalls
 from .pending import PendingStep
 from .reducer import Reducer
 from .replica_check import ReplicaCheck
+from .step_stats import StepStats, StragglerReport
 
 __all__ = ["DistOpt", "PendingStep", "DEFAULT_THRESHOLD", "DEFAULT_FIRST_BUCKET"]
 
@@ -91,6 +93,10 @@ class DistOpt(SingaCalls):
     optimizer state and gradients), 1 (each rank keeps the optimizer state of its shard of the parameters,
     updates that shard, then the parameters are broadcast from their owners) or 2 (the gradients' buckets are
     reduced into their owner too, so each rank keeps its shard of them); see parallel/zero.py and ``memory_report()``.
+    step_stats (default True): time each step's phases and each collective on this rank, for ``stats()``, the
+    straggler report (comm/straggler.py; a few microseconds a step); report_every=N: the ranks compare
+    those every N steps and rank 0 prints the table (default: SINGA_LITE_REPORT, which ``singa-run --report N``
+    sets; None: only when ``stats()`` is called).
     Gradient accumulation (parallel/accumulate.py)::
 
         sgd = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), backward_passes_per_step=4)
@@ -103,7 +109,8 @@ class DistOpt(SingaCalls):
                  on_nonfinite: str = "skip", overlap: bool = True, first_bucket: int = DEFAULT_FIRST_BUCKET,
                  backward_passes_per_step: int = 1, average_accumulated: bool = True,
                  broadcast_buffers=True, hierarchical: bool = False, check_replicas_every: int | None = None,
-                 find_unused_parameters: bool = False, parameters=None, zero_stage: int = 0):
+                 find_unused_parameters: bool = False, parameters=None, zero_stage: int = 0,
+                 step_stats: bool = True, report_every: int | None = None):
         from ..comm import hierarchical as hier, init
 
         self.opt = SGD() if opt is None else opt
@@ -121,6 +128,13 @@ class DistOpt(SingaCalls):
             raise ValueError(f"DistOpt: on_nonfinite must be 'skip' or 'raise', got {on_nonfinite!r}")
         used_mask = unused.configure(find_unused_parameters, parameters, None, "DistOpt")  # checked before init
         zero_stage = zero.check_stage(zero_stage, "DistOpt")
+        if not isinstance(step_stats, bool):
+            raise TypeError(f"DistOpt: step_stats must be True or False, got {step_stats!r}")
+        report_every = check_every(report_every, "DistOpt")
+        if report_every is None:
+            report_every = report_every_from_environment()  # singa-run --report N
+        if report_every is not None and not step_stats:
+            raise ValueError("DistOpt: report_every needs step_stats=True (the reports compare those figures)")
         if zero_stage and check_replicas_every is not None:
             raise ValueError(f"DistOpt: zero_stage={zero_stage} with check_replicas_every is not supported: the "
                              f"ranks' optimizer states differ on purpose (each holds its shard); pass one of them")
@@ -158,6 +172,8 @@ class DistOpt(SingaCalls):
             self.reducer.zero = zero.Zero(zero_stage, communicator, self.opt, self.buffSize,
                                           fusers=self.reducer.exchanges)
         self._init_singa_calls(communicator, self.buffSize)
+        if step_stats:  # last: every rank starts timing its collectives at the same point
+            self.reducer.stats = StepStats(communicator, report_every)
 
     def __repr__(self):
         return (f"DistOpt({type(self.opt).__name__}, rank {self.global_rank} of {self.world_size}, "
@@ -184,15 +200,16 @@ class DistOpt(SingaCalls):
         partitions hold about `threshold` elements)."""
         threshold = self._threshold(threshold)
         self._refuse_zero("backward_and_partial_update")
-        r = self.reducer
-        triples = r.local_step("backward_and_partial_update", loss)
-        if triples is None:
-            return
-        r.apply(triples, replicas_equal=False)
-        # find_unused_parameters: partitions of the whole declared set, the same at every step whatever the
-        # branches (those of the step's parameters would change with them and the round robin would not cycle)
-        params = [p for _, p in r.unused.resolve()] if r.unused is not None else [p for _, p, _ in triples]
-        r.partial.average_next(params, threshold, r.average_values)
+        with self._step():
+            r = self.reducer
+            triples = r.local_step("backward_and_partial_update", loss)
+            if triples is None:
+                return
+            r.apply(triples, replicas_equal=False)
+            # find_unused_parameters: partitions of the whole declared set, the same at every step whatever the
+            # branches (those of the step's parameters would change with them and the round robin would not cycle)
+            params = [p for _, p in r.unused.resolve()] if r.unused is not None else [p for _, p, _ in triples]
+            r.partial.average_next(params, threshold, r.average_values)
 
     def backward_and_sparse_update(self, loss, threshold=DEFAULT_THRESHOLD, spars=0.05, topK=False,
                                    corr=True) -> None:
@@ -201,20 +218,21 @@ class DistOpt(SingaCalls):
         threshold = self._threshold(threshold)
         spars = check_spars(spars, topK)
         self._refuse_zero("backward_and_sparse_update")
-        r = self.reducer
-        triples = r.local_step("backward_and_sparse_update", loss)
-        if triples is None:
-            return
-        # find_unused_parameters: a group's parameters change with the branches, so residuals are kept per
-        # parameter there (one used on no rank keeps its residual for a later step)
-        residuals = r.sparse.exchange(triples, threshold, spars, bool(topK), bool(corr),
-                                      per_parameter=r.unused is not None)
-        # Each rank's gradients were finite (local_step), but a residual added to them can overflow: the
-        # averages are checked too, and only a step applied everywhere keeps its new residuals.
-        if not r.finite_everywhere([g.data for _, _, g in triples]):
-            return
-        r.sparse.commit(residuals)
-        r.apply(triples)
+        with self._step():
+            r = self.reducer
+            triples = r.local_step("backward_and_sparse_update", loss)
+            if triples is None:
+                return
+            # find_unused_parameters: a group's parameters change with the branches, so residuals are kept per
+            # parameter there (one used on no rank keeps its residual for a later step)
+            residuals = r.sparse.exchange(triples, threshold, spars, bool(topK), bool(corr),
+                                          per_parameter=r.unused is not None)
+            # Each rank's gradients were finite (local_step), but a residual added to them can overflow: the
+            # averages are checked too, and only a step applied everywhere keeps its new residuals.
+            if not r.finite_everywhere([g.data for _, _, g in triples]):
+                return
+            r.sparse.commit(residuals)
+            r.apply(triples)
 
     # ----- the fused step in two phases
     def backward(self, loss, threshold=DEFAULT_THRESHOLD, *, half: bool = False, clip=None) -> "PendingStep":
@@ -474,6 +492,33 @@ class DistOpt(SingaCalls):
                 + (z.gather_bytes if z is not None else 0),
                 "gpu_peak": gpu, "zero_stage": self.zero_stage, "world_size": self.world_size,
                 "owned_parameters": len(owned)}
+
+    # ----- the straggler report
+    def stats(self) -> "StragglerReport":
+        """Which rank is slow, and where each rank's time goes (comm/straggler.py; docs/straggler.md). A
+        collective: every rank calls it at the same point (one small all-gather of each rank's figures since the
+        last report). Returns the report of every step so far but the first, the same on every rank: per rank
+        the milliseconds per step in data loading, forward, backward, update and blocked in collectives (wait),
+        how long it waited for the others inside collectives (waited) and they for it (caused), how often it
+        arrived last, and its extra working time over the median rank and the phase it went to; ``straggler``
+        names the rank the others wait for (None when none stands out) and ``summary`` says so in a sentence.
+        ``str(report)`` is the table; ``report.to_dict()`` plain data. With ``report_every=N`` (or ``singa-run
+        --report N``) the ranks also compare every N steps, and rank 0 prints each period's table."""
+        if self.reducer.stats is None:
+            raise RuntimeError("DistOpt.stats: this DistOpt was made with step_stats=False, which measures "
+                               "nothing; make it with step_stats=True (the default)")
+        self.reducer.require_no_open_step("stats")
+        return self.reducer.stats.gather()
+
+    @contextlib.contextmanager
+    def _step(self):
+        """A step of the partial or sparse modes: over when the block ends (a report every N steps)."""
+        completed = False
+        try:
+            yield
+            completed = True
+        finally:
+            self.reducer.step_over(completed)
 
     # ----- internals
     def _refuse_zero(self, what: str) -> None:

@@ -7,6 +7,7 @@ import time
 
 from .. import timeline
 from ..optim.clip import clip_grad_norm
+from .step_stats import BACKWARD, WAIT
 
 __all__ = ["PendingStep"]
 
@@ -67,11 +68,14 @@ class PendingStep:
         if self.accumulating:
             self._finite, self._state = True, "synchronized"
             return []
+        self._reducer.charge(BACKWARD)  # whatever ran since backward() (usually nothing)
         try:
             self._finite = self._reducer.complete(self._exchange, self._triples, self._scale)
         except BaseException:
             self._close("finished")  # the step cannot be applied; the DistOpt takes a new backward
+            self._reducer.step_over(completed=False)
             raise
+        self._reducer.charge(WAIT)
         self._triples = self._reducer.kept(self._triples)  # ZeRO stage 2: this rank's shard only
         self._state = "synchronized"
         return self.gradients
@@ -101,6 +105,7 @@ class PendingStep:
         if self._state == "exchanging":
             self.synchronize()
         self._require("synchronized", "finish")
+        completed = False
         try:
             if self.accumulating:
                 self._reducer.accumulator.add(self._triples)
@@ -108,21 +113,27 @@ class PendingStep:
                 t0 = time.perf_counter()
                 self._reducer.apply(self._triples)
                 timeline.record("update", "update", t0, {"params": len(self._triples)})
+            completed = True
         finally:
             self._close("finished")
             timeline.step_end()
+            self._reducer.step_over(completed)  # the rest of the step is the update's; a report every N
 
     def discard(self) -> None:
         """Drops the gradients; their exchange is completed first (the other ranks made it too), so the
         ranks stay in step. Nothing is updated; nothing happens when the step is already over."""
         if self._state not in ("exchanging", "synchronized"):
             return
+        completed = False
         try:
             if self._state == "exchanging" and not self.accumulating:
                 self._reducer.drop(self._exchange, self._joined)  # ranks out of data vote too: ours
+                self._reducer.charge(WAIT)
+            completed = True
         finally:
             self._close("discarded")
             timeline.step_end()
+            self._reducer.step_over(completed)
 
     def _require(self, state: str, what: str) -> None:
         if self._state != state:

@@ -35,6 +35,7 @@ from . import fusion, hooks, replicas
 from .accumulate import Accumulator
 from .exchange import HalfExchange, HookExchange, PartialExchange, PlainExchange, SparseExchange
 from .pending import PendingStep
+from .step_stats import BACKWARD, FORWARD
 
 CTensor = _core.Tensor
 _CPU = _core.Device("cpu")
@@ -90,6 +91,7 @@ class Reducer:
         self.replica_check = None  # a replica_check.ReplicaCheck (DistOpt's check_replicas_every), or None
         self.unused = None  # an unused.UnusedParameters (DistOpt's find_unused_parameters=True), or None
         self.zero = None  # a zero.Zero (DistOpt's zero_stage=1 or 2), or None
+        self.stats = None  # a step_stats.StepStats (DistOpt's step phases and reports), or None
 
     # ----- what crosses the wire
     def register_comm_hook(self, state, hook) -> None:
@@ -150,11 +152,13 @@ class Reducer:
         self.require_no_open_step("backward")
         if wire is not None:  # refused at every pass, not only at those that exchange
             self.refuse_with_hook(f"backward_and_update_half (a {wire.name} exchange)")
+        self.charge(FORWARD)
         acc = self.accumulator
         self._passes += 1
         if not acc.next_pass_syncs():  # gradient accumulation: nothing leaves this rank
             triples = list(self.gradients(loss, clip))
             self.first_step(triples)
+            self.charge(BACKWARD)
             return self._open(None, triples)
         exchange = self.fused(wire)
         triples = []
@@ -206,6 +210,7 @@ class Reducer:
             self.params = [(n, p) for n, p, _ in triples]
         if join is not None:
             join.record(threshold, self.first_bucket, wire, triples)
+        self.charge(BACKWARD)
         return self._open(exchange, triples, scale, joined=join is not None)
 
     def gradients(self, loss, clip=None, merge: bool = False):
@@ -300,6 +305,18 @@ class Reducer:
         if self.pending is step:
             self.pending = None
 
+    # ----- the straggler report's clock (step_stats.py): where each step's time goes
+    def charge(self, phase: int) -> None:
+        """The time since the last charge goes to `phase` (comm.straggler.PHASES; less data loading and time blocked in
+        collectives meanwhile)."""
+        if self.stats is not None:
+            self.stats.charge(phase)
+
+    def step_over(self, completed: bool = True) -> None:
+        """A step (a backward pass and what follows it) is over on this rank; completed: it ended normally."""
+        if self.stats is not None:
+            self.stats.step_over(completed)
+
     # ----- the modes that update from each rank's own gradients (partial, sparse)
     def local_step(self, what: str, loss):
         """The pass's (name, param, grad) once the accumulated passes are gathered, the first step's model
@@ -313,8 +330,10 @@ class Reducer:
                                f"answers the fused exchange only); use backward_and_update or the two-phase step "
                                f"there")
         self.refuse_with_hook(what)
+        self.charge(FORWARD)
         self._passes += 1
         triples = list(self.gradients(loss))
+        self.charge(BACKWARD)
         acc = self.accumulator
         if not acc.next_pass_syncs():
             self.first_step(triples)

@@ -10,3 +10,4 @@ from __future__ import annotations
 
 from .comm import *  # noqa: F403 - the façade: exactly comm's public names
 from .comm import __all__  # noqa: F401
+from .parallel import elastic  # noqa: F401 - dist.elastic.run / State / init: in-process elasticity

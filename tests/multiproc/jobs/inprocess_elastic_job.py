@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 
 import numpy as np
@@ -112,6 +113,8 @@ def train(state):
 sums = train(state)
 out = net.forward(tensor.from_numpy(x))
 accuracy = float((tensor.to_numpy(out).argmax(1) == labels).mean())
+threads = sorted(t.name for t in threading.enumerate())
+print(f"threads rank {state.rank} {' '.join(threads)}", flush=True)
 if state.rank == 0:
     print(f"done world {state.world_size} steps {state.steps} accuracy {accuracy:.4f} resets {state.resets} "
           f"sums {sums.tolist()}", flush=True)

@@ -9,7 +9,8 @@ every epoch exactly once.
 
 KILL_AT=<step>: the process of launch rank KILL_RANK (default 1) SIGKILLs itself on reaching that step (after
 the step's collectives, before its commit). MIN_NP, MAX_NP: dist.elastic.init's. STEP_SLEEP: seconds of sleep
-per step (to give a test time to act). Prints "started rank r pid p host h", then per regroup "regrouped ...",
+per step (to give a test time to act). HIERARCHICAL=1: DistOpt(hierarchical=True) (across hosts: within each host
+over shared memory, between hosts over tcp). Prints "started rank r pid p host h", then per regroup "regrouped ...",
 and at the end on rank 0 "done world W steps S accuracy A sums [...]".
 """
 import os
@@ -60,7 +61,8 @@ print(f"started rank {launch_rank} pid {os.getpid()} host {socket.gethostname()}
       flush=True)
 np.random.seed(1)  # the same initial weights in every process (the first sync gives rank 0's anyway)
 net = Net()
-sgd = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), communicator=comm)
+sgd = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), communicator=comm,
+                  hierarchical=os.environ.get("HIERARCHICAL") == "1")
 net.set_optimizer(sgd)
 net.compile([tensor.from_numpy(x[:2])], is_train=True)
 sampler = ElasticSampler(n, comm.rank, comm.world_size, batch, seed=3)

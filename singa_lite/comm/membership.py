@@ -1,4 +1,4 @@
-"""Who is in an elastic job now: the rounds of the in-process elasticity (``dist.elastic``, parallel/elastic.py).
+"""Who is in an elastic job now: the rounds of the in-process elasticity (``dist.elastic``, comm/elastic_run.py).
 
 An env-launched job (torchrun's variables, Slurm's, ``singa-run --hostfile``) that trains under
 ``dist.elastic.run`` survives the loss of ranks without restarting processes: the survivors meet again in a
@@ -296,7 +296,9 @@ class Membership:
         counted = 0
         beats: dict = {}  # uid -> (count, when it last moved)
         gone: set = set()
-        room = (lambda: self.max_np is None or len(arrived) + len(expected - set(arrived) - gone) < self.max_np)
+
+        def room():
+            return self.max_np is None or len(arrived) + len(expected - set(arrived) - gone) < self.max_np
         while True:
             total = int(self.store.add(f"{R}/n", 0))
             while counted < total:

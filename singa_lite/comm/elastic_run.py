@@ -47,9 +47,8 @@ import time
 import numpy as np
 
 from .. import tensor
-from ..comm import CollectiveMismatch, CommError
-from ..comm.membership import ElasticTimeout, Membership, MembersChanged
-from .dist_opt import DistOpt
+from .communicator import CollectiveMismatch, CommError
+from .membership import ElasticTimeout, Membership, MembersChanged
 
 __all__ = ["init", "run", "State", "MembersChanged", "ElasticTimeout", "current", "shutdown"]
 
@@ -71,7 +70,7 @@ def init(min_np: int = 1, max_np: int | None = None, backend: str | None = None,
     if _current is not None and not _current.closed:
         raise RuntimeError("dist.elastic.init: this process already joined the elastic job; use "
                            "dist.elastic.current().communicator, or dist.elastic.shutdown() first")
-    from ..comm import env
+    from . import env
 
     launch = env.read()
     _current = Membership(launch, backend=backend, min_np=min_np, max_np=max_np, timeout=timeout,
@@ -101,8 +100,8 @@ def shutdown() -> None:
 class State:
     """The training state ``dist.elastic.run`` restores after a failure or a join, committed in memory.
 
-    model: a Layer/Model (get_states / set_states); optimizer: a DistOpt (rebound to each new communicator) or a
-    plain Optimizer; sampler: an ElasticSampler (or anything with rank, world_size, state_dict and
+    model: a Layer/Model (get_states / set_states); optimizer: a DistOpt (rebound to each new communicator with
+    DistOpt.rebind) or a plain Optimizer; sampler: an ElasticSampler (or anything with rank, world_size, state_dict and
     load_state_dict); rng: a numpy Generator; scaler: a loss scaler (get_states / set_states); every: commit
     every `every` calls of step() (None: only when commit() is called)."""
 
@@ -163,13 +162,13 @@ class State:
         snap = {"steps": self.steps, "user": extra if extra is not None else {}}
         if self.model is not None:
             snap["model"] = {k: tensor.to_numpy(v).copy() for k, v in self.model.get_states().items()}
-        if isinstance(self.optimizer, DistOpt):
+        if is_dist_opt(self.optimizer):
             states = self.optimizer.get_states()
-            from .exchange import SparseExchange
-
             snap["optimizer"] = states["opt"]
+            # the residuals' keys are tuples of names: as a list, as checkpoints keep them
             snap["distopt"] = {"partial": int(states["partial"]), "skipped_steps": int(states["skipped_steps"]),
-                               "residuals": SparseExchange.entries(states["residuals"])}
+                               "residuals": [{"names": list(k), "values": np.asarray(v)}
+                                             for k, v in states["residuals"].items()]}
         elif self.optimizer is not None:
             snap["optimizer"] = self.optimizer.get_states()
         if self.sampler is not None:
@@ -182,12 +181,11 @@ class State:
 
     def restore(self, snap: dict) -> None:
         comm = self.communicator
-        if isinstance(self.optimizer, DistOpt):
-            from .exchange import SparseExchange
-
+        if is_dist_opt(self.optimizer):
+            residuals = {tuple(e["names"]): e["values"] for e in snap["distopt"]["residuals"]}
             self.optimizer.set_states({"opt": snap["optimizer"], "partial": snap["distopt"]["partial"],
                                        "skipped_steps": snap["distopt"]["skipped_steps"], "synced": True,
-                                       "residuals": SparseExchange.from_entries(snap["distopt"]["residuals"])})
+                                       "residuals": residuals})
         elif self.optimizer is not None:
             self.optimizer.set_states(snap["optimizer"])
         if self.model is not None:
@@ -227,6 +225,11 @@ class State:
     def __repr__(self) -> str:
         return (f"dist.elastic.State(step={self.steps}, every={self.every}, last commit at step {self.committed_step}, "
                 f"{self.resets} regroup(s))")
+
+
+def is_dist_opt(optimizer) -> bool:
+    """A DistOpt (singa_lite.parallel, above this layer): what can be rebound to a new communicator."""
+    return callable(getattr(optimizer, "rebind", None)) and hasattr(optimizer, "communicator")
 
 
 def broadcast_bytes(comm, data: bytes, root: int) -> bytes:
@@ -286,7 +289,7 @@ def run(fn):
 def regroup(member: Membership, state: State, cause) -> None:
     """Closes what the failed (or outgrown) communicator had, makes the next round's and rebinds the DistOpt."""
     failure = cause if isinstance(cause, CommError) else None
-    optimizer = state.optimizer if isinstance(state.optimizer, DistOpt) else None
+    optimizer = state.optimizer if is_dist_opt(state.optimizer) else None
     if optimizer is not None and optimizer.communicator is not member.communicator:  # hierarchical: its own
         _close_quietly(optimizer.communicator, failure)
     comm = member.regroup(state.committed_step, failure)

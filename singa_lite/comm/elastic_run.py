@@ -100,10 +100,11 @@ def shutdown() -> None:
 class State:
     """The training state ``dist.elastic.run`` restores after a failure or a join, committed in memory.
 
-    model: a Layer/Model (get_states / set_states); optimizer: a DistOpt (rebound to each new communicator with
-    DistOpt.rebind) or a plain Optimizer; sampler: an ElasticSampler (or anything with rank, world_size, state_dict and
-    load_state_dict); rng: a numpy Generator; scaler: a loss scaler (get_states / set_states); every: commit
-    every `every` calls of step() (None: only when commit() is called)."""
+    model: a Layer/Model (get_states / set_states) or a dict of named tensors; optimizer: a DistOpt (rebound to
+    each new communicator with DistOpt.rebind) or a plain Optimizer; sampler: an ElasticSampler (or anything
+    with rank, world_size, cursor, state_dict and load_state_dict); rng: a numpy Generator; scaler: a loss
+    scaler (get_states / set_states); every: commit every `every` calls of step() (None: only when commit()
+    is called); log: where rank 0 says what a regroup did (a function of one string; None for silence)."""
 
     def __init__(self, model=None, optimizer=None, sampler=None, rng=None, scaler=None, every=None, log=print):
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
@@ -161,7 +162,8 @@ class State:
     def snapshot(self, extra=None) -> dict:
         snap = {"steps": self.steps, "user": extra if extra is not None else {}}
         if self.model is not None:
-            snap["model"] = {k: tensor.to_numpy(v).copy() for k, v in self.model.get_states().items()}
+            states = self.model if isinstance(self.model, dict) else self.model.get_states()
+            snap["model"] = {k: tensor.to_numpy(v).copy() for k, v in states.items()}
         if is_dist_opt(self.optimizer):
             states = self.optimizer.get_states()
             snap["optimizer"] = states["opt"]
@@ -188,7 +190,13 @@ class State:
                                        "residuals": residuals})
         elif self.optimizer is not None:
             self.optimizer.set_states(snap["optimizer"])
-        if self.model is not None:
+        if isinstance(self.model, dict):  # named tensors (a model in SINGA's plain autograd style), in place
+            missing = sorted(set(self.model) ^ set(snap["model"]))
+            if missing:
+                raise ValueError(f"dist.elastic.State: the commit's tensors and the model's differ: {missing[:5]}")
+            for k, v in self.model.items():
+                v.copy_from_numpy(np.asarray(snap["model"][k], dtype=tensor.to_numpy(v).dtype))
+        elif self.model is not None:
             self.model.set_states(snap["model"])
         if self.sampler is not None:
             self.sampler.rank, self.sampler.world_size = comm.rank, comm.world_size

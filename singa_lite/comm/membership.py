@@ -12,7 +12,8 @@ every round. Its process must live: a failure of launch rank 0 (or of its host) 
 launcher's restart (``--max-restarts``, checkpoint.ElasticState) takes over. Every other process holds a client
 connection that it opens again when it breaks (a link that was cut and came back), and a second one from a
 small thread that counts a *heartbeat* key every BEAT_S seconds: a rank whose count stops moving for DEAD_S
-seconds is gone (killed, or cut off), which is how the coordinator tells the dead from the slow.
+seconds is gone (killed, or cut off), which is how the coordinator tells the dead from the slow. A process of the
+coordinator's own host that has ended is known to be gone at once (/proc).
 
 A round ``r``, keyed ``elastic/r<r>/...`` in the store:
 
@@ -233,6 +234,8 @@ class Membership:
         self.launch, self.backend, self.options, self.log = launch, backend, options, log
         env.wanted_backend(backend)  # a backend the rendezvous cannot give is refused before anything starts
         self.uid = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+        self.node = env.node_identity()["node"]  # who shares this host (and its process table)
+        self.known: dict = {}  # coordinator: what each process said when it last took part in a round
         self.store = ReconnectingStore(env.open_store(launch, self.comm_timeout, claim=False), self.timeout)
         self.coordinator = self.store.serves
         self.heartbeat = Heartbeat(self.store, self.uid)
@@ -273,8 +276,8 @@ class Membership:
 
     # ----- a round
     def _take_part(self, r: int, step: int, first: bool = False) -> dict:
-        info = {"uid": self.uid, "launch_rank": self.launch.rank, "step": step,
-                "was": self.members.index(self.uid) if self.uid in self.members else None}
+        info = {"uid": self.uid, "launch_rank": self.launch.rank, "step": step, "node": self.node,
+                "pid": os.getpid(), "was": self.members.index(self.uid) if self.uid in self.members else None}
         self.store.set(f"{self._r(r)}/here/{self.uid}", json.dumps(info).encode())
         n = self.store.add(f"{self._r(r)}/n", 1)
         self.store.set(f"{self._r(r)}/who/{n}", self.uid.encode())
@@ -284,6 +287,10 @@ class Membership:
         raw = self.store.call("get", f"{self._r(r)}/result", self.timeout + 5.0, deadline=deadline)
         result = json.loads(raw)
         if result.get("error"):
+            try:
+                self.store.set(f"{self._r(r)}/seen/{self.uid}", b"1")
+            except CommError:
+                pass
             raise ElasticTimeout(f"dist.elastic, round {r}: {result['error']}")
         return result
 
@@ -320,6 +327,9 @@ class Membership:
                     expected.add(uid)
             now = time.monotonic()
             for uid in expected - set(arrived) - gone:
+                if self.ended_here(uid):  # a process of this host that ended: no need to wait for its heartbeat
+                    gone.add(uid)
+                    continue
                 count = int(self.store.add(f"{KEY}/beat/{uid}", 0))
                 seen = beats.get(uid)
                 if seen is None or seen[0] != count:
@@ -340,15 +350,20 @@ class Membership:
                     break  # the ones missing join later, when they come
                 what = (f"launched rank(s) {', '.join(map(str, waiting_for))} never arrived" if first and waiting_for
                         else f"{len(arrived)} process(es) are here ({', '.join(sorted(arrived))})"
-                        + (f", {len(gone)} gone without a heartbeat for {DEAD_S:g} s ({', '.join(sorted(gone))})"
-                           if gone else "")
+                        + (f", {len(gone)} gone (ended, or no heartbeat for {DEAD_S:g} s: "
+                           f"{', '.join(sorted(gone))})" if gone else "")
                         + (f", still waiting for {', '.join(waiting_for)}" if waiting_for else ""))
                 error = (f"waited {self.timeout:g} s for at least min_np={self.min_np} rank(s): {what}. Start more "
                          f"ranks (they join through the store at {self.store.address}), lower min_np, or raise the "
                          f"timeout ({TIMEOUT_VAR})")
                 self.store.set(f"{R}/result", json.dumps({"error": error}).encode())
+                try:  # the store ends with this process: the others read why first (bounded: some may be gone)
+                    self.store.wait([f"{R}/seen/{u}" for u in arrived if u != self.uid], 5.0)
+                except CommError:
+                    pass
                 raise ElasticTimeout(f"dist.elastic, round {r}: {error}")
             time.sleep(POLL_S)
+        self.known.update(arrived)
         others = [u for u in arrived if u != self.uid]
         # the earlier members keep their order, then the newcomers in the order they came
         others.sort(key=lambda u: (arrived[u]["was"] is None, arrived[u]["was"] if arrived[u]["was"] is not None
@@ -361,6 +376,18 @@ class Membership:
         result = {"members": members, "source": source, "steps": steps, "error": None}
         self.store.set(f"{R}/result", json.dumps(result).encode())
         return result
+
+    def ended_here(self, uid: str) -> bool:
+        """Whether `uid` is a process of this host (as it said in an earlier round) that has ended: gone from the
+        process table, or a zombie its parent has not reaped yet."""
+        info = self.known.get(uid)
+        if not info or info.get("node") != self.node or not isinstance(info.get("pid"), int):
+            return False
+        try:
+            with open(f"/proc/{info['pid']}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        except (OSError, IndexError):
+            return True
 
     def _enter(self, r: int, result: dict) -> None:
         """Makes this member's communicator for round r (the environment rendezvous under the round's keys)."""

@@ -166,8 +166,8 @@ dist.elastic.shutdown()
 '''
 
 
-def inprocess_run(every: int, kill_at: int, workdir: str) -> dict:
-    """One 3-rank dist.elastic job on this host (env-launched, shm); rank 2 dies at step kill_at."""
+def inprocess_run(every: int, kill_at: int, workdir: str, backend: str = "shm") -> dict:
+    """One 3-rank dist.elastic job on this host (env-launched, `backend`); rank 2 dies at step kill_at."""
     import socket
 
     job = os.path.join(workdir, "inprocess_job.py")
@@ -178,8 +178,9 @@ def inprocess_run(every: int, kill_at: int, workdir: str) -> dict:
         port = s.getsockname()[1]
     env = {**os.environ, "SINGA_LITE_COMM_TIMEOUT": os.environ.get("SINGA_LITE_COMM_TIMEOUT", "5"),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "3", "OMP_NUM_THREADS": "1"}
-    for k in ("SINGA_LITE_HOLDER", "SINGA_LITE_JOB_ID", "SINGA_LITE_COMM_BACKEND"):
+    for k in ("SINGA_LITE_HOLDER", "SINGA_LITE_JOB_ID"):
         env.pop(k, None)
+    env["SINGA_LITE_COMM_BACKEND"] = backend
     launched = time.time()
     procs = [subprocess.Popen([sys.executable, job, ROOT, str(every), str(kill_at)], env={**env, "RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=workdir)
@@ -207,9 +208,9 @@ def inprocess_run(every: int, kill_at: int, workdir: str) -> dict:
     }
 
 
-def one_run(launcher: str, every: int, kill_at: int, workdir: str) -> dict:
+def one_run(launcher: str, every: int, kill_at: int, workdir: str, backend: str = "shm") -> dict:
     if launcher == "inprocess":
-        return inprocess_run(every, kill_at, workdir)
+        return inprocess_run(every, kill_at, workdir, backend)
     job = os.path.join(workdir, "job.py")
     with open(job, "w") as f:
         f.write(JOB)
@@ -262,7 +263,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--every", type=int, default=5, help="commit every this many steps")
     p.add_argument("--kill-at", type=int, default=12, help="the step at which rank 1 of generation 0 dies")
-    p.add_argument("--launchers", default="singa-run,torchrun")
+    p.add_argument("--launchers", default="singa-run,torchrun", help="singa-run, torchrun, inprocess (dist.elastic)")
+    p.add_argument("--backend", default="shm", choices=("shm", "tcp"), help="inprocess: the backend")
     args = p.parse_args(argv)
     launchers = args.launchers.split(",")
     if "inprocess" in launchers and args.kill_at % args.every == 0:
@@ -279,8 +281,8 @@ def main(argv=None) -> int:
         runs = []
         with tempfile.TemporaryDirectory() as workdir:
             for _ in range(args.repeats):
-                runs.append(one_run(launcher, args.every, args.kill_at, workdir))
-        print(f"\n{launcher}")
+                runs.append(one_run(launcher, args.every, args.kill_at, workdir, args.backend))
+        print(f"\n{launcher}" + (f" ({args.backend})" if launcher == "inprocess" else ""))
         for key in runs[0]:
             values = [r[key] for r in runs]
             if key == "commit bytes":

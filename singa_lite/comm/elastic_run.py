@@ -4,7 +4,7 @@ processes when ranks fail or join.
     from singa_lite import dist, opt
     from singa_lite.data import ElasticSampler
 
-    comm = dist.elastic.init(min_np=2, max_np=4)      # an env-launched job: torchrun's / Slurm's variables
+    comm = dist.elastic.init(min_np=2, max_np=4)      # an env-launched job: RANK, WORLD_SIZE, MASTER_ADDR, ...
     sgd = opt.DistOpt(opt.SGD(lr=0.05, momentum=0.9), communicator=comm)
     # ... build the model, model.set_optimizer(sgd), model.compile(...)
     sampler = ElasticSampler(len(x), comm.rank, comm.world_size, batch_size=32, seed=0)
@@ -57,8 +57,9 @@ _current: Membership | None = None
 
 def init(min_np: int = 1, max_np: int | None = None, backend: str | None = None, timeout: float | None = None,
          comm_timeout: float | None = None, log=print, **options):
-    """Joins the elastic job this process was launched into (torchrun's, Slurm's or ``singa-run --hostfile``'s
-    variables) and returns its communicator. Launch rank 0 serves the job's store and decides every round (its
+    """Joins the elastic job this process was launched into (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+    ``MASTER_PORT``, or Slurm's variables; by a launcher that lets the survivors live when a rank fails) and
+    returns its communicator. Launch rank 0 serves the job's store and decides every round (its
     process must live). min_np / max_np: the fewest ranks the job trains on (below, it waits up to `timeout`,
     then fails) and the most (joiners beyond wait). timeout: seconds any round may wait (default
     SINGA_LITE_ELASTIC_TIMEOUT or 600); comm_timeout: each collective's (default SINGA_LITE_COMM_TIMEOUT or

@@ -1,6 +1,6 @@
 """Who is in an elastic job now: the rounds of the in-process elasticity (``dist.elastic``, comm/elastic_run.py).
 
-An env-launched job (torchrun's variables, Slurm's, ``singa-run --hostfile``) that trains under
+An env-launched job (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, or Slurm's variables) that trains under
 ``dist.elastic.run`` survives the loss of ranks without restarting processes: the survivors meet again in a
 new *round* through the job's rendezvous store and make a new communicator among themselves. Ranks that come
 (a new process, or one whose host was cut off and is back) wait in the store's join queue and are let in at the

@@ -73,6 +73,11 @@ def init(min_np: int = 1, max_np: int | None = None, backend: str | None = None,
                            "dist.elastic.current().communicator, or dist.elastic.shutdown() first")
     from . import env
 
+    if env.detect() in ("singa-run", "mpiexec"):
+        raise ValueError(f"dist.elastic needs a job launched with environment variables (RANK, WORLD_SIZE, "
+                         f"MASTER_ADDR, MASTER_PORT, or Slurm's), by a launcher that lets the survivors live when "
+                         f"a rank fails; this process was started by {env.detect()}, which stops every rank when "
+                         f"one fails: use its restarts (checkpoint.ElasticState, docs/elastic.md) instead")
     launch = env.read()
     _current = Membership(launch, backend=backend, min_np=min_np, max_np=max_np, timeout=timeout,
                           comm_timeout=comm_timeout, log=log, **options)

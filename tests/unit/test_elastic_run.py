@@ -69,6 +69,12 @@ def test_state_refuses_what_it_cannot_restore():
         dist.elastic.State(scaler=object())
 
 
+def test_init_refuses_a_launcher_that_stops_every_rank(one_rank, monkeypatch):
+    monkeypatch.setenv("SINGA_LITE_HOLDER", "x")
+    with pytest.raises(ValueError, match="started by singa-run, which stops every rank when one fails"):
+        dist.elastic.init()
+
+
 def test_run_needs_init_and_a_state():
     dist.elastic.shutdown()
     with pytest.raises(RuntimeError, match=r"call dist.elastic.init\(\) first"):

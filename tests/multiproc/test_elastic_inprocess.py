@@ -120,9 +120,11 @@ def test_sigkill_of_one_rank_of_three_the_survivors_finish_in_process(tmp_path, 
     # the failed communicator's worker threads ended with it: at most the current one's in each survivor
     threads = runner_threads(text)
     assert sorted(threads) == [0, 1] and all(len(v) <= 1 for v in threads.values()), text
-    # nor any thread of the old communicators' C++ side: no more threads than in the uninterrupted run
-    before = max(map(int, re.findall(r" tasks (\d+)$", text0, re.M)))
-    assert max(map(int, re.findall(r" tasks (\d+)$", text, re.M))) <= before, text
+    # nor any thread of the old communicators' C++ side: no more threads than in the uninterrupted run,
+    # nor any segment of theirs still mapped
+    for what in ("tasks", "shm"):
+        before = max(map(int, re.findall(rf" {what} (\d+)\b", text0)))
+        assert max(map(int, re.findall(rf" {what} (\d+)\b", text))) <= before, (what, text)
 
 
 @pytest.mark.slow

@@ -11,7 +11,8 @@ KILL_AT=<step>: the process of launch rank KILL_RANK (default 1) SIGKILLs itself
 the step's collectives, before its commit). MIN_NP, MAX_NP: dist.elastic.init's. STEP_SLEEP: seconds of sleep
 per step (to give a test time to act). HIERARCHICAL=1: DistOpt(hierarchical=True) (across hosts: within each host
 over shared memory, between hosts over tcp). Prints "started rank r pid p host h", then per regroup "regrouped ...",
-then on each process "threads rank r <Python thread names> tasks <OS threads>", and on rank 0 "done world W steps S
+then on each process "threads rank r <Python thread names> tasks <OS threads> shm <shared-memory
+segments mapped>", and on rank 0 "done world W steps S
 accuracy A resets R sums [...]".
 """
 import os
@@ -117,7 +118,10 @@ sums = train(state)
 out = net.forward(tensor.from_numpy(x))
 accuracy = float((tensor.to_numpy(out).argmax(1) == labels).mean())
 threads = sorted(t.name for t in threading.enumerate())
-print(f"threads rank {state.rank} {' '.join(threads)} tasks {len(os.listdir('/proc/self/task'))}", flush=True)
+with open("/proc/self/maps") as f:
+    segments = len({line.split(None, 5)[-1] for line in f if "memfd:sl_shm/" in line})  # shm backend's segments
+print(f"threads rank {state.rank} {' '.join(threads)} tasks {len(os.listdir('/proc/self/task'))} shm {segments}",
+      flush=True)
 if state.rank == 0:
     print(f"done world {state.world_size} steps {state.steps} accuracy {accuracy:.4f} resets {state.resets} "
           f"sums {sums.tolist()}", flush=True)

@@ -175,3 +175,17 @@ def test_a_prefixed_view_keeps_each_round_apart(one_rank):
     b.set("table", b"eight")
     assert (a.get("table"), b.get("table"), store.get("elastic/r7/comm/table")) == (b"seven", b"eight", b"seven")
     assert a.add("n", 2) == 2 and b.add("n", 1) == 1
+
+
+def test_rebind_keeps_the_settings_and_the_comm_hook(one_rank):
+    from singa_lite.parallel.hooks import fp16_compress_hook
+
+    comm = dist.elastic.init(timeout=30)
+    sgd = opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, buffSize=1000, overlap=False, on_nonfinite="raise")
+    sgd.register_comm_hook(None, fp16_compress_hook)
+    other = dist.init(backend="shm", holder=None, rank=0, world_size=1)
+    sgd.rebind(other)
+    assert sgd.communicator is other and sgd.reducer.communicator is other
+    assert (sgd.buffSize, sgd.overlap, sgd.on_nonfinite) == (1000, False, "raise")
+    assert sgd.reducer.comm_hook == (None, fp16_compress_hook)
+    other.close()

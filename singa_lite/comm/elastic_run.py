@@ -296,6 +296,10 @@ def run(fn):
             except ElasticTimeout:
                 raise
             except (CommError, MembersChanged) as e:
+                if isinstance(e, CommError) and "used after close()" in str(e):  # not a failure: a stale reference
+                    raise RuntimeError(f"dist.elastic.run: the training function used a communicator that a regroup "
+                                       f"closed ({e}); take it from state.communicator each time (a DistOpt is "
+                                       f"rebound by itself)") from e
                 cause = e
     return wrapper
 

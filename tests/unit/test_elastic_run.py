@@ -189,3 +189,18 @@ def test_rebind_keeps_the_settings_and_the_comm_hook(one_rank):
     assert (sgd.buffSize, sgd.overlap, sgd.on_nonfinite) == (1000, False, "raise")
     assert sgd.reducer.comm_hook == (None, fp16_compress_hook)
     other.close()
+
+
+def test_a_communicator_kept_from_before_a_regroup_is_named(one_rank):
+    comm = dist.elastic.init(timeout=30)
+    state = dist.elastic.State()
+    t = tensor.from_numpy(np.ones(2, np.float32))
+
+    @dist.elastic.run
+    def train(state):
+        comm.all_reduce(t)  # the first round's communicator, closed by the regroup below
+        raise CommError("rank 1 (pid 1) died (a simulated failure)")
+
+    with pytest.raises(RuntimeError, match="used a communicator that a regroup closed"):
+        train(state)
+    assert state.resets == 1

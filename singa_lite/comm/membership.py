@@ -45,6 +45,7 @@ from .communicator import CollectiveMismatch, CommError, Communicator
 BEAT_S = 0.25  # a heartbeat every so often
 DEAD_S = 3.0  # a process whose heartbeat did not move for this long is gone
 POLL_S = 0.05  # how often the coordinator looks at the store while a round gathers
+MAX_FAILED_ROUNDS = 5  # rounds in a row whose communicator could not be made before a regroup gives up
 TIMEOUT_VAR = "SINGA_LITE_ELASTIC_TIMEOUT"
 DEFAULT_TIMEOUT_S = 600.0
 KEY = "elastic"  # every key of this module begins so
@@ -422,6 +423,7 @@ class Membership:
                                     deadline=time.monotonic() + self.timeout + 10.0))
         else:
             r = self.round + 1
+        failed = []  # rounds whose communicator could not be made (a member failed meanwhile)
         while True:
             result = self._take_part(r, step)
             if self.uid not in result["members"]:  # too late for it: the queue, then the round that admits us
@@ -437,6 +439,10 @@ class Membership:
             except CommError as e:  # a member failed while the communicator was being made: the next round
                 if isinstance(e, ElasticTimeout):
                     raise
+                failed.append(f"round {r}: {e}")
+                if len(failed) >= MAX_FAILED_ROUNDS:
+                    raise ElasticTimeout(f"dist.elastic: {len(failed)} rounds in a row could not make a communicator; "
+                                         f"the last: {failed[-1]}") from None
                 self.round, self.members = r, result["members"]
                 r += 1
 

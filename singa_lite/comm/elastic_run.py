@@ -56,7 +56,7 @@ _current: Membership | None = None
 
 
 def init(min_np: int = 1, max_np: int | None = None, backend: str | None = None, timeout: float | None = None,
-         comm_timeout: float | None = None, log=print, **options):
+         comm_timeout: float | None = None, **options):
     """Joins the elastic job this process was launched into (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
     ``MASTER_PORT``, or Slurm's variables; by a launcher that lets the survivors live when a rank fails) and
     returns its communicator. Launch rank 0 serves the job's store and decides every round (its
@@ -80,7 +80,7 @@ def init(min_np: int = 1, max_np: int | None = None, backend: str | None = None,
                          f"one fails: use its restarts (checkpoint.ElasticState, docs/elastic.md) instead")
     launch = env.read()
     _current = Membership(launch, backend=backend, min_np=min_np, max_np=max_np, timeout=timeout,
-                          comm_timeout=comm_timeout, log=log, **options)
+                          comm_timeout=comm_timeout, **options)
     try:
         return _current.start()
     except BaseException:

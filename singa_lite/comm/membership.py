@@ -226,13 +226,13 @@ class Membership:
     round's communicator, or a one-rank stand-in while ``pending`` (a process waiting to join)."""
 
     def __init__(self, launch, backend=None, min_np: int = 1, max_np: int | None = None, timeout: float | None = None,
-                 comm_timeout: float | None = None, log=print, **options):
+                 comm_timeout: float | None = None, **options):
         from . import default_timeout as comm_default, env
 
         self.min_np, self.max_np = check_counts(min_np, max_np)
         self.timeout = default_timeout() if timeout is None else float(timeout)
         self.comm_timeout = comm_default() if comm_timeout is None else float(comm_timeout)
-        self.launch, self.backend, self.options, self.log = launch, backend, options, log
+        self.launch, self.backend, self.options = launch, backend, options
         env.wanted_backend(backend)  # a backend the rendezvous cannot give is refused before anything starts
         self.uid = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         self.node = env.node_identity()["node"]  # who shares this host (and its process table)
@@ -284,8 +284,9 @@ class Membership:
         self.store.set(f"{self._r(r)}/who/{n}", self.uid.encode())
         if self.coordinator:
             return self._coordinate(r, first)
-        deadline = time.monotonic() + self.timeout + 10.0  # the coordinator answers within its own timeout
-        raw = self.store.call("get", f"{self._r(r)}/result", self.timeout + 5.0, deadline=deadline)
+        # the coordinator answers within its own timeout
+        raw = self._wait_for(f"{self._r(r)}/result", self.timeout + 5.0,
+                             f"launch rank 0 (the coordinator) to close round {r}")
         result = json.loads(raw)
         if result.get("error"):
             try:
@@ -294,6 +295,21 @@ class Membership:
                 pass
             raise ElasticTimeout(f"dist.elastic, round {r}: {result['error']}")
         return result
+
+    def _wait_for(self, key: str, seconds: float, what: str) -> bytes:
+        """The value of `key` once set; ElasticTimeout saying what it waited for after `seconds` (not a CommError,
+        which dist.elastic.run would take for a failure and regroup again)."""
+        try:
+            return self.store.call("get", key, seconds, deadline=time.monotonic() + seconds + 10.0)
+        except ElasticTimeout:
+            raise
+        except CommError as e:
+            raise ElasticTimeout(f"dist.elastic: waited {seconds:g} s for {what}: {e}") from None
+
+    def _admission(self) -> int:
+        return int(self._wait_for(f"{KEY}/admit/{self.uid}", self.timeout,
+                                  f"a place in the job (it lets joiners in at its commits, up to max_np="
+                                  f"{self.max_np}; raise {TIMEOUT_VAR} to wait longer)"))
 
     def _coordinate(self, r: int, first: bool) -> dict:
         R = self._r(r)
@@ -419,8 +435,7 @@ class Membership:
         commit (-1: none), by which the round picks the source of the state."""
         self.release(failure)
         if self.pending:
-            r = int(self.store.call("get", f"{KEY}/admit/{self.uid}", self.timeout,
-                                    deadline=time.monotonic() + self.timeout + 10.0))
+            r = self._admission()
         else:
             r = self.round + 1
         failed = []  # rounds whose communicator could not be made (a member failed meanwhile)
@@ -428,8 +443,7 @@ class Membership:
             result = self._take_part(r, step)
             if self.uid not in result["members"]:  # too late for it: the queue, then the round that admits us
                 self._queue_for_join()
-                r = int(self.store.call("get", f"{KEY}/admit/{self.uid}", self.timeout,
-                                        deadline=time.monotonic() + self.timeout + 10.0))
+                r = self._admission()
                 continue
             try:
                 self._enter(r, result)

@@ -204,3 +204,20 @@ def test_a_communicator_kept_from_before_a_regroup_is_named(one_rank):
     with pytest.raises(RuntimeError, match="used a communicator that a regroup closed"):
         train(state)
     assert state.resets == 1
+
+
+def test_a_joiner_never_let_in_fails_naming_what_it_waited_for(one_rank):
+    from singa_lite.comm.env import LaunchEnv
+    from singa_lite.comm.membership import Membership
+
+    dist.elastic.init(timeout=30)  # round 0 is over: one rank, and no commit will let anyone in
+    first = dist.elastic.current()
+    late = Membership(LaunchEnv("torchrun", 1, 1, "127.0.0.1", first.store.port), timeout=1)
+    try:
+        solo = late.start()
+        assert late.pending and solo.world_size == 1
+        with pytest.raises(ElasticTimeout, match=r"waited 1 s for a place in the job \(it lets joiners in at its "
+                                                 r"commits, up to max_np=None"):
+            late.regroup(-1)
+    finally:
+        late.close()

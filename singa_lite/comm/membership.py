@@ -237,7 +237,7 @@ class Membership:
         self.uid = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         self.node = env.node_identity()["node"]  # who shares this host (and its process table)
         self.known: dict = {}  # coordinator: what each process said when it last took part in a round
-        self.store = ReconnectingStore(env.open_store(launch, self.comm_timeout, claim=False), self.timeout)
+        self.store = ReconnectingStore(self._open(env, launch), self.timeout)
         self.coordinator = self.store.serves
         self.heartbeat = Heartbeat(self.store, self.uid)
         self.round = -1  # the last round this process was a member of
@@ -247,6 +247,17 @@ class Membership:
         self.pending = False  # waiting to join: the communicator is a one-rank stand-in
         self.joins_handled = 0  # coordinator: entries of the join queue it has dealt with
         self.closed = False
+
+    def _open(self, env, launch):
+        """The job's store; the other ranks try for as long as a round may wait (launch rank 0 may start late),
+        each attempt with the communicator's timeout, which the client keeps for its replies."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return env.open_store(launch, self.comm_timeout, claim=False)
+            except CommError as e:
+                if launch.rank == 0 or "could not connect" not in str(e) or time.monotonic() >= deadline:
+                    raise
 
     # ----- keys
     @staticmethod

@@ -17,6 +17,17 @@ generation 0). Commits: the median time of a commit against the median time of a
 bytes a commit writes.
 
     SINGA_LITE_COMM_TIMEOUT=5 python bench/bench_restart.py --repeats 3
+
+``--launchers inprocess`` measures dist.elastic.run instead (in-process elasticity, no restart): 3 ranks of an
+env-launched job (torchrun's variables, shm) train the same CNN, committing in memory every --every steps
+(dist.elastic.State); launch rank 2 SIGKILLs itself at step --kill-at; the 2 survivors regroup and go on. Stamps:
+
+    failure -> survivors caught the error -> regrouped (new round, new communicator) -> restored -> first step done
+
+The peers measured in the same run: the job's cold start, and for the commits a training step (the ratio of a
+commit to --every steps is what committing costs the training).
+
+    SINGA_LITE_COMM_TIMEOUT=5 python bench/bench_restart.py --launchers inprocess --every 10 --kill-at 23
 """
 from __future__ import annotations
 
@@ -90,8 +101,116 @@ for epoch in range(start.epoch, 2):
             os.write(1, f"COMMIT {time.perf_counter() - t:.6f} STEP {step_s:.6f}\n".encode())
 '''
 
+INPROCESS_JOB = r'''
+import os, signal, sys, time
+T0 = time.time()
+sys.path.insert(0, os.path.join(sys.argv[1], "examples"))
+import numpy as np
+from singa_lite import autograd, device, dist, opt, tensor
+from singa_lite.comm import CommError
+from singa_lite.data import ElasticSampler, load_digits
+from train_cnn import CNN
 
-def one_run(launcher: str, every: int, kill_at: int, workdir: str) -> dict:
+every, kill_at, launch_rank = int(sys.argv[2]), int(sys.argv[3]), int(os.environ["RANK"])
+def stamp(what):
+    os.write(1, f"STAMP rank={launch_rank} {what} {time.time():.6f}\n".encode())
+stamp(f"started {T0:.6f} imported")
+device.set_num_threads(1)
+comm = dist.elastic.init(min_np=1)
+sgd = opt.DistOpt(opt.SGD(lr=0.05, momentum=0.9), communicator=comm)
+stamp("joined")
+(x, y), _ = load_digits(0)
+model = CNN()
+autograd.training = False
+model.forward(tensor.from_numpy(x[:1]))
+states = {f"{n}.{k}": v for n, l in vars(model).items() if hasattr(l, "get_states") for k, v in l.get_states().items()}
+sampler = ElasticSampler(len(y), comm.rank, comm.world_size, 32, seed=0)
+state = dist.elastic.State(model=states, optimizer=sgd, sampler=sampler, every=every, log=None)
+stamp("ready")
+done_steps = []
+
+@dist.elastic.run
+def train(state):
+    if state.resets:
+        stamp("restored")
+    first = True
+    autograd.training = True
+    for epoch in range(state.epoch, 2):
+        state.sampler.set_epoch(epoch)
+        for idx in state.sampler:
+            t = time.perf_counter()
+            try:
+                out = model.forward(tensor.from_numpy(x[idx]))
+                loss = autograd.softmax_cross_entropy(out, tensor.from_numpy(y[idx]))
+                sgd.backward_and_update(loss)
+            except CommError:
+                stamp("caught")
+                raise
+            loss.item()
+            step_s = time.perf_counter() - t
+            if first:
+                stamp(f"first-step resets={state.resets}")
+                first = False
+            if launch_rank == 2 and state.steps + 1 == kill_at:
+                stamp("failure")
+                os.kill(os.getpid(), signal.SIGKILL)
+            t = time.perf_counter()
+            committed = state.step()
+            if committed and state.rank == 0:
+                os.write(1, f"COMMIT {time.perf_counter() - t:.6f} STEP {step_s:.6f}\n".encode())
+            elif state.rank == 0:
+                done_steps.append(step_s)
+
+train(state)
+dist.elastic.shutdown()
+'''
+
+
+def inprocess_run(every: int, kill_at: int, workdir: str, backend: str = "shm") -> dict:
+    """One 3-rank dist.elastic job on this host (env-launched, `backend`); rank 2 dies at step kill_at."""
+    import socket
+
+    job = os.path.join(workdir, "inprocess_job.py")
+    with open(job, "w") as f:
+        f.write(INPROCESS_JOB)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "SINGA_LITE_COMM_TIMEOUT": os.environ.get("SINGA_LITE_COMM_TIMEOUT", "5"),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "3", "OMP_NUM_THREADS": "1"}
+    for k in ("SINGA_LITE_HOLDER", "SINGA_LITE_JOB_ID"):
+        env.pop(k, None)
+    env["SINGA_LITE_COMM_BACKEND"] = backend
+    launched = time.time()
+    procs = [subprocess.Popen([sys.executable, job, ROOT, str(every), str(kill_at)], env={**env, "RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=workdir)
+             for r in range(3)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    out = "".join(outs)
+    if [p.returncode for p in procs] != [0, 0, -signal.SIGKILL]:
+        raise SystemExit(f"inprocess: the job did not end as expected ({[p.returncode for p in procs]}):\n{out}")
+    stamps = {}
+    for m in re.finditer(r"STAMP rank=(\d+) (\S+)(?: [^\n]*?)? (\d+\.\d+)$", out, re.M):
+        stamps.setdefault(m.group(2), []).append(float(m.group(3)))
+    firsts = [float(t) for t in re.findall(r"first-step resets=0 (\d+\.\d+)$", out, re.M)]
+    again = [float(t) for t in re.findall(r"first-step resets=1 (\d+\.\d+)$", out, re.M)]
+    commits = [(float(a), float(b)) for a, b in re.findall(r"COMMIT (\S+) STEP (\S+)", out)]
+    failure = stamps["failure"][0]
+    caught = [t for t in stamps["caught"] if t > failure]
+    return {
+        "cold start -> first step": max(firsts) - launched,
+        "failure -> first step again": max(again) - failure,
+        "  failure -> survivors caught it": max(caught) - failure,
+        "  caught -> regrouped and restored": max(stamps["restored"]) - max(caught),
+        "  restored -> first step": max(again) - max(stamps["restored"]),
+        "commit (median)": statistics.median(c for c, _ in commits),
+        "step (median)": statistics.median(s for _, s in commits),
+    }
+
+
+def one_run(launcher: str, every: int, kill_at: int, workdir: str, backend: str = "shm") -> dict:
+    if launcher == "inprocess":
+        return inprocess_run(every, kill_at, workdir, backend)
     job = os.path.join(workdir, "job.py")
     with open(job, "w") as f:
         f.write(JOB)
@@ -144,9 +263,12 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--every", type=int, default=5, help="commit every this many steps")
     p.add_argument("--kill-at", type=int, default=12, help="the step at which rank 1 of generation 0 dies")
-    p.add_argument("--launchers", default="singa-run,torchrun")
+    p.add_argument("--launchers", default="singa-run,torchrun", help="singa-run, torchrun, inprocess (dist.elastic)")
+    p.add_argument("--backend", default="shm", choices=("shm", "tcp"), help="inprocess: the backend")
     args = p.parse_args(argv)
     launchers = args.launchers.split(",")
+    if "inprocess" in launchers and args.kill_at % args.every == 0:
+        raise SystemExit("--kill-at must fall between two commits (not a multiple of --every)")
     if "torchrun" in launchers:
         try:
             import torch.distributed.run  # noqa: F401
@@ -159,8 +281,8 @@ def main(argv=None) -> int:
         runs = []
         with tempfile.TemporaryDirectory() as workdir:
             for _ in range(args.repeats):
-                runs.append(one_run(launcher, args.every, args.kill_at, workdir))
-        print(f"\n{launcher}")
+                runs.append(one_run(launcher, args.every, args.kill_at, workdir, args.backend))
+        print(f"\n{launcher}" + (f" ({args.backend})" if launcher == "inprocess" else ""))
         for key in runs[0]:
             values = [r[key] for r in runs]
             if key == "commit bytes":
@@ -171,6 +293,10 @@ def main(argv=None) -> int:
         again = [r["failure -> first step again"] / r["cold start -> first step"] for r in runs]
         print(f"  {'commit / training step':32s} {statistics.median(ratio):8.2f}x")
         print(f"  {'restart / cold start':32s} {statistics.median(again):8.2f}x")
+        if launcher == "inprocess":
+            cost = [r["commit (median)"] / (args.every * r["step (median)"]) for r in runs]
+            print(f"  {'commit / (every x step)':32s} {100 * statistics.median(cost):8.2f} %  (committing every "
+                  f"{args.every} steps)")
     return 0
 
 

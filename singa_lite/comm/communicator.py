@@ -110,9 +110,18 @@ class _Runner:
     def is_current(self) -> bool:
         return threading.current_thread() is self._thread
 
+    def stop(self) -> None:
+        """Ends the thread once the operations queued before are done (the communicator was closed)."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread = None  # a later submission (raising at once: closed) starts another
+
     def _loop(self):
         while True:
-            work, fn = self._queue.get()
+            item = self._queue.get()
+            if item is None:
+                return
+            work, fn = item
             try:
                 with self.lock:
                     work.started_at = time.perf_counter()
@@ -422,6 +431,7 @@ class Communicator:
             self._broken = CommError(f"{self.backend} communicator of rank {self.rank}: used after close(){why}")
             self.closed = True
             self._close()
+        self._runner.stop()  # a failed one's too: an operation stuck in it still ends by its timeout
         if failed is not None:
             raise failed
 

@@ -507,9 +507,10 @@ def single_host(launch: LaunchEnv) -> bool:
     return is_loopback(launch.master_addr)
 
 
-def open_store(launch: LaunchEnv, timeout: float, environ=None):
+def open_store(launch: LaunchEnv, timeout: float, environ=None, claim: bool = True):
     """The job's TcpStore: rank 0 serves it at MASTER_PORT, every rank connects to MASTER_ADDR:MASTER_PORT,
-    each proving the job's key (comm/auth.py) and claiming its rank."""
+    each proving the job's key (comm/auth.py) and, with `claim`, claiming its rank (dist.elastic's ranks other
+    than 0 do not: a process that joins later may carry a RANK that a live one holds)."""
     from . import auth
     from .store import TcpStore, is_loopback
 
@@ -520,7 +521,8 @@ def open_store(launch: LaunchEnv, timeout: float, environ=None):
     listen = "" if not one_host and is_loopback(launch.master_addr) else None
     try:
         return TcpStore(launch.master_addr, launch.master_port, launch.world_size, launch.rank == 0,
-                        timeout=timeout, listen_host=listen, credentials=credentials, rank=launch.rank,
+                        timeout=timeout, listen_host=listen, credentials=credentials,
+                        rank=launch.rank if claim or launch.rank == 0 else None,
                         generation=generation(environ))
     except CommError as e:
         raise CommError(f"dist.init, {launch.describe()}: {e}") from None
@@ -546,6 +548,18 @@ def rendezvous(launch: LaunchEnv, backend: str | None = None, timeout: float = 3
     else:
         store.close()
     return comm
+
+
+def meet(store, rank: int, world_size: int, backend: str | None = None, timeout: float = 300.0,
+         **options) -> Communicator:
+    """A communicator of `world_size` ranks that meet through `store` (this process is `rank`): the second half
+    of :func:`rendezvous`, on a store that is already open. dist.elastic makes each round's communicator so,
+    under the round's own keys (a prefixed view of the job's store)."""
+    from ..device import get_default_device
+
+    launch = LaunchEnv("elastic round", rank, world_size, str(getattr(store, "host", "?")),
+                       int(getattr(store, "port", 0) or 0))
+    return _join(store, launch, wanted_backend(backend), get_default_device().is_cuda(), timeout, options)
 
 
 def _join(store, launch: LaunchEnv, wanted, gpu: bool, timeout: float, options) -> Communicator:

@@ -53,6 +53,15 @@ class ShmCommunicator(Communicator):
                 unlink(name)
             raise
 
+    def close(self) -> None:
+        """Releases the segment also after a failure (the base class leaves a failed communicator as it is, since
+        MPI could block in its teardown; unmapping cannot: an operation still in flight ends by its timeout, or at
+        once after an abort). dist.elastic closes the failed communicator of every regroup so."""
+        super().close()
+        if not self.closed:
+            self.closed = True
+            self._close()
+
     def _timeout_changed(self):
         self._comm.timeout = self.timeout
 

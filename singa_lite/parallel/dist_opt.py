@@ -113,6 +113,13 @@ class DistOpt(SingaCalls):
                  step_stats: bool = True, report_every: int | None = None):
         from ..comm import hierarchical as hier, init
 
+        # what rebind() makes this DistOpt again with, on another communicator
+        self._settings = dict(buffSize=buffSize, on_nonfinite=on_nonfinite, overlap=overlap, first_bucket=first_bucket,
+                              backward_passes_per_step=backward_passes_per_step,
+                              average_accumulated=average_accumulated, broadcast_buffers=broadcast_buffers,
+                              hierarchical=hierarchical, check_replicas_every=check_replicas_every,
+                              find_unused_parameters=find_unused_parameters, parameters=parameters,
+                              zero_stage=zero_stage)
         self.opt = SGD() if opt is None else opt
         if not isinstance(self.opt, Optimizer):
             raise TypeError(f"DistOpt: opt must follow the Optimizer contract (subclass opt.Optimizer), got "
@@ -174,6 +181,16 @@ class DistOpt(SingaCalls):
         self._init_singa_calls(communicator, self.buffSize)
         if step_stats:  # last: every rank starts timing its collectives at the same point
             self.reducer.stats = StepStats(communicator, report_every)
+
+    def rebind(self, communicator) -> None:
+        """Goes on over `communicator` (dist.elastic: a new membership after ranks left or joined): the same
+        settings and wrapped optimizer, a fresh exchange (buckets, the first step's comparison and broadcast of
+        rank 0's parameters, a comm hook registered again). The state to continue from is set after it
+        (set_states): what belonged to the old communicator (residuals, counters) starts afresh here."""
+        hook = self.reducer.comm_hook
+        self.__init__(self.opt, communicator=communicator, **self._settings)
+        if hook is not None:
+            self.register_comm_hook(*hook)
 
     def __repr__(self):
         return (f"DistOpt({type(self.opt).__name__}, rank {self.global_rank} of {self.world_size}, "

@@ -224,6 +224,38 @@ def test_float_of_a_one_element_raw_tensor():
         float(t(np.ones((2, 2))).data)
 
 
+def test_a_one_element_raw_tensor_operand_is_read_as_its_number():
+    # SINGA's Tensor operators read a non-Tensor operand with float(); cnn_ms/msmlp's loss does dx *= dy with
+    # the root dy, which here is a one-element raw tensor
+    dx = t(np.ones((2, 3)))
+    dx *= t([2.0]).data
+    np.testing.assert_array_equal(npy(dx), np.full((2, 3), 2.0))
+    np.testing.assert_array_equal(npy(dx + t([[1.0]]).data), np.full((2, 3), 3.0))
+    assert (t([1, 2], np.int32) * t([0.5]).data).dtype == tensor.float32  # a float operand, as a number is
+    with pytest.raises(TypeError, match=r"raw tensor operand must have one element.*\(2, 3\)"):
+        dx * t(np.ones((2, 3))).data
+
+
+def test_a_backward_that_returns_a_tensor_is_refused_by_name():
+    class TensorGrad(autograd.Operator):  # msmlp's SumError as SINGA has it: returns the tensor.Tensor
+        def forward(self, x):
+            self.shape = x.shape()
+            return singa.SumAll(x)
+
+        def backward(self, dy=1.0):
+            dx = tensor.Tensor(self.shape)
+            dx.set_value(1.0)
+            dx *= dy
+            return dx
+
+    w = t(np.ones((3, 2)))
+    w.requires_grad = w.stores_grad = True
+    autograd.training = True
+    loss = TensorGrad()(autograd.matmul(t(np.ones((4, 3))), w))[0]
+    with pytest.raises(TypeError, match=r"TensorGrad#\d+\.backward returned a Tensor for input 0.*return its \.data"):
+        list(autograd.backward(loss))
+
+
 def test_a_layer_forward_called_directly_initializes_first():
     class Scale(layer.Layer):
         def initialize(self, x):

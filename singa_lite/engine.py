@@ -213,6 +213,10 @@ def backward(y: Tensor, dy=None):
                 continue
             if dx is None:
                 raise RuntimeError(f"{op.name}.backward returned no gradient for input {i}, which needs one")
+            if not isinstance(dx, CTensor):
+                hint = ": return its .data" if isinstance(dx, Tensor) else ""
+                raise TypeError(f"{op.name}.backward returned a {type(dx).__name__} for input {i}; an operator's "
+                                f"backward returns raw tensors (as SINGA's does){hint}")
             node, idx = e
             slots = grads.get(node)
             if slots is None:

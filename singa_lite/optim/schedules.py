@@ -43,8 +43,10 @@ class HyperValue(float):
     - arithmetic with a number gives a ``HyperValue`` (so ``(0.0 - opt.lr_value).data`` works), arithmetic
       with a tensor gives a tensor, comparisons give bools.
 
-    It is immutable, as floats are: SINGA's ``value.copy_from(other)`` is for tensors, so a SINGA-style
-    optimizer that updates a value in place keeps the tensor ``as_type`` returned (SINGA's own examples do).
+    It is immutable, as floats are. SINGA's ``value.copy_from(new)`` writes into a value tensor; here it
+    accepts a ``new`` equal to this value (a constant schedule re-evaluated at each step, which optimizers
+    written against SINGA's API copy into the value they kept from the schedule) and refuses any other with
+    a ValueError: an optimizer whose kept values change keeps the tensor ``as_type`` returned instead.
     """
 
     __slots__ = ()
@@ -62,6 +64,26 @@ class HyperValue(float):
 
     def item(self) -> float:
         return float(self)
+
+    def copy_from(self, other, offset=0) -> None:
+        """SINGA's ``value.copy_from(new)`` where a float can honour it: ``new`` (a number, a HyperValue or a
+        one-element tensor) equal to this value leaves it as it is; another value raises ValueError."""
+        if offset != 0:
+            raise ValueError(f"HyperValue.copy_from: a value has one element, so offset must be 0, got {offset!r}")
+        if isinstance(other, tensor.Tensor):
+            if other.size() != 1:
+                raise ValueError(f"HyperValue.copy_from: expected a one-element tensor, got shape {other.shape}")
+            new = float(tensor.to_numpy(other).reshape(-1)[0])
+        else:
+            new = _real("HyperValue.copy_from: the new value", other)
+        mine = float(self)
+        # compared at float32, the precision of SINGA's value tensors (and of as_type's tensors here)
+        if np.float32(new) == np.float32(mine) or (math.isnan(new) and math.isnan(mine)):
+            return
+        raise ValueError(
+            f"HyperValue.copy_from: this value is an immutable float ({mine!r}) and cannot take {new!r} in "
+            "place. Keep the tensor that value.as_type(dtype) returns and copy_from into that (SINGA's "
+            "examples/cnn_ms does), or assign the new value: self.mom_value = self.momentum(self.step_counter)")
 
     __add__, __radd__ = _arith(float.__add__), _arith(float.__radd__)
     __sub__, __rsub__ = _arith(float.__sub__), _arith(float.__rsub__)

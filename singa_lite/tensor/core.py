@@ -439,6 +439,14 @@ def as_raw(x, like: Tensor | None = None) -> _core.Tensor:
 def binary(name, a: Tensor, b, out: Tensor | None = None, scalar_first=False) -> Tensor:
     fn = getattr(_core, name)
     out_raw = out.data if out is not None else None
+    if isinstance(b, _core.Tensor):
+        # SINGA's Tensor operators read an operand that is not a Tensor with float(): a one-element raw tensor
+        # is its number (the dy our autograd hands a root operator, where SINGA's is the float 1.0)
+        if b.numel != 1:
+            raise TypeError(f"tensor {name}: a raw tensor operand must have one element (SINGA reads it with "
+                            f"float()), got shape {tuple(b.shape)}; wrap it as tensor.Tensor(data=raw) for the "
+                            "element-wise operation")
+        b = float(b)
     if isinstance(b, (numbers.Number, np.number)) and not isinstance(b, np.ndarray):
         integral = isinstance(b, (numbers.Integral, np.integer))
         if a.dtype == bool_ and name not in ("eq", "ne", "lt", "le", "gt", "ge"):

@@ -7,6 +7,11 @@ package loads, because ``Tensor.data`` is how every SINGA script reaches the raw
 ``singa_wrap``). They write into the left tensor's memory, which is what SINGA's do: the tensor object and every
 view of it see the new values. Their natural home is the C++ binding (csrc/bindings/bind_tensor.cpp); this
 module is the Python form until the extension carries them.
+
+It also gives a one-element raw tensor ``float(t)``. SINGA's ``autograd.backward`` hands the operator at the root
+of the graph ``dy`` as the Python float 1.0; ours hands it a one-element raw tensor (our operators' backward
+take raw tensors everywhere), so an operator written for SINGA that reads its ``dy`` with ``float(dy)`` (the
+loss operator of SINGA's examples/model_selection, ``dx.data *= float(dy)``) gets the same number here.
 """
 from __future__ import annotations
 
@@ -39,8 +44,21 @@ def _inplace(tensor_fn, scalar_fn, symbol: str):
     return op
 
 
+def _float(self) -> float:
+    """``float(t)`` of a one-element raw tensor (numpy's rule for arrays); TypeError for any other size."""
+    from .core import Tensor
+
+    n = self.numel
+    if n != 1:
+        raise TypeError(f"float(raw tensor): only a one-element raw tensor converts to a float, this one has shape "
+                        f"{tuple(self.shape)} ({n} elements)")
+    return float(Tensor(data=self).item())
+
+
 def install() -> None:
     """Attaches the operators the binding lacks (never replaces one it has)."""
     for name, (tensor_fn, scalar_fn, symbol) in _OPS.items():
         if name not in _core.Tensor.__dict__:
             setattr(_core.Tensor, name, _inplace(tensor_fn, scalar_fn, symbol))
+    if "__float__" not in _core.Tensor.__dict__:
+        _core.Tensor.__float__ = _float

@@ -169,3 +169,65 @@ def test_device_check_passes_over_host_scalars_and_refuses_other_things():
         o.device_check(o.lr_value, a)
     with pytest.raises(TypeError, match="device_check: expected Tensors"):
         o.device_check(a, "x")
+
+
+class KeptValueSGD(TensorValueSGD):
+    """The same SGD written as SINGA's examples/model_selection writes its MSSGD: it keeps what the schedules
+    return (no as_type) and copies each step's new value into it, as SINGA's own Optimizer.step does."""
+
+    def __init__(self, lr=0.1, momentum=0.0, weight_decay=0.0, nesterov=False, dtype=tensor.float32):
+        super().__init__(lr, momentum, weight_decay, nesterov, dtype)
+        self.dampening = opt.Constant(0.0)
+        self.mom_value = self.momentum(self.step_counter)
+        self.dam_value = self.dampening(self.step_counter)
+        self.decay_value = self.weight_decay(self.step_counter)
+
+    def apply(self, param_name, param_value, param_grad):
+        self.device_check(param_value, self.step_counter, self.lr_value, self.mom_value, self.dam_value,
+                          self.decay_value)
+        if self.weight_decay.init_value != 0:
+            singa.Axpy(self.decay_value.data, param_value.data, param_grad.data)
+        if self.momentum.init_value != 0:
+            if param_name not in self.moments:
+                self.moments[param_name] = tensor.zeros_like(param_value)
+            buf = self.moments[param_name]
+            buf *= self.mom_value
+            alpha = 1.0 - self.dam_value
+            singa.Axpy(alpha.data, param_grad.data, buf.data)
+            param_grad = buf
+        minus_lr = 0.0 - self.lr_value
+        singa.Axpy(minus_lr.data, param_grad.data, param_value.data)
+
+    def step(self):
+        opt.Optimizer.step(self)
+        self.mom_value.copy_from(self.momentum(self.step_counter))
+        self.dam_value.copy_from(self.dampening(self.step_counter))
+        self.decay_value.copy_from(self.weight_decay(self.step_counter))
+
+
+def test_an_optimizer_that_copies_into_its_constant_schedule_values_matches_our_sgd():
+    rng = np.random.default_rng(6)
+    params = {"w": rng.standard_normal((3, 4)).astype(np.float32), "b": np.zeros(4, np.float32)}
+    grads = _grads(5, seed=7)
+    kw = dict(lr=opt.ExponentialDecay(0.1, 2, 0.5), momentum=0.9, weight_decay=1e-2)
+    mine = _run(KeptValueSGD(**kw), params, grads)
+    ours = _run(opt.SGD(**kw), params, grads)
+    for n in params:
+        np.testing.assert_allclose(mine[n], ours[n], rtol=1e-5, atol=1e-6, err_msg=n)
+
+
+def test_hyper_value_copy_from():
+    v = opt.Constant(0.9)(0)
+    for same in (0.9, opt.Constant(0.9)(3), v.as_type(tensor.float32), np.float32(0.9)):
+        v.copy_from(same)  # the value it already holds (to float32, the precision of SINGA's value tensors)
+        assert v == 0.9
+    with pytest.raises(ValueError, match=r"immutable float \(0.9\) and cannot take 0.5.*as_type"):
+        v.copy_from(0.5)
+    with pytest.raises(ValueError, match="one-element tensor"):
+        v.copy_from(tensor.from_numpy(np.full(2, 0.9, np.float32)))
+    with pytest.raises(TypeError, match="must be a number"):
+        v.copy_from("0.9")
+    # a changing schedule copied into a kept value: a clear error, never a silently stale value
+    o = KeptValueSGD(lr=0.1, momentum=opt.LinearDecay(0.5, 0.9, 3))
+    with pytest.raises(ValueError, match="cannot take"):
+        o.step()

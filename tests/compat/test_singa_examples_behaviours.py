@@ -1,12 +1,14 @@
 """The SINGA behaviours that its examples/ tree (beyond examples/cnn) relies on, each as a SINGA-style snippet:
 gan/vanilla.py (a second backward over the same graph), rnn/char_rnn.py (a model's initialize() on its first
 forward, (N, 1) integer labels, truthy tensors, integer indexing that keeps the axis), healthcare (tile with an
-int), singa_peft (in-place operators on the raw tensor). layer.CudnnRNN is tested in tests/unit/test_cudnn_rnn.py.
+int), singa_peft (in-place operators on the raw tensor), model_selection (a loss operator whose backward reads
+``float(dy)``). layer.CudnnRNN is tested in tests/unit/test_cudnn_rnn.py.
 """
 import numpy as np
 import pytest
 
 from singa_lite import autograd, layer, model, opt, tensor
+from singa_lite import singa_wrap as singa
 
 
 @pytest.fixture(autouse=True)
@@ -183,6 +185,75 @@ def test_raw_tensor_in_place_operators():
     np.testing.assert_array_equal(npy(W), np.ones((2, 3)))
     with pytest.raises(TypeError, match="pass its .data"):
         W.data += delta
+
+
+class _SumLoss(autograd.Operator):
+    """model_selection's SumError, SINGA's way: the loss is the sum of x; backward scales ones by float(dy)."""
+
+    def forward(self, x):
+        self.x_shape = x.shape()
+        return singa.SumAll(x)
+
+    def backward(self, dy=1.0):
+        dx = tensor.Tensor(self.x_shape)
+        dx.copy_from_numpy(np.ones(self.x_shape, dtype=np.float32))
+        dx.data *= float(dy)  # SINGA hands the root operator dy = 1.0, a float
+        return dx.data
+
+
+def test_a_root_loss_operator_reads_its_dy_as_a_float():
+    rng = np.random.default_rng(5)
+    x = t(rng.standard_normal((4, 3)))
+    w = t(rng.standard_normal((3, 2)))
+    w.requires_grad = w.stores_grad = True
+    autograd.training = True
+    loss = _SumLoss()(autograd.matmul(x, w))[0]
+    np.testing.assert_allclose(npy(loss).reshape(-1), [(npy(x) @ npy(w)).sum()], rtol=1e-5)
+    grads = {id(p): npy(g) for p, g in autograd.backward(loss)}
+    # d sum(x @ w) / dw = x^T @ ones
+    np.testing.assert_allclose(grads[id(w)], npy(x).T @ np.ones((4, 2), np.float32), rtol=1e-5)
+    # a given dy reaches the root operator as its number too
+    grads = {id(p): npy(g) for p, g in autograd.backward(loss, dy=2.0)}
+    np.testing.assert_allclose(grads[id(w)], 2 * npy(x).T @ np.ones((4, 2), np.float32), rtol=1e-5)
+
+
+def test_float_of_a_one_element_raw_tensor():
+    assert float(t([2.5]).data) == 2.5
+    assert float(t([[7]], np.int32).data) == 7.0
+    with pytest.raises(TypeError, match=r"only a one-element raw tensor converts to a float.*\(2, 2\)"):
+        float(t(np.ones((2, 2))).data)
+
+
+def test_a_one_element_raw_tensor_operand_is_read_as_its_number():
+    # SINGA's Tensor operators read a non-Tensor operand with float(); cnn_ms/msmlp's loss does dx *= dy with
+    # the root dy, which here is a one-element raw tensor
+    dx = t(np.ones((2, 3)))
+    dx *= t([2.0]).data
+    np.testing.assert_array_equal(npy(dx), np.full((2, 3), 2.0))
+    np.testing.assert_array_equal(npy(dx + t([[1.0]]).data), np.full((2, 3), 3.0))
+    assert (t([1, 2], np.int32) * t([0.5]).data).dtype == tensor.float32  # a float operand, as a number is
+    with pytest.raises(TypeError, match=r"raw tensor operand must have one element.*\(2, 3\)"):
+        dx * t(np.ones((2, 3))).data
+
+
+def test_a_backward_that_returns_a_tensor_is_refused_by_name():
+    class TensorGrad(autograd.Operator):  # msmlp's SumError as SINGA has it: returns the tensor.Tensor
+        def forward(self, x):
+            self.shape = x.shape()
+            return singa.SumAll(x)
+
+        def backward(self, dy=1.0):
+            dx = tensor.Tensor(self.shape)
+            dx.set_value(1.0)
+            dx *= dy
+            return dx
+
+    w = t(np.ones((3, 2)))
+    w.requires_grad = w.stores_grad = True
+    autograd.training = True
+    loss = TensorGrad()(autograd.matmul(t(np.ones((4, 3))), w))[0]
+    with pytest.raises(TypeError, match=r"TensorGrad#\d+\.backward returned a Tensor for input 0.*return its \.data"):
+        list(autograd.backward(loss))
 
 
 def test_a_layer_forward_called_directly_initializes_first():

@@ -178,7 +178,7 @@ def main(argv=None) -> int:
         for rep in range(a.repeat):
             order = ("singa_lite", "torch") if rep % 2 == 0 else ("torch", "singa_lite")
             for fw in order:
-                for rank, numbers in enumerate(run_job(fw, model, a)):
+                for numbers in run_job(fw, model, a):
                     for k, v in numbers.items():
                         rows.setdefault((model, fw, k), []).append(v)
                 print(f"  {model} {fw} job {rep + 1}: peak per rank "

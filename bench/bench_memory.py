@@ -7,7 +7,8 @@ life, and neither framework's processes load the other), jobs alternating, repea
 
 Per rank, from /proc/self/status:
 - runtime: the resident set after importing the framework and joining the job, before the model exists;
-- peak: the highest resident set of the process's life (VmHWM), what a scheduler's memory limit sees;
+- peak: the highest resident set of the process's life until the end of the measured steps (VmHWM, before and
+  after its reset), what a scheduler's memory limit sees;
 - step peak: the highest resident set during the measured steps (VmHWM reset through /proc/self/clear_refs after
   the warm-up steps), the steady state of training;
 - training: step peak - runtime, the memory the model, its activations, gradients, optimizer state and the
@@ -81,6 +82,7 @@ def singa_rank(rank, world, holder, model, steps, out):
 
     for _ in range(2):
         step()
+    before = _status_kib("VmHWM")  # import, set-up and warm-up
     _reset_peak()
     for _ in range(steps):
         step()
@@ -88,8 +90,8 @@ def singa_rank(rank, world, holder, model, steps, out):
     between = _status_kib("VmRSS")
     engine.release_spent()
     released = _status_kib("VmRSS")
-    out.put((rank, {"runtime": runtime, "step peak": step_peak, "between steps": between,
-                    "graph released": released}))
+    out.put((rank, {"runtime": runtime, "peak": max(before, step_peak), "step peak": step_peak,
+                    "between steps": between, "graph released": released}))
     dopt.communicator.close()
 
 
@@ -109,15 +111,18 @@ def torch_rank(rank, world, init_file, model, steps, out):
     step = torch_sgd_step(torch, net, x, y)
     for _ in range(2):
         step()
+    before = _status_kib("VmHWM")
     _reset_peak()
     for _ in range(steps):
         step()
-    out.put((rank, {"runtime": runtime, "step peak": _status_kib("VmHWM")}))
+    step_peak = _status_kib("VmHWM")
+    out.put((rank, {"runtime": runtime, "peak": max(before, step_peak), "step peak": step_peak}))
     tdist.destroy_process_group()
 
 
 def run_job(framework: str, model: str, a) -> list[dict]:
-    """One job of `a.ranks` fresh processes; per rank its numbers and its life's peak (ru_maxrss via the exit)."""
+    """One job of `a.ranks` fresh processes (spawned: a forked child would start from this process's memory, and
+    even through exec its ru_maxrss keeps the parent's, hence VmHWM, which exec resets); per rank its numbers."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
@@ -127,7 +132,7 @@ def run_job(framework: str, model: str, a) -> list[dict]:
             shared, target = dist.NcclIdHolder(), singa_rank
         else:
             shared, target = os.path.join(tmp, "init"), torch_rank
-        procs = [ctx.Process(target=_measured, args=(target, r, a.ranks, shared, model, a.steps, out))
+        procs = [ctx.Process(target=target, args=(r, a.ranks, shared, model, a.steps, out))
                  for r in range(a.ranks)]
         for p in procs:
             p.start()
@@ -151,28 +156,16 @@ def run_job(framework: str, model: str, a) -> list[dict]:
     return [results[r] for r in range(a.ranks)]
 
 
-def _measured(target, rank, world, shared, model, steps, out):
-    """Runs the rank, then adds the life's peak (VmHWM before the reset is lost, so a child queue entry is
-    completed with the process's ru_maxrss, which clear_refs does not reset)."""
-    import resource
-
-    inner = queue.SimpleQueue()
-    target(rank, world, shared, model, steps, inner)
-    r, numbers = inner.get()
-    numbers["peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    out.put((r, numbers))
-
-
 def main(argv=None) -> int:
     a = parse_args(argv)
     models = [m.strip() for m in a.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         raise SystemExit(f"--models: unknown {unknown}; choose from {', '.join(MODELS)}")
-    try:
-        import torch  # noqa: F401  (only to fail early, in the parent; the ranks import it themselves)
-    except ImportError:
-        raise SystemExit("this benchmark compares against PyTorch DDP: pip install torch (CPU build)") from None
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:  # not imported here: only the ranks load a framework
+        raise SystemExit("this benchmark compares against PyTorch DDP: pip install torch (CPU build)")
     rows = {}
     for model in models:
         for rep in range(a.repeat):

@@ -42,7 +42,8 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from .communicator import DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CollectiveMismatch, CommError, Communicator, Work
+from .communicator import (DEFAULT_TIMEOUT, DTYPES, REDUCE_OPS, CollectiveMismatch, CommError, Communicator, Work,
+                           seconds_from_env)
 from .holder import NcclIdHolder
 from . import env
 from .mpi import broadcast_bytes, launched_by_mpiexec, mpiexec_ranks
@@ -59,16 +60,7 @@ __all__ = ["init", "Communicator", "CommError", "CollectiveMismatch", "NcclIdHol
 
 def default_timeout() -> float:
     """SINGA_LITE_COMM_TIMEOUT (seconds) when set, else 300."""
-    raw = os.environ.get("SINGA_LITE_COMM_TIMEOUT")
-    if raw is None:
-        return DEFAULT_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"SINGA_LITE_COMM_TIMEOUT must be a positive number of seconds, got {raw!r}")
-    return value
+    return seconds_from_env("SINGA_LITE_COMM_TIMEOUT", DEFAULT_TIMEOUT)
 
 
 def launched_by_singa_run() -> bool:

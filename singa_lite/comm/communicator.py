@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import queue
 import threading
 import time
@@ -25,6 +26,21 @@ from .arrivals import POINT_TO_POINT
 
 CTensor = _core.Tensor
 CommError = _core.CommError  # a RuntimeError subclass, raised by the C++ backends too
+
+
+def seconds_from_env(var: str, default: float) -> float:
+    """The positive number of seconds environment variable `var` holds, or `default` when it is unset; anything
+    else is a ValueError naming the variable."""
+    raw = os.environ.get(var)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{var} must be a positive number of seconds, got {raw!r}")
+    return value
 # The ranks called a collective with different arguments: every backend raises this one type (a ValueError, as
 # before it existed), on every rank alike. Defined by the bindings (csrc/comm/mismatch.h): shm's C++ raises it.
 CollectiveMismatch = _core.CollectiveMismatch

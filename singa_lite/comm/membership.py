@@ -40,7 +40,7 @@ import socket
 import threading
 import time
 
-from .communicator import CollectiveMismatch, CommError, Communicator
+from .communicator import CollectiveMismatch, CommError, Communicator, seconds_from_env
 
 BEAT_S = 0.25  # a heartbeat every so often
 DEAD_S = 3.0  # a process whose heartbeat did not move for this long is gone
@@ -72,16 +72,7 @@ def check_counts(min_np, max_np) -> tuple[int, int | None]:
 
 
 def default_timeout() -> float:
-    raw = os.environ.get(TIMEOUT_VAR)
-    if raw is None:
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"{TIMEOUT_VAR} must be a positive number of seconds, got {raw!r}")
-    return value
+    return seconds_from_env(TIMEOUT_VAR, DEFAULT_TIMEOUT_S)
 
 
 class ReconnectingStore:

@@ -28,16 +28,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HELPERS = os.path.join(os.path.dirname(HERE), "tests", "multihost", "helpers")
 
 
-def worker(sizes_mib: list, repeats: int, backend: str) -> None:
+def route_name(form: str, chunk_kib: int) -> str:
+    return f"{form}/0" if chunk_kib == 0 else f"{form}/{chunk_kib}K"
+
+
+def worker(sizes_mib: list, repeats: int, backend: str, forms: list, chunks_kib: list) -> None:
     import numpy as np
 
     from singa_lite import dist, tensor
     from singa_lite.comm import hierarchical
 
     world = dist.init(backend=backend, timeout=120)
-    routes = {"flat": world, "sharded": hierarchical.create(world, "sharded"),
-              "leader": hierarchical.create(world, "leader")}
-    assert routes["sharded"] is not world, "the ranks are on one host: nothing hierarchical to measure"
+    routes = {"flat": world}
+    for form in forms:
+        for kib in chunks_kib:
+            routes[route_name(form, kib)] = hierarchical.create(world, form, chunk_bytes=kib << 10)
+    hier = [name for name in routes if name != "flat"]
+    assert routes[hier[0]] is not world, "the ranks are on one host: nothing hierarchical to measure"
     rows = []
     for mib in sizes_mib:
         n = int(mib * (1 << 20)) // 4
@@ -55,20 +62,25 @@ def worker(sizes_mib: list, repeats: int, backend: str) -> None:
                 if i > 0:
                     times[name].append(slowest)
                 results[name] = tensor.to_numpy(t)
-        for name in ("sharded", "leader"):
+        for name in hier:
             np.testing.assert_allclose(results[name], results["flat"], rtol=1e-5, atol=1e-6, err_msg=name)
+            same = {k: v for k, v in results.items() if k.split("/")[0] == name.split("/")[0]}
+            for other, r in same.items():  # the pieces sum every element as the whole call does: the same bits
+                np.testing.assert_array_equal(r, results[name], err_msg=f"{name} vs {other}")
         rows.append((mib, {name: (statistics.median(ts), min(ts), max(ts)) for name, ts in times.items()}))
     if world.rank == 0:
-        print(f"{world.world_size} ranks on {routes['sharded'].hosts} hosts, {backend} backend; all_reduce(avg) of "
-              f"float32, median of {repeats} (min-max), the slowest rank's time")
-        print(f"{'MiB':>6} " + " ".join(f"{name + ' ms':>18}" for name in routes)
-              + f" {'flat/sharded':>13} {'flat/leader':>12}")
+        print(f"{world.world_size} ranks on {routes[hier[0]].hosts} hosts, {backend} backend; all_reduce(avg) of "
+              f"float32, median of {repeats} (min-max), the slowest rank's time; form/chunk (0: not pipelined)")
+        print(f"{'MiB':>6} " + " ".join(f"{name + ' ms':>18}" for name in routes))
         for mib, cells in rows:
-            flat = cells["flat"][0]
             print(f"{mib:>6g} " + " ".join(f"{m * 1e3:>7.1f} ({lo * 1e3:.0f}-{hi * 1e3:.0f})".rjust(18)
-                                           for m, lo, hi in cells.values())
-                  + f" {flat / cells['sharded'][0]:>12.2f}x {flat / cells['leader'][0]:>11.2f}x", flush=True)
-    for name in ("sharded", "leader"):
+                                           for m, lo, hi in cells.values()), flush=True)
+        print("flat / route (> 1: faster than flat)")
+        print(f"{'MiB':>6} " + " ".join(f"{name:>14}" for name in hier))
+        for mib, cells in rows:
+            print(f"{mib:>6g} " + " ".join(f"{cells['flat'][0] / cells[name][0]:>13.2f}x" for name in hier),
+                  flush=True)
+    for name in hier:
         routes[name].intra.close()
         if routes[name].inter is not None:
             routes[name].inter.close()
@@ -83,6 +95,10 @@ def main() -> int:
     parser.add_argument("--no-shaping", action="store_true", help="leave the links as the kernel makes them")
     parser.add_argument("--sizes", default="1,4,16", help="buffer sizes in MiB, comma-separated")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--forms", default="leader,sharded", help="hierarchical forms to time, comma-separated")
+    parser.add_argument("--chunks", default="0,1024",
+                        help="pipeline pieces in KiB to time each form with, comma-separated (0: not pipelined; "
+                             "the default piece is comm.hierarchical.CHUNK_BYTES)")
     parser.add_argument("--placement", choices=("block", "cyclic"), default="block",
                         help="block: ranks 0..k-1 on h0 (hostfile h0:k); cyclic: rank r on host r %% hosts (h0:1, "
                              "mpiexec wraps around), as Slurm's --distribution=cyclic")
@@ -92,8 +108,10 @@ def main() -> int:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sizes = [float(s) for s in args.sizes.split(",")]
+    forms = args.forms.split(",")
+    chunks = [int(c) for c in args.chunks.split(",")]
     if args.worker:
-        worker(sizes, args.repeats, args.backend)
+        worker(sizes, args.repeats, args.backend, forms, chunks)
         return 0
     if args.backend == "tcp" and args.placement != "block":
         parser.error("--backend tcp: singa-run fills each host's slots in turn (block placement only)")
@@ -111,7 +129,7 @@ def main() -> int:
         hostfile = cluster.hostfile(os.path.join(tmp, "hosts"), slots=slots)
         n = args.hosts * args.ranks_per_host
         argv = [os.path.abspath(__file__), "--worker", "--sizes", args.sizes, "--repeats", str(args.repeats),
-                "--backend", args.backend]
+                "--backend", args.backend, "--forms", args.forms, "--chunks", args.chunks]
         print(f"{args.hosts} simulated hosts x {args.ranks_per_host} ranks, {args.placement} placement, every "
               f"link: {shaping}", flush=True)
         if args.backend == "mpi":

@@ -35,15 +35,31 @@ this: NCCL builds its own rings and trees across hosts.
 """
 from __future__ import annotations
 
+import collections
 import socket
+
+import numpy as np
 
 from .. import _core, tensor
 from . import averaging
-from .communicator import CommError, Communicator
+from .communicator import DTYPES, REDUCE_OPS, CollectiveMismatch, CommError, Communicator
 from .holder import new_shm_name, sweep_stale_segments
 from .shm import ShmCommunicator
 
 _FLOATS = (tensor.float16, tensor.bfloat16, tensor.float32, tensor.float64)
+# The pipeline's piece: an all_reduce of more bytes is cut into pieces of this size (see the module docstring).
+# Chosen by measurement (docs/benchmarks/communication.md, "Pipelined hierarchical all-reduce").
+CHUNK_BYTES = 1 << 20
+PIPELINE_DEPTH = 1  # pieces whose cross-host exchange may still run while the next one is reduced in the host
+DRAIN_S = 5.0  # after a failure, how long to wait for the cross-host exchanges still queued to end
+
+
+def check_chunk_bytes(value) -> int:
+    """chunk_bytes as given, checked: an int >= 0 (0: no pipeline, every all_reduce in one piece)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"hierarchical all-reduce: chunk_bytes must be an int >= 0 (bytes per pipelined piece; 0 "
+                         f"for none), got {value!r}")
+    return value
 
 
 class HierarchicalCommunicator(Communicator):
@@ -58,11 +74,12 @@ class HierarchicalCommunicator(Communicator):
     supports_groups = True
 
     def __init__(self, world: Communicator, intra: Communicator, inter: Communicator | None, hosts: int,
-                 sharded: bool = False):
+                 sharded: bool = False, chunk_bytes: int = CHUNK_BYTES):
         super().__init__(world.rank, world.world_size, world.local_rank, world.local_size, world.timeout)
         if sharded and inter is None:
             raise ValueError("HierarchicalCommunicator: sharded=True needs inter on every rank (the communicator "
                              "of the ranks with this local rank on every host)")
+        self.chunk_bytes = check_chunk_bytes(chunk_bytes)
         self.world, self.intra, self.inter, self.hosts, self.sharded = world, intra, inter, hosts, sharded
         self._staging = {}  # (dtype, padded size) -> a flat tensor for sizes that local_size does not divide
 
@@ -88,14 +105,23 @@ class HierarchicalCommunicator(Communicator):
                          async_op)
 
     def _all_reduce(self, t, op):
-        if op == "avg":  # the parts' sums round at every step: the rule of comm/averaging.py
+        avg = op == "avg"
+        if avg:  # the parts' sums round at every step: the rule of comm/averaging.py
             averaging.before_sum(t, self.world_size)
-        summing = "sum" if op == "avg" else op
+        summing = "sum" if avg else op
+        flat = t.reshape([t.numel])
+        pieces = self._pieces(flat)
+        pending = collections.deque()  # (piece, its cross-host Work or None, what finishes it), oldest first
         try:
-            if self.sharded:
-                self._sharded(t, summing)
-            else:
-                self._leader(t, summing)
+            if len(pieces) > 1:
+                self._check_same_call(flat, op)
+            step = self._sharded_piece if self.sharded else self._leader_piece
+            for piece in pieces:
+                pending.append(step(piece, summing, avg, len(pieces) > 1))
+                if len(pending) > PIPELINE_DEPTH:
+                    self._finish(*pending.popleft())
+            while pending:
+                self._finish(*pending.popleft())
         except CommError as e:
             # The host's other ranks wait in another part (a leader's cross-host exchange failed while they wait
             # for its broadcast): they learn the cause itself, not only that this rank went away.
@@ -104,38 +130,111 @@ class HierarchicalCommunicator(Communicator):
                     c.abort(str(e))
                 except CommError:
                     pass
+            self._drain(pending)
             raise
-        if op == "avg":
-            averaging.after_sum(t, self.world_size)
+        except BaseException:
+            self._drain(pending)
+            raise
 
-    def _leader(self, t, op):
-        if self.intra.world_size > 1:
-            self.intra.reduce(t, 0, op)
-        if self.inter is not None:  # a leader
-            self.inter.all_reduce(t, op)
-        if self.intra.world_size > 1:
-            self.intra.broadcast(t, 0)
+    def _pieces(self, flat) -> list:
+        """flat cut into the pipeline's pieces of chunk_bytes (the last one shorter), or whole when it fits in one
+        or chunk_bytes is 0. The sharded form's pieces hold a multiple of the local ranks (the last one aside)."""
+        n = flat.numel
+        per = self.chunk_bytes // flat.dtype.itemsize if self.chunk_bytes else n
+        if self.sharded:
+            per -= per % self.intra.world_size
+        if per <= 0 or n <= per:
+            return [flat]
+        return [flat.slice(0, lo, min(n, lo + per), 1) for lo in range(0, n, per)]
 
-    def _sharded(self, t, op):
+    def _check_same_call(self, flat, op) -> None:
+        """Before a pipelined all_reduce: every rank passes as many elements of the same dtype with the same op,
+        else CollectiveMismatch on every rank. The pieces' own collectives cannot tell (sizes of 3 and 2 pieces
+        agree on their first two), and one rank running a piece more than the others would wait until its
+        timeout. One small all-reduce between the leaders (or the peers of each local rank), then one in the
+        host, which hands their verdict to every local rank."""
+        mine = [flat.numel, DTYPES.index(flat.dtype), REDUCE_OPS.index(op)]
+        sig = self._int_tensor(mine + [-v for v in mine] + [0, 0])
+        if self.inter is not None:
+            self.inter.all_reduce(sig, "max")
+        if self.intra.world_size > 1:
+            self.intra.all_reduce(sig, "max")
+        got = np.asarray(sig)
+        high, low = got[:3], -got[3:6]
+        if (high != low).any():
+            what = ("elements", "dtype", "op")
+            named = {"dtype": lambda i: DTYPES[i].name, "op": lambda i: REDUCE_OPS[i]}
+            differ = [f"{w} from {named.get(w, int)(int(lo))} to {named.get(w, int)(int(hi))}"
+                      for w, lo, hi in zip(what, low, high) if lo != hi]
+            raise CollectiveMismatch(f"hierarchical all_reduce (rank {self.rank}): the ranks' calls do not match: "
+                                     f"{'; '.join(differ)} across ranks. Every rank must make the same collective "
+                                     f"calls in the same order")
+
+    def _leader_piece(self, piece, op, avg, pipelined):
+        """Reduce in the host, then (a leader) the leaders' all-reduce: started and left running while the next
+        piece is reduced; _finish broadcasts it."""
+        if self.intra.world_size > 1:
+            self.intra.reduce(piece, 0, op)
+        work = None
+        if self.inter is not None:
+            work = self._across(piece, op, pipelined)
+        return piece, work, lambda: self._leader_done(piece, avg)
+
+    def _leader_done(self, piece, avg):
+        if self.inter is not None and avg:  # the leader divides: the host's others get the quotient's bits
+            averaging.after_sum(piece, self.world_size)
+        if self.intra.world_size > 1:
+            self.intra.broadcast(piece, 0)
+
+    def _sharded_piece(self, piece, op, avg, pipelined):
+        """Reduce-scatter in the host, then this rank's shard with its peers on the other hosts (left running
+        while the next piece is reduce-scattered); _finish all-gathers it."""
         local = self.intra.world_size
-        n = t.numel
-        if local == 1:
-            self.inter.all_reduce(t, op)
-            return
-        flat = t.reshape([n])
+        if local == 1:  # nothing to share in the host: this rank is its host's leader
+            return self._leader_piece(piece, op, avg, pipelined)
+        n = piece.numel
         padded = -(-n // local) * local
         if padded != n:  # reduce-scatter wants equal shards: a staging copy with a tail that nobody reads
-            key = (t.dtype, padded)
+            key = (piece.dtype, padded)
             if key not in self._staging:
-                self._staging[key] = _core.Tensor([padded], t.dtype, t.device)
+                self._staging[key] = _core.Tensor([padded], piece.dtype, piece.device)
             whole = self._staging[key]
-            _core.copy_(whole.slice(0, 0, n, 1), flat)
+            _core.copy_(whole.slice(0, 0, n, 1), piece)
         else:
-            whole = flat
+            whole = piece
         shard = self.intra.reduce_scatter(whole, op)  # this rank's 1/local of the host's sum
-        self.inter.all_reduce(shard, op)  # the same shard of every host
-        gathered = self.intra.all_gather(shard).reshape([padded])
-        _core.copy_(flat, gathered.slice(0, 0, n, 1) if padded != n else gathered)
+        work = self._across(shard, op, pipelined)  # the same shard of every host
+
+        def done():
+            if avg:  # each rank divides its own shard, before the gather
+                averaging.after_sum(shard, self.world_size)
+            gathered = self.intra.all_gather(shard).reshape([padded])
+            _core.copy_(piece, gathered.slice(0, 0, n, 1) if padded != n else gathered)
+        return piece, work, done
+
+    def _across(self, part, op, pipelined):
+        """The all-reduce between the hosts: a Work left running while the caller goes on to the next piece
+        (pipelined), else done at once (None)."""
+        if pipelined:
+            return self.inter.all_reduce(part, op, async_op=True)
+        self.inter.all_reduce(part, op)
+        return None
+
+    @staticmethod
+    def _finish(piece, work, done):
+        if work is not None:
+            work.wait()  # the cross-host communicator's timeout, and its error naming the ranks
+        done()
+
+    def _drain(self, pending) -> None:
+        """After a failure: waits (bounded) until the cross-host exchanges still queued have ended, so that none
+        writes into the caller's tensor after all_reduce raised; their own errors are the same failure's."""
+        for _, work, _ in pending:
+            if work is not None:
+                try:
+                    work.wait(min(self.timeout, DRAIN_S))
+                except Exception:  # noqa: BLE001 -- the failure being raised is the one to report
+                    pass
 
     # ----- everything else: the flat world communicator
     def broadcast(self, t, root: int = 0, async_op: bool = False):
@@ -186,12 +285,13 @@ class HierarchicalCommunicator(Communicator):
 FORMS = ("leader", "sharded")
 
 
-def create(world: Communicator, form: str = "leader") -> Communicator:
+def create(world: Communicator, form: str = "leader", chunk_bytes: int = CHUNK_BYTES) -> Communicator:
     """The hierarchical form of `world` (collective: every rank calls it). `world` comes back unchanged
     where there is nothing to gain: a job on one host (the shm backend, or mpi / tcp with one host), and the
     nccl backend, whose rings and trees already keep traffic within a host where they can.
     form: "leader" or "sharded" (see the module docstring; sharded needs the same number of ranks on every
-    host, else ValueError)."""
+    host, else ValueError). chunk_bytes: the pipeline's piece (CHUNK_BYTES; 0: no pipeline)."""
+    check_chunk_bytes(chunk_bytes)
     if form not in FORMS:
         raise ValueError(f"hierarchical.create: form must be one of {', '.join(FORMS)}, got {form!r}")
     if isinstance(world, HierarchicalCommunicator):
@@ -227,9 +327,10 @@ def create(world: Communicator, form: str = "leader") -> Communicator:
                          f"ranks: use form 'leader'")
     if form == "sharded":  # one cross-host communicator per local rank
         peers = [world.split(world.local_rank == j) for j in range(world.local_size)]
-        return HierarchicalCommunicator(world, intra, peers[world.local_rank], len(hosts), sharded=True)
+        return HierarchicalCommunicator(world, intra, peers[world.local_rank], len(hosts), sharded=True,
+                                        chunk_bytes=chunk_bytes)
     inter = world.split(world.local_rank == 0)  # the leaders
-    return HierarchicalCommunicator(world, intra, inter, len(hosts))
+    return HierarchicalCommunicator(world, intra, inter, len(hosts), chunk_bytes=chunk_bytes)
 
 
 __all__ = ["HierarchicalCommunicator", "create"]

@@ -88,6 +88,7 @@ def check(world, comm, last: bool = True) -> list:
         tol = 2e-2 if dt is tensor.bfloat16 else 1e-5
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=str(dt))
         dist_cases.same_on_all_ranks(world, got, f"hierarchical avg {dt}")
+    check_pipelined(world, comm)
     work = comm.all_reduce(tensor.from_numpy(np.full(7, world.rank + 1.0, np.float32)), "sum", async_op=True)
     np.testing.assert_array_equal(tensor.to_numpy(work.wait()), np.full(7, sum(range(1, world.world_size + 1))))
     done = distopt_cases.run_all(comm)  # DistOpt over it: k ranks == 1 rank, every mode
@@ -101,6 +102,46 @@ def check(world, comm, last: bool = True) -> list:
     comm.close()
     print(f"OK rank {world.rank}", flush=True)
     return done
+
+
+def check_pipelined(world, comm, piece: int = 64) -> None:
+    """The pipelined all_reduce (pieces of comm.chunk_bytes bytes, here `piece`: 16 float32) against numpy's sum
+    and, bit for bit, against the same call in one piece (chunk_bytes 0): sizes not a multiple of the piece,
+    smaller than one, a single element and none; the same bits on every rank. Then ranks that pass different
+    sizes get CollectiveMismatch, all of them, and the communicator goes on."""
+    kept = comm.chunk_bytes
+    rng = np.random.default_rng(1000 + world.rank)
+    try:
+        for dt in (np.float32, np.float64, np.float16):
+            for n in (0, 1, 5, 16, 17, 33, 1003):
+                exact, rough = dist_cases.vals(world.rank, n, dt), rng.standard_normal(n).astype(dt)
+                got = {}
+                for chunk in (piece, 0):
+                    comm.chunk_bytes = chunk
+                    a = tensor.from_numpy(exact)
+                    comm.all_reduce(a, "sum")
+                    np.testing.assert_array_equal(tensor.to_numpy(a), dist_cases.expected(world.world_size, n, dt,
+                                                                                          "sum"), f"{dt} {n} {chunk}")
+                    for op in ("sum", "avg"):
+                        b = tensor.from_numpy(rough)
+                        comm.all_reduce(b, op)
+                        got[chunk, op] = tensor.to_numpy(b)
+                for op in ("sum", "avg"):
+                    assert got[piece, op].tobytes() == got[0, op].tobytes(), f"pipelined {op} of {n} {dt} differs"
+                    dist_cases.same_on_all_ranks(world, got[piece, op], f"pipelined {op} of {n} {dt}")
+        comm.chunk_bytes = piece
+        mine = tensor.from_numpy(np.ones(40 if world.rank == 0 else 41, np.float32))
+        try:
+            comm.all_reduce(mine, "sum")
+        except dist.CollectiveMismatch as e:
+            assert "the ranks' calls do not match: elements from 40 to 41 across ranks" in str(e), e
+        else:
+            raise AssertionError("a pipelined all_reduce of 40 and 41 elements passed")
+        ones = tensor.from_numpy(np.ones(41, np.float32))
+        comm.all_reduce(ones, "sum")
+        np.testing.assert_array_equal(tensor.to_numpy(ones), np.full(41, world.world_size, np.float32))
+    finally:
+        comm.chunk_bytes = kept
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     sudo python bench/bench_hierarchical.py                      # 2 hosts x 2 ranks, 1 Gbit/s, 100 us
     sudo python bench/bench_hierarchical.py --rate 10gbit --delay 20us --sizes 1,16
     sudo python bench/bench_hierarchical.py --backend tcp      # no MPI: singa-run --hostfile, the tcp backend
+    sudo python bench/bench_hierarchical.py --chunks 0,1024,2048,4096   # the pipeline's piece sizes in KiB
 
 Builds the simulated cluster of the multi-host tests (tests/multihost/helpers/sim_hosts.py: a network and UTS
 namespace per host, a bridge, veths; needs root), shapes every link with ``tc netem`` (rate and delay; the rate
@@ -13,8 +14,10 @@ the two forms of ``comm.hierarchical.create(world, form)``: "sharded" (reduce-sc
 each local rank all-reduces its shard with its peers on the other hosts, all-gather within the host) and
 "leader" (reduce to the host's leader over shm, all-reduce between the leaders, broadcast within the host),
 round-robin, and the slowest rank's time of each call is kept (the call ends for everyone only then). Rank 0
-prints medians and the ratios flat / hierarchical (> 1: hierarchical is faster). All give the same averages
-(checked)."""
+prints medians and the ratios flat / hierarchical (> 1: hierarchical is faster). Each form is timed once per
+piece size of ``--chunks`` (``create(world, form, chunk_bytes=...)``; 0: not pipelined; route "leader/2048K": the
+leader form in pieces of 2 MiB). All give the same averages (checked), and the piece sizes of one form the same
+bits."""
 from __future__ import annotations
 
 import argparse

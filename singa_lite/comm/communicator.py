@@ -193,6 +193,10 @@ class Communicator:
     routes_across_hosts = False  # it arranges cross-host traffic itself (NCCL's rings and trees, hierarchical)
     supports_groups = False  # new_group() works
     keeps_store = False  # it keeps using its rendezvous store after its creation (tcp: addresses, failure reports)
+    # A rank waiting for its transfer sleeps in the kernel while the bytes move (tcp: poll() on sockets), so other
+    # work of the rank overlaps the transfer; False where a thread must poll for them to move (MPI's progress
+    # engine): the hierarchical all-reduce pipelines its pieces only where this holds (comm/hierarchical.py).
+    sleeps_while_waiting = False
     is_member = True  # False only for what new_group returns on a rank outside the group
     # The rendezvous store (store.TcpStore) this communicator holds for as long as it lives, or None. tcp keeps
     # the store it met its peers through (keeps_store); dist.init's environment rendezvous gives rank 0's store

@@ -20,6 +20,21 @@ each all-reduce of floats is done in three steps instead, in one of two forms:
      rank, over the world's backend): L exchanges of 1/L of the data each, in parallel;
   3. all-gather of the shards within the host over shm.
 
+**The pipeline.** An all_reduce of more than ``chunk_bytes`` (default: CHUNK_BYTES over a world whose waits sleep
+in the kernel, tcp; none over mpi, whose transfers move only while a thread polls them, see default_chunk_bytes; 0
+turns it off) is done in pieces of that many bytes, and the three steps overlap across pieces: while piece i
+crosses the hosts (the cross-host communicator's asynchronous work, on its own thread), piece i + 1 is reduced in
+the host, and piece i - 1 is broadcast (gathered) once its exchange ended. The link, the slowest part, then waits
+less for the shared-memory steps before and after it. Each element is summed in the same order as without pieces
+(shm sums the ranks in rank order; two hosts' sum is a + b whatever the algorithm), so with two hosts the result
+has the same bits as in one piece (the tests check it); with more hosts the cross-host sum of a piece may
+associate its terms otherwise than the whole buffer's would (MPI picks its algorithm by size), a difference within
+rounding, and still the same bits on every rank. Before the pieces, one small all-reduce between the hosts and one
+in the host check that every rank passes as many elements of the same dtype with the same op: unequal calls raise
+CollectiveMismatch on every rank, where a rank with a piece more than the others would otherwise wait for it until
+its timeout. Every piece's collectives keep their timeouts, and a failure aborts every part as before, naming its
+cause.
+
 Either way each host sends one copy of the data across hosts, the least an all-reduce can. The sharded form
 splits the shared-memory work and the link over all the host's ranks instead of funnelling it through one; on
 2 simulated hosts x 2 ranks of a 2-core machine the leader form measured as fast or faster in most cases
@@ -47,11 +62,20 @@ from .holder import new_shm_name, sweep_stale_segments
 from .shm import ShmCommunicator
 
 _FLOATS = (tensor.float16, tensor.bfloat16, tensor.float32, tensor.float64)
-# The pipeline's piece: an all_reduce of more bytes is cut into pieces of this size (see the module docstring).
-# Chosen by measurement (docs/benchmarks/communication.md, "Pipelined hierarchical all-reduce").
-CHUNK_BYTES = 1 << 20
+# The pipeline's piece: an all_reduce of more bytes is cut into pieces of this size (see the module docstring), by
+# default over a world that sleeps while it waits (tcp) and not over one that polls (mpi). Both chosen by
+# measurement (docs/benchmarks/communication.md, "Pipelined hierarchical all-reduce").
+CHUNK_BYTES = 2 << 20
 PIPELINE_DEPTH = 1  # pieces whose cross-host exchange may still run while the next one is reduced in the host
 DRAIN_S = 5.0  # after a failure, how long to wait for the cross-host exchanges still queued to end
+
+
+def default_chunk_bytes(world: Communicator) -> int:
+    """The pipeline's piece over `world` when none is given: CHUNK_BYTES where the world's waits sleep in the kernel
+    while the bytes move (tcp), so the shared-memory steps of the next piece run meanwhile; 0 (no pipeline) where
+    a thread must poll for them to move (MPI: its progress engine moves the bytes only while polled, and the
+    shared-memory steps then take the CPU that the exchange needs; measured slower there)."""
+    return CHUNK_BYTES if world.sleeps_while_waiting else 0
 
 
 def check_chunk_bytes(value) -> int:
@@ -74,12 +98,12 @@ class HierarchicalCommunicator(Communicator):
     supports_groups = True
 
     def __init__(self, world: Communicator, intra: Communicator, inter: Communicator | None, hosts: int,
-                 sharded: bool = False, chunk_bytes: int = CHUNK_BYTES):
+                 sharded: bool = False, chunk_bytes: int | None = None):
         super().__init__(world.rank, world.world_size, world.local_rank, world.local_size, world.timeout)
         if sharded and inter is None:
             raise ValueError("HierarchicalCommunicator: sharded=True needs inter on every rank (the communicator "
                              "of the ranks with this local rank on every host)")
-        self.chunk_bytes = check_chunk_bytes(chunk_bytes)
+        self.chunk_bytes = default_chunk_bytes(world) if chunk_bytes is None else check_chunk_bytes(chunk_bytes)
         self.world, self.intra, self.inter, self.hosts, self.sharded = world, intra, inter, hosts, sharded
         self._staging = {}  # (dtype, padded size) -> a flat tensor for sizes that local_size does not divide
 
@@ -285,13 +309,15 @@ class HierarchicalCommunicator(Communicator):
 FORMS = ("leader", "sharded")
 
 
-def create(world: Communicator, form: str = "leader", chunk_bytes: int = CHUNK_BYTES) -> Communicator:
+def create(world: Communicator, form: str = "leader", chunk_bytes: int | None = None) -> Communicator:
     """The hierarchical form of `world` (collective: every rank calls it). `world` comes back unchanged
     where there is nothing to gain: a job on one host (the shm backend, or mpi / tcp with one host), and the
     nccl backend, whose rings and trees already keep traffic within a host where they can.
     form: "leader" or "sharded" (see the module docstring; sharded needs the same number of ranks on every
-    host, else ValueError). chunk_bytes: the pipeline's piece (CHUNK_BYTES; 0: no pipeline)."""
-    check_chunk_bytes(chunk_bytes)
+    host, else ValueError). chunk_bytes: the pipeline's piece in bytes (0: no pipeline); default
+    default_chunk_bytes(world): CHUNK_BYTES over tcp, none over mpi."""
+    if chunk_bytes is not None:
+        check_chunk_bytes(chunk_bytes)
     if form not in FORMS:
         raise ValueError(f"hierarchical.create: form must be one of {', '.join(FORMS)}, got {form!r}")
     if isinstance(world, HierarchicalCommunicator):
@@ -333,4 +359,5 @@ def create(world: Communicator, form: str = "leader", chunk_bytes: int = CHUNK_B
     return HierarchicalCommunicator(world, intra, inter, len(hosts), chunk_bytes=chunk_bytes)
 
 
-__all__ = ["HierarchicalCommunicator", "create"]
+__all__ = ["CHUNK_BYTES", "FORMS", "HierarchicalCommunicator", "check_chunk_bytes", "create",
+           "default_chunk_bytes"]

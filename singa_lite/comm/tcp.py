@@ -109,6 +109,7 @@ class TcpCommunicator(Communicator):
 
     supports_groups = True
     keeps_store = True
+    sleeps_while_waiting = True  # the poller waits in poll(); the kernel's socket buffers move the bytes
 
     def _new_group(self, ranks: list, timeout: float) -> "TcpCommunicator | None":
         """new_group's mesh: the members meet on this communicator's store under keys of their own. Its local

@@ -33,15 +33,46 @@ def test_one_host_and_nccl_are_left_flat_and_bad_input_is_named():
         comm.close()
 
 
-def _both_forms_over(world):
+def _job():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("hierarchical_job", paths.job("hierarchical_job.py"))
     hierarchical_job = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hierarchical_job)
+    return hierarchical_job
 
+
+def _both_forms_over(world):
+    hierarchical_job = _job()
     return [hierarchical_job.check(world, hierarchical_job.two_hosts(world, sharded), last=False)
             for sharded in (True, False)]
+
+
+def _a_leader_aborts_in_the_pipeline(world, sharded):
+    import time
+
+    import numpy as np
+
+    from singa_lite import tensor
+
+    comm = _job().two_hosts(world, sharded)
+    comm.chunk_bytes = 64  # 16 float32 a piece: thousands of pieces, each with its cross-host exchange
+    work = comm.all_reduce(tensor.from_numpy(np.ones(200_003, np.float32)), "sum", async_op=True)
+    if world.rank == 2:  # the other host's leader, while the pieces run
+        time.sleep(0.3)
+        comm.abort("boom from rank 2")
+    try:
+        work.wait()
+    except dist.CommError as e:
+        return str(e)
+    return "finished"
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_rank_that_aborts_while_the_pieces_run_ends_the_call_everywhere_with_its_cause(sharded):
+    out, _ = run_tcp(_a_leader_aborts_in_the_pipeline, 4, timeout=240, comm_timeout=60, args=(sharded,))
+    for r in range(4):
+        assert out[r][0] == "ok" and "boom from rank 2" in out[r][1], out
 
 
 def test_both_forms_over_the_tcp_backend():

@@ -99,9 +99,9 @@ def main() -> int:
     parser.add_argument("--sizes", default="1,4,16", help="buffer sizes in MiB, comma-separated")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--forms", default="leader,sharded", help="hierarchical forms to time, comma-separated")
-    parser.add_argument("--chunks", default="0,1024",
+    parser.add_argument("--chunks", default="0,2048",
                         help="pipeline pieces in KiB to time each form with, comma-separated (0: not pipelined; "
-                             "the default piece is comm.hierarchical.CHUNK_BYTES)")
+                             "comm.hierarchical.CHUNK_BYTES, 2048, is the default over tcp)")
     parser.add_argument("--placement", choices=("block", "cyclic"), default="block",
                         help="block: ranks 0..k-1 on h0 (hostfile h0:k); cyclic: rank r on host r %% hosts (h0:1, "
                              "mpiexec wraps around), as Slurm's --distribution=cyclic")

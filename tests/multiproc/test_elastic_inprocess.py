@@ -157,3 +157,39 @@ def test_below_min_np_the_survivors_wait_then_fail_naming_what_they_waited_for(t
                          r"process\(es\) are here", t), text
     assert "1 gone (ended, or no heartbeat for 3 s: " in text, text
     assert elapsed < LIMIT_S, text
+
+
+def singa_run(logdir, *flags, **extra) -> subprocess.Popen:
+    """The job under `singa-run --elastic` (singa-run serves the store; no rank does)."""
+    env = {k: v for k, v in environment(0, 1, **extra).items() if k not in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")}
+    cmd = [sys.executable, "-m", "singa_lite.run", "--elastic", *flags, JOB, str(logdir), str(N), str(BATCH),
+           str(EVERY), str(EPOCHS)]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+@pytest.mark.slow
+def test_singa_run_elastic_survives_the_loss_of_launch_rank_0_and_a_replacement_joins(tmp_path):
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    clean.mkdir()
+    killed.mkdir()
+    # both at once (two cores' worth of CI time): the uninterrupted run, and one whose launch rank 0 (the first
+    # round's rank 0) SIGKILLs itself at step 17, between the commits at 15 and 20
+    procs = [singa_run(clean, "-np", "3"),
+             singa_run(killed, "-np", "3", "--max-restarts", "1", KILL_AT=17, KILL_RANK=0, STEP_SLEEP=0.02)]
+    (code0, text0), (code, text) = finish(procs)
+    assert code0 == 0, text0
+    check_exact(clean, text0)
+    assert code == 0, text
+    assert "singa-run: rank 0 failed (killed by SIGKILL): the 2 other(s) go on (--elastic); starting rank 3 in its " \
+           "place (replacement 1 of at most 1)" in text, text
+    # the survivors regrouped without launch rank 0: launch rank 1 is rank 0 now and speaks for the job
+    assert re.search(r"^\[rank 1\] elastic: round 1: 3 -> 2 rank\(s\) after a failure \(.*\); going on from the "
+                     r"commit at step 15 \(epoch 0", text, re.M), text
+    # the replacement joined at a later commit, and the job ended on 3 ranks again
+    assert re.search(r"^\[rank 3\] regrouped rank 2 of 3 at step \d+", text, re.M), text
+    assert re.search(r"elastic: round 2: 2 -> 3 rank\(s\) after processes joined", text), text
+    assert re.search(r"^\[rank 1\] done world 3 steps \d+ accuracy [\d.]+ resets 2 ", text, re.M), text
+    assert "singa-run: elastic job finished: rank(s) " in text and "failed: 0 (killed by SIGKILL)" in text, text
+    check_exact(killed, text)
+    assert abs(accuracy(text.replace("[rank 1] ", "")) - accuracy(text0.replace("[rank 0] ", ""))) <= 0.02, text

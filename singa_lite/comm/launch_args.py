@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 _TAKE_A_VALUE = {"-np", "-n", "--np", "--backend", "--timeout", "--grace", "--timeline", "--hostfile", "-f",
                  "--launcher-exec", "--master-addr", "--master-port", "--max-restarts", "--restart-delay", "--min-np",
-                 "--probe-timeout"}
+                 "--probe-timeout", "--max-np"}
 
 
 def parse_command_line(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:

@@ -34,10 +34,10 @@ member, ``run`` regroups with them and they start from that commit. Below ``min_
 more, up to the timeout, and then fails on every member with a message saying what it waited for.
 
 What survives a failure: what State holds (the model's parameters and buffers, the optimizer's state, DistOpt's
-counters, the sampler's epoch and cursor, a loss scaler's and a numpy Generator's state, ``commit(extra=)``) as
-of the last commit. What does not: the steps after it (trained again), the failed processes, the old
-communicator's per-rank state (sparse residuals come from the source rank), each device's random stream (every
-process keeps its own).
+counters and sparse residuals, the sampler's epoch and cursor, a loss scaler's, a numpy Generator's and the
+devices' random state, ``commit(extra=)``) as of the last commit: each member that took part in that commit
+restores its own, a newcomer the source's (with zero residuals and its own random streams). What does not: the
+steps after it (trained again), the failed processes and what only they held, the old communicator's buckets.
 """
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def current() -> Membership:
 
 
 def shutdown() -> None:
-    """Closes the communicator, the heartbeat and the store connection (launch rank 0: stops serving)."""
+    """Closes the communicator, the heartbeat and the store connection (the store's server: stops serving)."""
     global _current
     if _current is not None:
         _current.close()

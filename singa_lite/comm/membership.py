@@ -6,19 +6,22 @@ new *round* through the job's rendezvous store and make a new communicator among
 (a new process, or one whose host was cut off and is back) wait in the store's join queue and are let in at the
 next commit of the running ones, up to ``max_np``.
 
-The store. Launch rank 0 serves the job's TcpStore (comm/store.py), with the job's identity and key (comm/auth.py)
-and the launcher's generation, as ``dist.init(init_method="env")`` does, and stays its *coordinator*: it decides
-every round. Its process must live: a failure of launch rank 0 (or of its host) ends the job, and the
-launcher's restart (``--max-restarts``, checkpoint.ElasticState) takes over. Every other process holds a client
-connection that it opens again when it breaks (a link that was cut and came back), and a second one from a
-small thread that counts a *heartbeat* key every BEAT_S seconds: a rank whose count stops moving for DEAD_S
-seconds is gone (killed, or cut off), which is how the coordinator tells the dead from the slow. A process of the
-coordinator's own host that has ended is known to be gone at once (/proc).
+The store. The job's TcpStore (comm/store.py), with the job's identity and key (comm/auth.py) and the launcher's
+generation, as ``dist.init(init_method="env")`` opens it. Under ``singa-run --elastic`` singa-run serves it
+(SINGA_LITE_STORE_SERVER), so any rank may fail; with plain processes launch rank 0 serves it and its failure
+(or its host's) ends the job. No rank is the coordinator for good: each round is decided by the first member of
+the previous round to claim it (a counter in the store), and when that process dies before deciding, the next
+one that notices claims it. Every process that does not serve the store holds a client connection that it
+opens again when it breaks (a link that was cut and came back), and a second one from a small thread that
+counts a *heartbeat* key every BEAT_S seconds: a process whose count stops moving for DEAD_S seconds is gone
+(killed, or cut off), which is how the others tell the dead from the slow. A process of one's own host that has
+ended is known to be gone at once (/proc).
 
 A round ``r``, keyed ``elastic/r<r>/...`` in the store:
 
 1. each process that takes part counts itself in and posts what the coordinator needs (its place in the
-   earlier round, the step of its last commit);
+   earlier round, the step of its last commit); a member of round r - 1 claims the round, the first claim
+   makes it the round's coordinator, the others wait for the result while watching its heartbeat;
 2. the coordinator waits until every expected process (the members of round r - 1, the joiners it admitted)
    has come or is gone (no heartbeat for DEAD_S seconds), and at least ``min_np`` are there; below ``min_np``
    it goes on waiting, up to the timeout, and then every process fails with a message naming what it waited
@@ -29,7 +32,9 @@ A round ``r``, keyed ``elastic/r<r>/...`` in the store:
    shm on one host, tcp across hosts, nccl with GPUs), and the old one is aborted and closed.
 
 A process that comes too late for a round (it is not among the published members) joins the queue instead.
-Every wait is bounded (``timeout``), and a process that cannot reach the store for that long gives up.
+Once every member of a round has restored the commit, its rank 0 deletes the keys of the earlier rounds
+(:meth:`Membership.passed`): the store does not grow with the rounds. Every wait is bounded (``timeout``), and
+a process that cannot reach the store for that long gives up.
 """
 from __future__ import annotations
 
@@ -572,6 +577,11 @@ class Membership:
         if comm.world_size > 1:
             due = bool(comm.broadcast_object(due, 0))
         return due
+
+    def waiting(self) -> int:
+        """How many processes wait in the join queue now (they come in at the members' next commit, while
+        there is room under max_np)."""
+        return int(self.store.add(f"{KEY}/joins", 0)) - int(self.store.add(f"{KEY}/joins_handled", 0))
 
     def passed(self) -> None:
         """Every member of the current round is past the earlier ones (call it after a collective of the round's

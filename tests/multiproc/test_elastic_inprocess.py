@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(not hasattr(_core, "ShmComm"), reason="this buil
 JOB = os.path.join(JOBS, "inprocess_elastic_job.py")
 LAUNCH_VARS = ("SINGA_LITE_HOLDER", "SINGA_LITE_COMM_BACKEND", "RANK", "WORLD_SIZE", "LOCAL_RANK",
                "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SINGA_LITE_JOB_ID", "SINGA_LITE_RESTART_COUNT",
-               "TORCHELASTIC_RESTART_COUNT", "KILL_AT", "KILL_RANK", "MIN_NP", "MAX_NP", "STEP_SLEEP")
+               "TORCHELASTIC_RESTART_COUNT", "KILL_AT", "KILL_RANK", "MIN_NP", "MAX_NP", "STEP_SLEEP", "WAIT_JOIN",
+               "SINGA_LITE_STORE_SERVER", "SINGA_LITE_ELASTIC_MIN_NP", "SINGA_LITE_ELASTIC_MAX_NP")
 LIMIT_S = 180
 N, BATCH, EVERY, EPOCHS = 600, 8, 5, 2
 
@@ -176,7 +177,7 @@ def test_singa_run_elastic_survives_the_loss_of_launch_rank_0_and_a_replacement_
     # both at once (two cores' worth of CI time): the uninterrupted run, and one whose launch rank 0 (the first
     # round's rank 0) SIGKILLs itself at step 17, between the commits at 15 and 20
     procs = [singa_run(clean, "-np", "3"),
-             singa_run(killed, "-np", "3", "--max-restarts", "1", KILL_AT=17, KILL_RANK=0, STEP_SLEEP=0.02)]
+             singa_run(killed, "-np", "3", "--max-restarts", "1", KILL_AT=17, KILL_RANK=0, WAIT_JOIN=3)]
     (code0, text0), (code, text) = finish(procs)
     assert code0 == 0, text0
     check_exact(clean, text0)

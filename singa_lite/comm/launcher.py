@@ -37,6 +37,10 @@ holder, ``SINGA_LITE_RESTART_COUNT`` one higher), up to N times; the script resu
 (checkpoint.ElasticState, docs/elastic.md). With ``--hostfile`` and ``--min-np M`` the hosts are probed first
 (``--launcher-exec HOST true``) and those that do not answer are left out, if the rest hold at least M ranks.
 A signal to singa-run ends the job without a restart.
+
+In-process elasticity (``--elastic``, :class:`ElasticJob`): the ranks train under dist.elastic and singa-run
+serves their rendezvous store itself, so any of them may fail; a failed rank is reported and the others go on,
+and ``--max-restarts N`` starts up to N new processes in failed ones' places (they join at a commit).
 """
 from __future__ import annotations
 

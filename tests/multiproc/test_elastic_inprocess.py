@@ -94,16 +94,28 @@ def runner_threads(text: str) -> dict:
             for r, names in re.findall(r"^threads rank (\d+) (.*)$", text, re.M)}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("backend", ["shm", "tcp"])
-def test_sigkill_of_one_rank_of_three_the_survivors_finish_in_process(tmp_path, backend):
-    clean = tmp_path / "clean"
-    clean.mkdir()
+def uninterrupted_run(logdir, backend: str) -> str:
+    """The job on 3 plain processes, nobody killed: the peer of the runs with a failure."""
+    os.makedirs(logdir, exist_ok=True)
     env = environment(free_port(), 3, SINGA_LITE_COMM_BACKEND=backend)
-    uninterrupted = finish([start(clean, r, env) for r in range(3)])
+    uninterrupted = finish([start(logdir, r, env) for r in range(3)])
     text0 = "".join(t for _, t in uninterrupted)
     assert [c for c, _ in uninterrupted] == [0, 0, 0], text0
-    check_exact(clean, text0)
+    check_exact(logdir, text0)
+    return text0
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_shm(tmp_path_factory):
+    """One uninterrupted shm run for every test of this module that compares with it (CI time)."""
+    return uninterrupted_run(tmp_path_factory.mktemp("clean"), "shm")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+def test_sigkill_of_one_rank_of_three_the_survivors_finish_in_process(tmp_path, backend, request):
+    text0 = (request.getfixturevalue("uninterrupted_shm") if backend == "shm" else
+             uninterrupted_run(tmp_path / "clean", backend))
 
     logdir = tmp_path / "killed"
     logdir.mkdir()
@@ -170,17 +182,11 @@ def singa_run(logdir, *flags, **extra) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-def test_singa_run_elastic_survives_the_loss_of_launch_rank_0_and_a_replacement_joins(tmp_path):
-    clean, killed = tmp_path / "clean", tmp_path / "killed"
-    clean.mkdir()
-    killed.mkdir()
-    # both at once (two cores' worth of CI time): the uninterrupted run, and one whose launch rank 0 (the first
-    # round's rank 0) SIGKILLs itself at step 17, between the commits at 15 and 20
-    procs = [singa_run(clean, "-np", "3"),
-             singa_run(killed, "-np", "3", "--max-restarts", "1", KILL_AT=17, KILL_RANK=0, WAIT_JOIN=3)]
-    (code0, text0), (code, text) = finish(procs)
-    assert code0 == 0, text0
-    check_exact(clean, text0)
+def test_singa_run_elastic_survives_the_loss_of_launch_rank_0_and_a_replacement_joins(tmp_path, uninterrupted_shm):
+    # launch rank 0 (the first round's rank 0) SIGKILLs itself at step 17, between the commits at 15 and 20; the
+    # peer is the same job uninterrupted (same seed, shm), on plain processes
+    [(code, text)] = finish([singa_run(tmp_path, "-np", "3", "--max-restarts", "1", KILL_AT=17, KILL_RANK=0,
+                                       WAIT_JOIN=3)])
     assert code == 0, text
     assert "singa-run: rank 0 failed (killed by SIGKILL): the 2 other(s) go on (--elastic); starting rank 3 in its " \
            "place (replacement 1 of at most 1)" in text, text
@@ -192,5 +198,5 @@ def test_singa_run_elastic_survives_the_loss_of_launch_rank_0_and_a_replacement_
     assert re.search(r"elastic: round 2: 2 -> 3 rank\(s\) after processes joined", text), text
     assert re.search(r"^\[rank 1\] done world 3 steps \d+ accuracy [\d.]+ resets 2 ", text, re.M), text
     assert "singa-run: elastic job finished: rank(s) " in text and "failed: 0 (killed by SIGKILL)" in text, text
-    check_exact(killed, text)
-    assert abs(accuracy(text.replace("[rank 1] ", "")) - accuracy(text0.replace("[rank 0] ", ""))) <= 0.02, text
+    check_exact(tmp_path, text)
+    assert abs(accuracy(text.replace("[rank 1] ", "")) - accuracy(uninterrupted_shm)) <= 0.02, text

@@ -70,6 +70,10 @@ def test_elastic_ranks_meet_through_the_store_singa_run_serves(tmp_path, monkeyp
         client.set("k", b"v")
         assert store.get("k") == b"v"
         client.close()
+        # the job's identity and key still decide who gets in: another key is refused
+        stranger = {**e0, "SINGA_LITE_JOB_SECRET": "another job's secret, 0123456789"}
+        with pytest.raises(CommError, match="refused"):
+            env.open_store(env.read(stranger), 3.0, environ=stranger, claim=False)
     finally:
         store.close()
 

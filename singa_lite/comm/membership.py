@@ -573,7 +573,7 @@ class Membership:
         due = False
         if comm.rank == 0:
             room = self.max_np is None or comm.world_size < self.max_np
-            due = room and int(self.store.add(f"{KEY}/joins", 0)) > int(self.store.add(f"{KEY}/joins_handled", 0))
+            due = room and self.waiting() > 0
         if comm.world_size > 1:
             due = bool(comm.broadcast_object(due, 0))
         return due

@@ -28,6 +28,9 @@ The peers measured in the same run: the job's cold start, and for the commits a 
 commit to --every steps is what committing costs the training).
 
     SINGA_LITE_COMM_TIMEOUT=5 python bench/bench_restart.py --launchers inprocess --every 10 --kill-at 23
+
+``--launchers elastic`` runs the same job under ``singa-run --elastic -np 3`` (singa-run serves the store) and
+kills launch rank 0 instead, the first round's rank 0: the survivors' round is decided by another member.
 """
 from __future__ import annotations
 
@@ -151,7 +154,7 @@ def train(state):
             if first:
                 stamp(f"first-step resets={state.resets}")
                 first = False
-            if launch_rank == 2 and state.steps + 1 == kill_at:
+            if launch_rank == int(os.environ.get("KILL_RANK", "2")) and state.steps + 1 == kill_at:
                 stamp("failure")
                 os.kill(os.getpid(), signal.SIGKILL)
             t = time.perf_counter()
@@ -166,8 +169,9 @@ dist.elastic.shutdown()
 '''
 
 
-def inprocess_run(every: int, kill_at: int, workdir: str, backend: str = "shm") -> dict:
-    """One 3-rank dist.elastic job on this host (env-launched, `backend`); rank 2 dies at step kill_at."""
+def inprocess_run(every: int, kill_at: int, workdir: str, backend: str = "shm", elastic: bool = False) -> dict:
+    """One 3-rank dist.elastic job on this host (env-launched, `backend`); rank 2 dies at step kill_at. elastic:
+    under singa-run --elastic, and launch rank 0 dies."""
     import socket
 
     job = os.path.join(workdir, "inprocess_job.py")
@@ -182,13 +186,21 @@ def inprocess_run(every: int, kill_at: int, workdir: str, backend: str = "shm") 
         env.pop(k, None)
     env["SINGA_LITE_COMM_BACKEND"] = backend
     launched = time.time()
-    procs = [subprocess.Popen([sys.executable, job, ROOT, str(every), str(kill_at)], env={**env, "RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=workdir)
-             for r in range(3)]
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    out = "".join(outs)
-    if [p.returncode for p in procs] != [0, 0, -signal.SIGKILL]:
-        raise SystemExit(f"inprocess: the job did not end as expected ({[p.returncode for p in procs]}):\n{out}")
+    if elastic:
+        env = {k: v for k, v in env.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")}
+        proc = subprocess.run([sys.executable, "-m", "singa_lite.run", "--elastic", "-np", "3", "--no-prefix", job,
+                               ROOT, str(every), str(kill_at)], env={**env, "KILL_RANK": "0"}, capture_output=True,
+                              text=True, cwd=workdir, timeout=600)
+        out = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            raise SystemExit(f"elastic: the job failed (exit {proc.returncode}):\n{out}")
+    else:
+        procs = [subprocess.Popen([sys.executable, job, ROOT, str(every), str(kill_at)], env={**env, "RANK": str(r)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=workdir)
+                 for r in range(3)]
+        out = "".join(p.communicate(timeout=600)[0] for p in procs)
+        if [p.returncode for p in procs] != [0, 0, -signal.SIGKILL]:
+            raise SystemExit(f"inprocess: the job did not end as expected ({[p.returncode for p in procs]}):\n{out}")
     stamps = {}
     for m in re.finditer(r"STAMP rank=(\d+) (\S+)(?: [^\n]*?)? (\d+\.\d+)$", out, re.M):
         stamps.setdefault(m.group(2), []).append(float(m.group(3)))
@@ -209,8 +221,8 @@ def inprocess_run(every: int, kill_at: int, workdir: str, backend: str = "shm") 
 
 
 def one_run(launcher: str, every: int, kill_at: int, workdir: str, backend: str = "shm") -> dict:
-    if launcher == "inprocess":
-        return inprocess_run(every, kill_at, workdir, backend)
+    if launcher in ("inprocess", "elastic"):
+        return inprocess_run(every, kill_at, workdir, backend, elastic=launcher == "elastic")
     job = os.path.join(workdir, "job.py")
     with open(job, "w") as f:
         f.write(JOB)
@@ -263,11 +275,12 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--every", type=int, default=5, help="commit every this many steps")
     p.add_argument("--kill-at", type=int, default=12, help="the step at which rank 1 of generation 0 dies")
-    p.add_argument("--launchers", default="singa-run,torchrun", help="singa-run, torchrun, inprocess (dist.elastic)")
+    p.add_argument("--launchers", default="singa-run,torchrun",
+                   help="singa-run, torchrun, inprocess (dist.elastic), elastic (the same under singa-run --elastic)")
     p.add_argument("--backend", default="shm", choices=("shm", "tcp"), help="inprocess: the backend")
     args = p.parse_args(argv)
     launchers = args.launchers.split(",")
-    if "inprocess" in launchers and args.kill_at % args.every == 0:
+    if {"inprocess", "elastic"} & set(launchers) and args.kill_at % args.every == 0:
         raise SystemExit("--kill-at must fall between two commits (not a multiple of --every)")
     if "torchrun" in launchers:
         try:
@@ -282,7 +295,7 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as workdir:
             for _ in range(args.repeats):
                 runs.append(one_run(launcher, args.every, args.kill_at, workdir, args.backend))
-        print(f"\n{launcher}" + (f" ({args.backend})" if launcher == "inprocess" else ""))
+        print(f"\n{launcher}" + (f" ({args.backend})" if launcher in ("inprocess", "elastic") else ""))
         for key in runs[0]:
             values = [r[key] for r in runs]
             if key == "commit bytes":
@@ -293,7 +306,7 @@ def main(argv=None) -> int:
         again = [r["failure -> first step again"] / r["cold start -> first step"] for r in runs]
         print(f"  {'commit / training step':32s} {statistics.median(ratio):8.2f}x")
         print(f"  {'restart / cold start':32s} {statistics.median(again):8.2f}x")
-        if launcher == "inprocess":
+        if launcher in ("inprocess", "elastic"):
             cost = [r["commit (median)"] / (args.every * r["step (median)"]) for r in runs]
             print(f"  {'commit / (every x step)':32s} {100 * statistics.median(cost):8.2f} %  (committing every "
                   f"{args.every} steps)")

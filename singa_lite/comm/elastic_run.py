@@ -34,10 +34,10 @@ member, ``run`` regroups with them and they start from that commit. Below ``min_
 more, up to the timeout, and then fails on every member with a message saying what it waited for.
 
 What survives a failure: what State holds (the model's parameters and buffers, the optimizer's state, DistOpt's
-counters, the sampler's epoch and cursor, a loss scaler's and a numpy Generator's state, ``commit(extra=)``) as
-of the last commit. What does not: the steps after it (trained again), the failed processes, the old
-communicator's per-rank state (sparse residuals come from the source rank), each device's random stream (every
-process keeps its own).
+counters and sparse residuals, the sampler's epoch and cursor, a loss scaler's, a numpy Generator's and the
+devices' random state, ``commit(extra=)``) as of the last commit: each member that took part in that commit
+restores its own, a newcomer the source's (with zero residuals and its own random streams). What does not: the
+steps after it (trained again), the failed processes and what only they held, the old communicator's buckets.
 """
 from __future__ import annotations
 
@@ -48,20 +48,22 @@ import numpy as np
 
 from .. import tensor
 from .communicator import CollectiveMismatch, CommError
-from .membership import ElasticTimeout, Membership, MembersChanged
+from .membership import ElasticTimeout, JobFinished, Membership, MembersChanged, counts_from_env
 
-__all__ = ["init", "run", "State", "MembersChanged", "ElasticTimeout", "current", "shutdown"]
+__all__ = ["init", "run", "State", "MembersChanged", "ElasticTimeout", "JobFinished", "current", "shutdown"]
 
 _current: Membership | None = None
 
 
-def init(min_np: int = 1, max_np: int | None = None, backend: str | None = None, timeout: float | None = None,
-         comm_timeout: float | None = None, **options):
-    """Joins the elastic job this process was launched into (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
-    ``MASTER_PORT``, or Slurm's variables; by a launcher that lets the survivors live when a rank fails) and
-    returns its communicator. Launch rank 0 serves the job's store and decides every round (its
-    process must live). min_np / max_np: the fewest ranks the job trains on (below, it waits up to `timeout`,
-    then fails) and the most (joiners beyond wait). timeout: seconds any round may wait (default
+def init(min_np: int | None = None, max_np: int | None = None, backend: str | None = None,
+         timeout: float | None = None, comm_timeout: float | None = None, **options):
+    """Joins the elastic job this process was launched into (``singa-run --elastic``, or plain processes with
+    ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, or Slurm's variables: a launcher that lets the
+    survivors live when a rank fails) and returns its communicator. Any process may fail, except the one that
+    serves the job's store: launch rank 0 of plain processes (under singa-run --elastic, singa-run itself).
+    min_np / max_np: the fewest ranks the job trains on (below, it waits up to `timeout`, then fails) and the
+    most (joiners beyond wait); default SINGA_LITE_ELASTIC_MIN_NP / SINGA_LITE_ELASTIC_MAX_NP (singa-run
+    --min-np / --max-np), else 1 and no limit. timeout: seconds any round may wait (default
     SINGA_LITE_ELASTIC_TIMEOUT or 600); comm_timeout: each collective's (default SINGA_LITE_COMM_TIMEOUT or
     300), which is also how long a cut-off peer takes to be noticed. backend, options: as dist.init's.
 
@@ -77,7 +79,9 @@ def init(min_np: int = 1, max_np: int | None = None, backend: str | None = None,
         raise ValueError(f"dist.elastic needs a job launched with environment variables (RANK, WORLD_SIZE, "
                          f"MASTER_ADDR, MASTER_PORT, or Slurm's), by a launcher that lets the survivors live when "
                          f"a rank fails; this process was started by {env.detect()}, which stops every rank when "
-                         f"one fails: use its restarts (checkpoint.ElasticState, docs/elastic.md) instead")
+                         f"one fails: start it with `singa-run --elastic`, or use the restarts "
+                         f"(checkpoint.ElasticState, docs/elastic.md)")
+    min_np, max_np = counts_from_env(min_np, max_np)
     launch = env.read()
     _current = Membership(launch, backend=backend, min_np=min_np, max_np=max_np, timeout=timeout,
                           comm_timeout=comm_timeout, **options)
@@ -96,7 +100,7 @@ def current() -> Membership:
 
 
 def shutdown() -> None:
-    """Closes the communicator, the heartbeat and the store connection (launch rank 0: stops serving)."""
+    """Closes the communicator, the heartbeat and the store connection (the store's server: stops serving)."""
     global _current
     if _current is not None:
         _current.close()
@@ -185,12 +189,16 @@ class State:
             snap["scaler"] = self.scaler.get_states()
         if self.rng is not None:
             snap["rng"] = self.rng.bit_generator.state
+        snap["generators"] = device_rng_states()
         return snap
 
-    def restore(self, snap: dict) -> None:
+    def restore(self, snap: dict, own: bool = True) -> None:
+        """Restores a commit: this process's own (own=True: everything, its residuals and random streams too),
+        or another member's (own=False: what the members share; sparse residuals start at zero and the devices'
+        random streams go on as they are, since they belong to the process that made the commit)."""
         comm = self.communicator
         if is_dist_opt(self.optimizer):
-            residuals = {tuple(e["names"]): e["values"] for e in snap["distopt"]["residuals"]}
+            residuals = {tuple(e["names"]): e["values"] for e in snap["distopt"]["residuals"]} if own else {}
             self.optimizer.set_states({"opt": snap["optimizer"], "partial": snap["distopt"]["partial"],
                                        "skipped_steps": snap["distopt"]["skipped_steps"], "synced": True,
                                        "residuals": residuals})
@@ -214,14 +222,19 @@ class State:
             self.scaler.set_states(snap["scaler"])
         if self.rng is not None:
             self.rng.bit_generator.state = snap["rng"]
+        if own:
+            set_device_rng_states(snap.get("generators", {}))
         self.steps = self.committed_step = int(snap["steps"])
         self.extra = snap["user"]
         self.committed = snap
 
     def sync(self, source: int = 0) -> None:
-        """Every member takes rank `source`'s last commit (collective): the source packs it (taking one first
-        when it has none: the start) and broadcasts it; the others unpack and restore it, the source restores
-        its own (the steps after it are done again)."""
+        """Every member goes on from rank `source`'s last commit (collective): the source packs it (taking one
+        first when it has none: the start) and broadcasts it. A member that holds a commit of the same step (it
+        took part in that commit) restores its own, which may differ from the source's where ranks differ
+        (partial updates' parameters and optimizer state, sparse residuals, random streams); the others (a
+        newcomer, a member whose last commit is older) restore the source's. The steps after it are done
+        again."""
         from ..checkpoint.format import pack, unpack
 
         comm = self.communicator
@@ -234,7 +247,8 @@ class State:
             data = broadcast_bytes(comm, data, source)
         snap = self.committed if comm.rank == source else unpack("the elastic commit of rank " + str(source), data,
                                                                  {"kind": "elastic"})
-        self.restore(snap)
+        mine = self.committed if self.committed is not None and self.committed_step == int(snap["steps"]) else None
+        self.restore(mine if mine is not None else snap, own=mine is not None)
 
     def __repr__(self) -> str:
         return (f"dist.elastic.State(step={self.steps}, every={self.every}, last commit at step {self.committed_step}, "
@@ -244,6 +258,24 @@ class State:
 def is_dist_opt(optimizer) -> bool:
     """A DistOpt (singa_lite.parallel, above this layer): what can be rebound to a new communicator."""
     return callable(getattr(optimizer, "rebind", None)) and hasattr(optimizer, "communicator")
+
+
+def devices() -> list:
+    """This process's devices whose random streams a commit keeps: the CPU and every GPU it sees."""
+    from .. import _core, device
+
+    return [device.create_cpu_device()] + [device.as_device(f"cuda:{i}") for i in range(_core.cuda_device_count())]
+
+
+def device_rng_states() -> dict:
+    return {str(d): list(d.get_rng_state()) for d in devices()}
+
+
+def set_device_rng_states(states: dict) -> None:
+    here = {str(d): d for d in devices()}
+    for name, st in states.items():
+        if name in here:
+            here[name].set_rng_state(st)
 
 
 def broadcast_bytes(comm, data: bytes, root: int) -> bytes:
@@ -283,6 +315,7 @@ def run(fn):
                     started, before = time.monotonic(), state.world_size if not member.pending else None
                     regroup(member, state, cause)
                 state.sync(member.source)
+                member.passed()  # every member is in this round now: the earlier rounds' keys can go
                 if cause is not None and state.rank == 0 and state.log is not None:
                     why = ("processes joined" if isinstance(cause, MembersChanged) else "a process joined"
                            if not isinstance(cause, CommError) else f"a failure ({str(cause).splitlines()[0][:300]})")
@@ -290,8 +323,14 @@ def run(fn):
                               f"{why}; going on from the commit at step {state.committed_step} (epoch {state.epoch}, "
                               f"{time.monotonic() - started:.2f} s)")
                 cause = None
-                return fn(state, *args, **kwargs)
+                out = fn(state, *args, **kwargs)
+                member.finish()
+                return out
             except CollectiveMismatch:
+                raise
+            except JobFinished as e:
+                if state.log is not None:
+                    state.log(str(e))
                 raise
             except ElasticTimeout:
                 raise

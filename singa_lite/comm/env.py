@@ -65,6 +65,7 @@ from .mpi import MPI_LAUNCH_VARS
 HOLDER_VAR = "SINGA_LITE_HOLDER"
 BACKEND_VAR = "SINGA_LITE_COMM_BACKEND"
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+STORE_SERVER_VAR = "SINGA_LITE_STORE_SERVER"  # who serves the store when no rank does (singa-run --elastic)
 TORCHRUN_OPTIONAL = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "TORCHELASTIC_USE_AGENT_STORE")
 SLURM_NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
 SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 10000  # MASTER_PORT under Slurm: base + job id % span
@@ -507,10 +508,18 @@ def single_host(launch: LaunchEnv) -> bool:
     return is_loopback(launch.master_addr)
 
 
+def store_served(environ=None) -> str | None:
+    """Who serves the job's store when no rank does (SINGA_LITE_STORE_SERVER, set by ``singa-run --elastic``,
+    whose own process serves it so that any rank may fail), or None: rank 0 serves it."""
+    environ = os.environ if environ is None else environ
+    return environ.get(STORE_SERVER_VAR) or None
+
+
 def open_store(launch: LaunchEnv, timeout: float, environ=None, claim: bool = True):
-    """The job's TcpStore: rank 0 serves it at MASTER_PORT, every rank connects to MASTER_ADDR:MASTER_PORT,
-    each proving the job's key (comm/auth.py) and, with `claim`, claiming its rank (dist.elastic's ranks other
-    than 0 do not: a process that joins later may carry a RANK that a live one holds)."""
+    """The job's TcpStore: rank 0 serves it at MASTER_PORT (unless another process does: store_served), every
+    rank connects to MASTER_ADDR:MASTER_PORT, each proving the job's key (comm/auth.py) and, with `claim`,
+    claiming its rank (dist.elastic's ranks do not: a process that joins later may carry a RANK that a live one
+    holds)."""
     from . import auth
     from .store import TcpStore, is_loopback
 
@@ -519,10 +528,11 @@ def open_store(launch: LaunchEnv, timeout: float, environ=None, claim: bool = Tr
     # MASTER_ADDR may name this host by a name that resolves to loopback here but not on the other hosts
     # (Debian maps the host name to 127.0.1.1): then the others need rank 0 on every interface.
     listen = "" if not one_host and is_loopback(launch.master_addr) else None
+    serves = launch.rank == 0 and store_served(environ) is None
     try:
-        return TcpStore(launch.master_addr, launch.master_port, launch.world_size, launch.rank == 0,
+        return TcpStore(launch.master_addr, launch.master_port, launch.world_size, serves,
                         timeout=timeout, listen_host=listen, credentials=credentials,
-                        rank=launch.rank if claim or launch.rank == 0 else None,
+                        rank=launch.rank if claim or serves else None,
                         generation=generation(environ))
     except CommError as e:
         raise CommError(f"dist.init, {launch.describe()}: {e}") from None

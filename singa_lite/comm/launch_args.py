@@ -50,6 +50,12 @@ from its last commit (singa_lite.checkpoint.ElasticState; docs/elastic.md). With
 a restart leaves out the hosts that no longer answer (--launcher-exec HOST true fails or hangs for
 --probe-timeout seconds) and starts on the slots left, if they hold at least M ranks.
 
+--elastic (in-process elasticity, dist.elastic): no {HOLDER_VAR}; MASTER_ADDR=127.0.0.1 and MASTER_PORT
+  where singa-run itself serves the job's store, SINGA_LITE_STORE_SERVER=singa-run, and
+  SINGA_LITE_ELASTIC_MIN_NP, SINGA_LITE_ELASTIC_MAX_NP (--min-np, --max-np). A failed rank is reported and the
+  others go on; with --max-restarts N a new process (RANK of the failed one) takes its place, up to N times,
+  while fewer than --max-np run; exit 0 when ranks finished and none failed after the first one finished.
+
 exit status: 0 when every rank succeeded (in the last generation); the failed rank's exit code, or 128 +
 signal number when a signal ended it; 128 + signal number when singa-run was interrupted (130 for Ctrl-C); 2
 for a bad command line or a job that cannot start.
@@ -104,7 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --max-restarts: how long to wait after a failed generation ended before the next")
     p.add_argument("--min-np", type=int, default=None, metavar="M",
                    help="with --hostfile and --max-restarts: a restart leaves out hosts that no longer answer and "
-                        "runs on the slots left, with at least M ranks (default: -np, no host may be lost)")
+                        "runs on the slots left, with at least M ranks (default: -np, no host may be lost); with "
+                        "--elastic: the fewest ranks the job trains on (dist.elastic's min_np, default 1)")
+    p.add_argument("--elastic", action="store_true",
+                   help="in-process elasticity (dist.elastic, docs/elastic.md): a rank that fails is reported and "
+                        "the others go on; singa-run serves the job's store, so any rank may fail; with "
+                        "--max-restarts N, up to N new processes take failed ones' places (they join at a commit)")
+    p.add_argument("--max-np", type=int, default=None, metavar="N",
+                   help="with --elastic: the most ranks at once (dist.elastic's max_np; default -np)")
     p.add_argument("--probe-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="with --min-np: how long a host has to answer '--launcher-exec HOST true' before a restart")
     p.add_argument("-m", dest="module", action="store_true",
@@ -117,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 _TAKE_A_VALUE = {"-np", "-n", "--np", "--backend", "--timeout", "--grace", "--timeline", "--hostfile", "-f",
                  "--launcher-exec", "--master-addr", "--master-port", "--max-restarts", "--restart-delay", "--min-np",
-                 "--probe-timeout"}
+                 "--probe-timeout", "--max-np"}
 
 
 def parse_command_line(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:
@@ -199,7 +212,12 @@ def check_args(args) -> None:
     if not 0 <= args.restart_delay <= MAX_RESTART_DELAY_S:
         raise UsageError(f"--restart-delay must be a number of seconds from 0 to {MAX_RESTART_DELAY_S:g}, got "
                          f"{args.restart_delay}")
-    if args.min_np is not None:
+    args.elastic = bool(getattr(args, "elastic", False))
+    if args.elastic:
+        _check_elastic(args)
+    elif getattr(args, "max_np", None) is not None:
+        raise UsageError("--max-np is for --elastic jobs (the most ranks at once)")
+    if args.min_np is not None and not args.elastic:
         if args.hostfile is None:
             raise UsageError("--min-np is for jobs on the hosts of a --hostfile (a restart leaves out hosts that no "
                              "longer answer); on one host every restart starts -np ranks")
@@ -231,6 +249,20 @@ def check_args(args) -> None:
             os.makedirs(args.timeline, exist_ok=True)
         except OSError as e:  # what _check_timeline cannot foresee (a full disk, a name too long, /proc)
             raise UsageError(f"--timeline {args.timeline!r}: cannot create the directory: {e.strerror or e}") from None
+
+
+def _check_elastic(args) -> None:
+    if args.hostfile is not None:
+        raise UsageError("--elastic runs the ranks on this host (singa-run serves their store); across hosts, "
+                         "start the processes with the job's variables (docs/elastic.md) or use --max-restarts")
+    if args.report is not None:
+        raise UsageError("--report compares a fixed set of ranks; it cannot be used with --elastic")
+    if args.max_np is None:
+        args.max_np = args.np
+    if args.max_np < args.np:
+        raise UsageError(f"--max-np ({args.max_np}) must be at least -np ({args.np})")
+    if args.min_np is not None and not 1 <= args.min_np <= args.np:
+        raise UsageError(f"--min-np must be from 1 to -np ({args.np}), got {args.min_np}")
 
 
 def _check_timeline(path: str) -> None:
@@ -400,6 +432,22 @@ def rank_environment(args, rank: int, holder_text: str, base=None) -> dict:
         env["OMP_NUM_THREADS"] = str(max(1, cores // args.np))
     if args.prefix:
         env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def elastic_environment(args, slot: int, port, base=None) -> dict:
+    """The environment of a --elastic rank: dist.init's torchrun variables (no holder: dist.elastic regroups
+    through the store, which singa-run serves on this host at `port`), and min_np / max_np."""
+    from .env import STORE_SERVER_VAR
+    from .membership import MAX_NP_VAR, MIN_NP_VAR
+
+    env = rank_environment(args, slot, "", base)
+    for name in (HOLDER_VAR, RESTART_VAR, MAX_RESTARTS_VAR):
+        env.pop(name, None)
+    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), STORE_SERVER_VAR: "singa-run",
+                MAX_NP_VAR: str(args.max_np)})
+    if args.min_np is not None:
+        env[MIN_NP_VAR] = str(args.min_np)
     return env
 
 

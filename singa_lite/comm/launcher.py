@@ -37,6 +37,10 @@ holder, ``SINGA_LITE_RESTART_COUNT`` one higher), up to N times; the script resu
 (checkpoint.ElasticState, docs/elastic.md). With ``--hostfile`` and ``--min-np M`` the hosts are probed first
 (``--launcher-exec HOST true``) and those that do not answer are left out, if the rest hold at least M ranks.
 A signal to singa-run ends the job without a restart.
+
+In-process elasticity (``--elastic``, :class:`ElasticJob`): the ranks train under dist.elastic and singa-run
+serves their rendezvous store itself, so any of them may fail; a failed rank is reported and the others go on,
+and ``--max-restarts N`` starts up to N new processes in failed ones' places (they join at a commit).
 """
 from __future__ import annotations
 
@@ -57,8 +61,8 @@ from . import HOLDER_VAR, auth, straggler
 from .holder import NcclIdHolder
 # The command line (launch_args.py); every public name of it is singa-run's too, so it can be read from here.
 from .launch_args import (BACKEND_VAR, EPILOG, MAX_TIMEOUT_S, REMOTE_MARK, TIMEOUT_VAR, UsageError,  # noqa: F401
-                          answering_hosts, build_parser, check_args, command, free_port, job_identity,
-                          parse_command_line, place, rank_environment, read_hostfile, remote_command,
+                          answering_hosts, build_parser, check_args, command, elastic_environment, free_port,
+                          job_identity, parse_command_line, place, rank_environment, read_hostfile, remote_command,
                           remote_variables, replace_on_hosts)
 from .mpi import MPI_LAUNCH_VARS
 
@@ -254,20 +258,24 @@ class Job:
             if getattr(self.args, "report_dir", None):
                 shutil.rmtree(self.args.report_dir, ignore_errors=True)
                 self.args.report_dir = None
-            if self._running() or self.stopping:
-                self._signal_ranks(signal.SIGKILL, every=True)  # an error in singa-run itself, or leftovers
-            for p in self.procs:  # reap: every rank has ended by now (or singa-run gave up on it)
-                if p.stdin is not None:  # a remote rank's helper: the end of its control line
-                    try:
-                        p.stdin.close()
-                    except OSError:
-                        pass
-                try:
-                    p.wait(timeout=0.5)
-                except subprocess.TimeoutExpired:
-                    pass
+            self._reap()
             if holder is not None:
                 holder.cleanup()  # the segment's name, if the ranks did not remove it (one never joined)
+
+    def _reap(self) -> None:
+        """Kills what is left (an error in singa-run itself, or leftovers) and reaps every rank."""
+        if self._running() or self.stopping:
+            self._signal_ranks(signal.SIGKILL, every=True)
+        for p in self.procs:  # every rank has ended by now (or singa-run gave up on it)
+            if p.stdin is not None:  # a remote rank's helper: the end of its control line
+                try:
+                    p.stdin.close()
+                except OSError:
+                    pass
+            try:
+                p.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                pass
 
     def _straggler_report(self) -> None:
         """The straggler report of the whole job, from the figures the ranks left (comm/straggler.py)."""
@@ -434,6 +442,153 @@ class Job:
                          for r in range(len(self.procs)) if r != skip)
 
 
+# ---------------------------------------------------------------- --elastic: ranks may fail, the job goes on
+# Started before each elastic rank's program (exec keeps it): the kernel kills the rank if singa-run dies. A
+# helper process, not preexec_fn: singa-run's threads (the store, the output) run while ranks are started.
+DIE_WITH_PARENT = ("import ctypes, os, sys\n"
+                   "if sys.platform.startswith('linux'):\n"
+                   "    ctypes.CDLL(None, use_errno=True).prctl(1, 9)\n"  # PR_SET_PDEATHSIG, SIGKILL
+                   "    if os.getppid() != int(sys.argv[1]):\n"
+                   "        os._exit(1)\n"
+                   "os.execv(sys.argv[2], sys.argv[2:])\n")
+
+
+class ElasticJob(Job):
+    """``singa-run --elastic``: the ranks train with dist.elastic (docs/elastic.md). singa-run serves the job's
+    store itself (so any rank may fail, rank 0 included), a rank's failure is reported and the others go on,
+    and with ``--max-restarts N`` a new process takes a failed one's place (up to N in all, at most
+    ``--max-np`` running at once); it joins the job at its next commit. The job ends when every process has
+    ended: 0 when ranks finished and none failed after the first one finished."""
+
+    def __init__(self, args, out=None, err=None):
+        super().__init__(args, out, err)
+        self.slots: list[int] = []  # process index -> the RANK it was started with
+        self.replaced = 0
+        self.width = len(str(args.max_np + args.max_restarts - 1))
+
+    def run(self) -> int:
+        previous = {s: signal.signal(s, self._on_signal) for s in FORWARDED}
+        try:
+            return self._run_generation()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _run_generation(self) -> int:
+        from .store import TcpStore
+
+        store = TcpStore("127.0.0.1", 0, self.args.np, True, timeout=60.0, credentials=elastic_credentials(self.args))
+        self.port = store.port
+        try:
+            if self.args.timeline is not None:
+                os.makedirs(self.args.timeline, exist_ok=True)
+            self._start(None)
+            code = self._supervise()
+            self._drain()
+            self._report()
+            if self.args.timeline is not None:
+                self._merge_timelines()
+            return code
+        finally:
+            self._reap()
+            store.close()
+
+    def _start(self, holder_text) -> None:
+        for slot in range(self.args.np):
+            if self.signals:  # interrupted while starting: start no more
+                break
+            self._spawn(slot)
+
+    def _spawn(self, slot: int) -> int:
+        """Starts a process with RANK=slot; returns its index (its label in the output)."""
+        index = len(self.procs)
+        pipe = subprocess.PIPE if self.args.prefix else None
+        cmd = [sys.executable, "-S", "-c", DIE_WITH_PARENT, str(os.getpid())] + command(self.args)
+        try:
+            p = subprocess.Popen(cmd, env=elastic_environment(self.args, slot, self.port), stdout=pipe, stderr=pipe,
+                                 stdin=None if index == 0 else subprocess.DEVNULL, start_new_session=True)
+        except OSError as e:
+            raise UsageError(f"could not start rank {index} ({shlex.join(command(self.args))}): {e}") from None
+        self.procs.append(p)
+        self.slots.append(slot)
+        if self.args.prefix:
+            for src, dst in ((p.stdout, self.out), (p.stderr, self.err)):
+                t = threading.Thread(target=self._pump, args=(src, dst, index), daemon=True)
+                t.start()
+                self.pumps.append(t)
+        threading.Thread(target=self._watch, args=(p, index), daemon=True).start()
+        return index
+
+    def _supervise(self) -> int:
+        running = len(self.procs)
+        finished = False  # a rank ended with 0: the job is ending, no more replacements
+        while True:
+            while self.signals:
+                self._handle_signal(self.signals.pop(0))
+            if not running:
+                break
+            try:
+                rank, code = self.ended.get(timeout=POLL_S)
+            except queue.Empty:
+                rank = None
+            if rank is not None:
+                running -= 1
+                self.codes[rank] = code
+                finished = finished or code == 0
+                if code != 0 and not self.stopping:
+                    self.failed = rank
+                    what = f"rank {rank} failed ({self._end(rank)}): " + (
+                        f"the {running} other(s) go on (--elastic)" if running else "no rank is left")
+                    if (not finished and running and self.replaced < self.args.max_restarts
+                            and running < self.args.max_np):
+                        self.replaced += 1
+                        new = self._spawn(self.slots[rank])
+                        running += 1
+                        what += (f"; starting rank {new} in its place (replacement {self.replaced} of at most "
+                                 f"{self.args.max_restarts}): it joins at the job's next commit")
+                    self.say(what)
+            now = time.monotonic()
+            if running and self.kill_at is not None and now >= self.kill_at:
+                self.say(f"rank(s) {_ranks(self._running())} still running {self.args.grace:g} s after being "
+                         f"told to stop: SIGKILL")
+                self._kill()
+            if running and self.give_up_at is not None and now >= self.give_up_at:
+                self.say(f"rank(s) {_ranks(self._running())} did not end {REAP_S:g} s after SIGKILL; giving up")
+                break
+        if self.interrupted is not None:
+            return 128 + self.interrupted
+        return elastic_status(list(self.codes.items()))
+
+    def _report(self) -> None:
+        if self.interrupted is not None:
+            super()._report()
+            return
+        done = [r for r, c in self.codes.items() if c == 0]
+        failed = [f"{r} ({self._end(r)})" for r, c in self.codes.items() if c != 0]
+        code = elastic_status(list(self.codes.items()))
+        self.say(f"elastic job {'finished' if code == 0 else 'failed'}: rank(s) {_ranks(done) or 'none'} ended "
+                 f"with exit code 0" + (f"; failed: {', '.join(failed)}" if failed else "")
+                 + (f"; {self.replaced} replacement(s) started" if self.replaced else ""))
+
+
+def elastic_status(ends: list) -> int:
+    """The exit status of an elastic job from its processes' ends [(index, returncode)] in the order they
+    ended: 0 when some finished (exit code 0) and none failed after the first of them; else the last failure's
+    (the job did not finish: the last failure is what ended it)."""
+    first_done = next((i for i, (_, c) in enumerate(ends) if c == 0), None)
+    late = [c for _, c in ends[first_done:] if c != 0] if first_done is not None else [c for _, c in ends if c != 0]
+    return exit_status(late[-1]) if late else 0
+
+
+def elastic_credentials(args):
+    """The job's identity and key, for the store singa-run serves to its --elastic ranks (comm/auth.py)."""
+    environ = dict(os.environ)
+    environ[auth.JOB_ID_VAR] = args.job_id
+    if args.secret:
+        environ[auth.SECRET_VAR] = args.secret
+    return auth.credentials(environ, single_host=True)
+
+
 def _ranks(ranks) -> str:
     return ", ".join(map(str, ranks))
 
@@ -445,7 +600,8 @@ def dry_run(args) -> None:
             print(f"  rank {rank}: {shlex.join(remote_command(args, rank))}")
         return
     for rank in range(args.np):
-        env = rank_environment(args, rank, "<a new NcclIdHolder>")
+        env = (elastic_environment(args, rank, "<the store singa-run serves>") if args.elastic else
+               rank_environment(args, rank, "<a new NcclIdHolder>"))
         if auth.SECRET_VAR in env and env[auth.SECRET_VAR] != os.environ.get(auth.SECRET_VAR):
             env[auth.SECRET_VAR] = "<a fresh secret>"
         new = {k: v for k, v in env.items() if os.environ.get(k) != v}
@@ -464,7 +620,7 @@ def main(argv=None) -> int:
         dry_run(args)
         return 0
     try:
-        return Job(args).run()
+        return (ElasticJob if args.elastic else Job)(args).run()
     except UsageError as e:
         print(f"singa-run: error: {e}", file=sys.stderr)
         return 2

@@ -6,19 +6,22 @@ new *round* through the job's rendezvous store and make a new communicator among
 (a new process, or one whose host was cut off and is back) wait in the store's join queue and are let in at the
 next commit of the running ones, up to ``max_np``.
 
-The store. Launch rank 0 serves the job's TcpStore (comm/store.py), with the job's identity and key (comm/auth.py)
-and the launcher's generation, as ``dist.init(init_method="env")`` does, and stays its *coordinator*: it decides
-every round. Its process must live: a failure of launch rank 0 (or of its host) ends the job, and the
-launcher's restart (``--max-restarts``, checkpoint.ElasticState) takes over. Every other process holds a client
-connection that it opens again when it breaks (a link that was cut and came back), and a second one from a
-small thread that counts a *heartbeat* key every BEAT_S seconds: a rank whose count stops moving for DEAD_S
-seconds is gone (killed, or cut off), which is how the coordinator tells the dead from the slow. A process of the
-coordinator's own host that has ended is known to be gone at once (/proc).
+The store. The job's TcpStore (comm/store.py), with the job's identity and key (comm/auth.py) and the launcher's
+generation, as ``dist.init(init_method="env")`` opens it. Under ``singa-run --elastic`` singa-run serves it
+(SINGA_LITE_STORE_SERVER), so any rank may fail; with plain processes launch rank 0 serves it and its failure
+(or its host's) ends the job. No rank is the coordinator for good: each round is decided by the first member of
+the previous round to claim it (a counter in the store), and when that process dies before deciding, the next
+one that notices claims it. Every process that does not serve the store holds a client connection that it
+opens again when it breaks (a link that was cut and came back), and a second one from a small thread that
+counts a *heartbeat* key every BEAT_S seconds: a process whose count stops moving for DEAD_S seconds is gone
+(killed, or cut off), which is how the others tell the dead from the slow. A process of one's own host that has
+ended is known to be gone at once (/proc).
 
 A round ``r``, keyed ``elastic/r<r>/...`` in the store:
 
 1. each process that takes part counts itself in and posts what the coordinator needs (its place in the
-   earlier round, the step of its last commit);
+   earlier round, the step of its last commit); a member of round r - 1 claims the round, the first claim
+   makes it the round's coordinator, the others wait for the result while watching its heartbeat;
 2. the coordinator waits until every expected process (the members of round r - 1, the joiners it admitted)
    has come or is gone (no heartbeat for DEAD_S seconds), and at least ``min_np`` are there; below ``min_np``
    it goes on waiting, up to the timeout, and then every process fails with a message naming what it waited
@@ -29,7 +32,9 @@ A round ``r``, keyed ``elastic/r<r>/...`` in the store:
    shm on one host, tcp across hosts, nccl with GPUs), and the old one is aborted and closed.
 
 A process that comes too late for a round (it is not among the published members) joins the queue instead.
-Every wait is bounded (``timeout``), and a process that cannot reach the store for that long gives up.
+Once every member of a round has restored the commit, its rank 0 deletes the keys of the earlier rounds
+(:meth:`Membership.passed`): the store does not grow with the rounds. Every wait is bounded (``timeout``), and
+a process that cannot reach the store for that long gives up.
 """
 from __future__ import annotations
 
@@ -45,8 +50,10 @@ from .communicator import CollectiveMismatch, CommError, Communicator, seconds_f
 BEAT_S = 0.25  # a heartbeat every so often
 DEAD_S = 3.0  # a process whose heartbeat did not move for this long is gone
 POLL_S = 0.05  # how often the coordinator looks at the store while a round gathers
+FOLLOW_S = 0.5  # how long the others wait for the result at once, between two looks at the coordinator
 MAX_FAILED_ROUNDS = 5  # rounds in a row whose communicator could not be made before a regroup gives up
 TIMEOUT_VAR = "SINGA_LITE_ELASTIC_TIMEOUT"
+MIN_NP_VAR, MAX_NP_VAR = "SINGA_LITE_ELASTIC_MIN_NP", "SINGA_LITE_ELASTIC_MAX_NP"
 DEFAULT_TIMEOUT_S = 600.0
 KEY = "elastic"  # every key of this module begins so
 
@@ -54,6 +61,18 @@ KEY = "elastic"  # every key of this module begins so
 class MembersChanged(RuntimeError):
     """Raised by a commit on every member when processes wait to join and there is room: ``dist.elastic.run``
     catches it, lets them in and goes on (a script never sees it there)."""
+
+
+class JobFinished(SystemExit):
+    """Raised in a process still waiting to join when the job's members finished training: it has nothing left
+    to do, and exits with status 0 unless the script catches this."""
+
+    def __init__(self, message: str):
+        super().__init__(0)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class ElasticTimeout(CommError):
@@ -69,6 +88,22 @@ def check_counts(min_np, max_np) -> tuple[int, int | None]:
     if max_np is not None and max_np < min_np:
         raise ValueError(f"dist.elastic: max_np ({max_np}) must be at least min_np ({min_np})")
     return min_np, max_np
+
+
+def counts_from_env(min_np, max_np, environ=None) -> tuple[int, int | None]:
+    """min_np and max_np, each from the environment (MIN_NP_VAR, MAX_NP_VAR: singa-run --elastic sets them)
+    when not given; 1 and None when neither says."""
+    environ = os.environ if environ is None else environ
+    found = []
+    for given, var, default in ((min_np, MIN_NP_VAR, 1), (max_np, MAX_NP_VAR, None)):
+        raw = environ.get(var, "").strip()
+        if given is not None or not raw:
+            found.append(given if given is not None else default)
+            continue
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"{var} must be a number of ranks >= 1, got {raw!r}")
+        found.append(int(raw))
+    return check_counts(*found)
 
 
 def default_timeout() -> float:
@@ -139,6 +174,12 @@ class ReconnectingStore:
     def delete_key(self, key):
         return self.call("delete_key", key)
 
+    def delete_prefix(self, prefix):
+        return self.call("delete_prefix", prefix)
+
+    def keys(self, prefix=""):
+        return self.call("keys", prefix)
+
     def has(self, key: str) -> bool:
         try:
             self.call("wait", [key], 0.0)
@@ -176,6 +217,9 @@ class Prefixed:
 
     def delete_key(self, key):
         return self.store.delete_key(self.prefix + key)
+
+    def delete_prefix(self, prefix):
+        return self.store.delete_prefix(self.prefix + prefix)
 
 
 class Heartbeat:
@@ -227,33 +271,45 @@ class Membership:
         env.wanted_backend(backend)  # a backend the rendezvous cannot give is refused before anything starts
         self.uid = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         self.node = env.node_identity()["node"]  # who shares this host (and its process table)
-        self.known: dict = {}  # coordinator: what each process said when it last took part in a round
+        self.info: dict = {}  # uid -> where it runs (node, pid), for the members of the last round and arrivals
+        self.beats: dict = {}  # uid -> (heartbeat count, when it last moved), as this process last looked
         self.store = ReconnectingStore(self._open(env, launch), self.timeout)
-        self.coordinator = self.store.serves
         self.heartbeat = Heartbeat(self.store, self.uid)
         self.round = -1  # the last round this process was a member of
         self.members: list = []  # that round's members (uids), in rank order
         self.source = 0  # the rank that holds the latest commit of that round
         self.communicator: Communicator | None = None
         self.pending = False  # waiting to join: the communicator is a one-rank stand-in
-        self.joins_handled = 0  # coordinator: entries of the join queue it has dealt with
+        self.gone: list = []  # the processes the current round left out as gone (their keys go at passed())
         self.closed = False
 
     def _open(self, env, launch):
-        """The job's store; the other ranks try for as long as a round may wait (launch rank 0 may start late),
-        each attempt with the communicator's timeout, which the client keeps for its replies."""
+        """The job's store; a process that does not serve it tries for as long as a round may wait (its server,
+        launch rank 0 or the launcher, may start late), each attempt with the communicator's timeout, which the
+        client keeps for its replies."""
         deadline = time.monotonic() + self.timeout
         while True:
             try:
                 return env.open_store(launch, self.comm_timeout, claim=False)
             except CommError as e:
-                if launch.rank == 0 or "could not connect" not in str(e) or time.monotonic() >= deadline:
+                serves = launch.rank == 0 and not env.store_served()
+                if serves or "could not connect" not in str(e) or time.monotonic() >= deadline:
                     raise
+
+    @property
+    def coordinator(self) -> bool:
+        """Whether this process leads the current round: rank 0 of its communicator (it looks at the join queue
+        at commits and deletes the keys of the rounds every member has passed)."""
+        return not self.pending and bool(self.members) and self.members[0] == self.uid
 
     # ----- keys
     @staticmethod
     def _r(r: int) -> str:
         return f"{KEY}/r{r}"
+
+    def _closed_rounds(self) -> int:
+        """How many rounds have been decided (rounds 0 .. this - 1)."""
+        return int(self.store.add(f"{KEY}/latest", 0))
 
     def start(self) -> Communicator:
         """Round 0 (every launched rank, waiting for all of them up to the timeout; at least min_np), or, when
@@ -279,24 +335,91 @@ class Membership:
 
     # ----- a round
     def _take_part(self, r: int, step: int, first: bool = False) -> dict:
+        """Takes part in round r and returns its result (members, source...). The first member of the previous
+        round to claim the round decides it (round 0: the first launched process); when that process dies
+        before the round is decided, the next one that notices takes over. A process that was no member of the
+        previous round (a joiner) never decides, it waits. A round already over (its keys may be gone) gives
+        a result without this process."""
+        R = self._r(r)
+        if self._closed_rounds() > r:
+            return {"members": [], "late": True}
+        eligible = first or (self.round == r - 1 and self.uid in self.members)
         info = {"uid": self.uid, "launch_rank": self.launch.rank, "step": step, "node": self.node,
-                "pid": os.getpid(), "was": self.members.index(self.uid) if self.uid in self.members else None}
-        self.store.set(f"{self._r(r)}/here/{self.uid}", json.dumps(info).encode())
-        n = self.store.add(f"{self._r(r)}/n", 1)
-        self.store.set(f"{self._r(r)}/who/{n}", self.uid.encode())
-        if self.coordinator:
-            return self._coordinate(r, first)
-        # the coordinator answers within its own timeout
-        raw = self._wait_for(f"{self._r(r)}/result", self.timeout + 5.0,
-                             f"launch rank 0 (the coordinator) to close round {r}")
-        result = json.loads(raw)
-        if result.get("error"):
+                "pid": os.getpid(), "was": self.members.index(self.uid) if eligible and not first else None}
+        self.store.set(f"{R}/here/{self.uid}", json.dumps(info).encode())
+        n = self.store.add(f"{R}/n", 1)
+        self.store.set(f"{R}/who/{n}", self.uid.encode())
+        k = 0
+        while True:
+            if eligible and self.store.add(f"{R}/claim/{k}", 1) == 1:
+                self.store.set(f"{R}/coord/{k}", self.uid.encode())
+                result = self._coordinate(r, first)
+            else:
+                result = self._follow(r, k)
+                if result is None:  # coordinator k is gone before deciding: the next one
+                    k += 1
+                    continue
+            if result.get("late"):
+                return result
+            self.info.update(result.get("info", {}))
+            if result.get("error"):
+                try:
+                    self.store.set(f"{R}/seen/{self.uid}", b"1")
+                except CommError:
+                    pass
+                raise ElasticTimeout(f"dist.elastic, round {r}: {result['error']}")
+            return result
+
+    def _follow(self, r: int, k: int) -> dict | None:
+        """Waits for round r's result while its k-th coordinator lives: the result, a 'late' one when the round
+        is over and its keys gone, or None when the coordinator is gone (ended, no heartbeat for DEAD_S s)."""
+        R = self._r(r)
+        start = time.monotonic()
+        deadline = start + self.timeout + 5.0  # the coordinator answers within its own timeout
+        coord, claimed_at = None, None
+        while True:
             try:
-                self.store.set(f"{self._r(r)}/seen/{self.uid}", b"1")
+                return json.loads(self.store.get(f"{R}/result", FOLLOW_S))
+            except ElasticTimeout:
+                raise
             except CommError:
                 pass
-            raise ElasticTimeout(f"dist.elastic, round {r}: {result['error']}")
-        return result
+            now = time.monotonic()
+            if now >= deadline:
+                raise ElasticTimeout(f"dist.elastic: waited {self.timeout + 5.0:g} s for round {r} to be decided "
+                                     f"(by {coord or 'a member of the previous round'}); raise {TIMEOUT_VAR} to "
+                                     f"wait longer")
+            if self._closed_rounds() > r:
+                return {"members": [], "late": True}
+            if coord is None:
+                if self.store.has(f"{R}/coord/{k}"):
+                    coord = self.store.get(f"{R}/coord/{k}").decode()
+                    self.info.setdefault(coord, self._posted(r, coord))
+                elif self.store.has(f"{R}/claim/{k}"):  # claimed, not named yet: it died in between?
+                    claimed_at = claimed_at or now
+                    if now - claimed_at >= DEAD_S:
+                        return None
+            elif coord != self.uid and self.is_gone(coord):
+                return None
+
+    def _posted(self, r: int, uid: str) -> dict:
+        try:
+            return json.loads(self.store.get(f"{self._r(r)}/here/{uid}", 5.0))
+        except CommError:
+            return {}
+
+    def is_gone(self, uid: str) -> bool:
+        """Whether process `uid` is gone: ended (on this host: /proc), or its heartbeat has not moved for DEAD_S
+        seconds (as this process has been looking)."""
+        if self.ended_here(uid):
+            return True
+        count = int(self.store.add(f"{KEY}/beat/{uid}", 0))
+        now = time.monotonic()
+        seen = self.beats.get(uid)
+        if seen is None or seen[0] != count:
+            self.beats[uid] = (count, now)
+            return False
+        return now - seen[1] >= DEAD_S
 
     def _wait_for(self, key: str, seconds: float, what: str) -> bytes:
         """The value of `key` once set; ElasticTimeout saying what it waited for after `seconds` (not a CommError,
@@ -309,9 +432,27 @@ class Membership:
             raise ElasticTimeout(f"dist.elastic: waited {seconds:g} s for {what}: {e}") from None
 
     def _admission(self) -> int:
-        return int(self._wait_for(f"{KEY}/admit/{self.uid}", self.timeout,
-                                  f"a place in the job (it lets joiners in at its commits, up to max_np="
-                                  f"{self.max_np}; raise {TIMEOUT_VAR} to wait longer)"))
+        """The round that lets this waiting process in (at the members' next commit); JobFinished when they
+        finish first; ElasticTimeout after the timeout."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                r = int(self.store.get(f"{KEY}/admit/{self.uid}", FOLLOW_S))
+                break
+            except ElasticTimeout:
+                raise
+            except CommError:
+                pass
+            if self.store.has(f"{KEY}/finished"):
+                raise JobFinished("dist.elastic: the job finished before this process could join it; nothing left "
+                                  "to do")
+            if time.monotonic() >= deadline:
+                raise ElasticTimeout(f"dist.elastic: waited {self.timeout:g} s for a place in the job (it lets "
+                                     f"joiners in at its commits, up to max_np={self.max_np}; raise {TIMEOUT_VAR} "
+                                     f"to wait longer)")
+        self.store.delete_key(f"{KEY}/admit/{self.uid}")
+        self.store.delete_prefix(f"{KEY}/solo/{self.uid}/")  # its stand-in communicator is closed by now
+        return r
 
     def _coordinate(self, r: int, first: bool) -> dict:
         R = self._r(r)
@@ -320,12 +461,13 @@ class Membership:
         deadline = start + self.timeout
         arrived: dict = {}
         counted = 0
-        beats: dict = {}  # uid -> (count, when it last moved)
         gone: set = set()
 
         def room():
             return self.max_np is None or len(arrived) + len(expected - set(arrived) - gone) < self.max_np
         while True:
+            if self.store.has(f"{R}/result"):  # decided meanwhile by another (this one was taken for gone)
+                return json.loads(self.store.get(f"{R}/result"))
             total = int(self.store.add(f"{R}/n", 0))
             while counted < total:
                 try:
@@ -334,27 +476,23 @@ class Membership:
                 except CommError:
                     break  # counted in, not written yet: the next look
                 counted += 1
+                self.info.setdefault(uid, arrived[uid])
             if not first:  # joiners waiting: let them in while there is room
                 queued = int(self.store.add(f"{KEY}/joins", 0))
-                while self.joins_handled < queued and room():
+                handled = int(self.store.add(f"{KEY}/joins_handled", 0))
+                while handled < queued and room():
                     try:
-                        uid = self.store.get(f"{KEY}/joiner/{self.joins_handled + 1}", 5.0).decode()
+                        uid = self.store.get(f"{KEY}/joiner/{handled + 1}", 5.0).decode()
                     except CommError:
                         break
-                    self.joins_handled += 1
                     self.store.set(f"{KEY}/admit/{uid}", str(r).encode())
+                    handled = int(self.store.add(f"{KEY}/joins_handled", 1))
+                    self.store.delete_key(f"{KEY}/joiner/{handled}")
                     expected.add(uid)
-            now = time.monotonic()
             for uid in expected - set(arrived) - gone:
-                if self.ended_here(uid):  # a process of this host that ended: no need to wait for its heartbeat
+                if self.is_gone(uid):
                     gone.add(uid)
-                    continue
-                count = int(self.store.add(f"{KEY}/beat/{uid}", 0))
-                seen = beats.get(uid)
-                if seen is None or seen[0] != count:
-                    beats[uid] = (count, now)
-                elif now - seen[1] >= DEAD_S:
-                    gone.add(uid)
+            now = time.monotonic()
             launched = {a["launch_rank"] for a in arrived.values()}
             if first:
                 ready = len(launched) >= self.launch.world_size
@@ -375,31 +513,39 @@ class Membership:
                 error = (f"waited {self.timeout:g} s for at least min_np={self.min_np} rank(s): {what}. Start more "
                          f"ranks (they join through the store at {self.store.address}), lower min_np, or raise the "
                          f"timeout ({TIMEOUT_VAR})")
-                self.store.set(f"{R}/result", json.dumps({"error": error}).encode())
-                try:  # the store ends with this process: the others read why first (bounded: some may be gone)
-                    self.store.wait([f"{R}/seen/{u}" for u in arrived if u != self.uid], 5.0)
-                except CommError:
-                    pass
-                raise ElasticTimeout(f"dist.elastic, round {r}: {error}")
+                result = self._publish(r, {"error": error, "members": []})
+                if self.store.serves:  # the store ends with this process: the others read why first (bounded)
+                    try:
+                        self.store.wait([f"{R}/seen/{u}" for u in arrived if u != self.uid], 5.0)
+                    except CommError:
+                        pass
+                return result
             time.sleep(POLL_S)
-        self.known.update(arrived)
-        others = [u for u in arrived if u != self.uid]
-        # the earlier members keep their order, then the newcomers in the order they came
-        others.sort(key=lambda u: (arrived[u]["was"] is None, arrived[u]["was"] if arrived[u]["was"] is not None
-                                   else 0, arrived[u]["launch_rank"] if first else 0))
-        members = [self.uid] + others
+        # the earlier members keep their order, then the newcomers in the order they came (round 0: launch order)
+        order = list(arrived)
+        members = sorted(arrived, key=lambda u: (arrived[u]["was"] is None, arrived[u]["was"] or 0,
+                                                 arrived[u]["launch_rank"] if first else 0, order.index(u)))
         if self.max_np is not None:
             members = members[:self.max_np]
         steps = [arrived[u]["step"] for u in members]
         source = max(range(len(members)), key=lambda i: (steps[i], -i))
-        result = {"members": members, "source": source, "steps": steps, "error": None}
+        info = {u: {"node": arrived[u]["node"], "pid": arrived[u]["pid"]} for u in members}
+        return self._publish(r, {"members": members, "source": source, "steps": steps, "info": info,
+                                 "gone": sorted(gone), "error": None})
+
+    def _publish(self, r: int, result: dict) -> dict:
+        """Round r's result, unless another coordinator published one first (then that one)."""
+        R = self._r(r)
+        if self.store.add(f"{R}/decided", 1) != 1:
+            return json.loads(self._wait_for(f"{R}/result", 2 * DEAD_S, f"round {r}'s result"))
         self.store.set(f"{R}/result", json.dumps(result).encode())
+        self.store.set(f"{KEY}/latest", str(r + 1).encode())
         return result
 
     def ended_here(self, uid: str) -> bool:
-        """Whether `uid` is a process of this host (as it said in an earlier round) that has ended: gone from the
-        process table, or a zombie its parent has not reaped yet."""
-        info = self.known.get(uid)
+        """Whether `uid` is a process of this host (as it said when it took part in a round) that has ended: gone
+        from the process table, or a zombie its parent has not reaped yet."""
+        info = self.info.get(uid)
         if not info or info.get("node") != self.node or not isinstance(info.get("pid"), int):
             return False
         try:
@@ -417,19 +563,46 @@ class Membership:
         self.communicator = env.meet(Prefixed(self.store, f"{self._r(r)}/comm/"), rank, len(members), self.backend,
                                      self.comm_timeout, **self.options)
         self.round, self.members, self.source, self.pending = r, members, result["source"], False
+        self.gone = result.get("gone", [])
 
     # ----- what a training loop calls, through dist.elastic
     def join_due(self) -> bool:
-        """At a commit (collective, every member): whether processes wait to join and there is room. The
-        coordinator looks at the store and tells the others (one small broadcast)."""
+        """At a commit (collective, every member): whether processes wait to join and there is room. The round's
+        rank 0 looks at the store and tells the others (one small broadcast)."""
         comm = self.communicator
         due = False
-        if self.coordinator:
+        if comm.rank == 0:
             room = self.max_np is None or comm.world_size < self.max_np
-            due = room and int(self.store.add(f"{KEY}/joins", 0)) > self.joins_handled
+            due = room and self.waiting() > 0
         if comm.world_size > 1:
             due = bool(comm.broadcast_object(due, 0))
         return due
+
+    def waiting(self) -> int:
+        """How many processes wait in the join queue now (they come in at the members' next commit, while
+        there is room under max_np)."""
+        return int(self.store.add(f"{KEY}/joins", 0)) - int(self.store.add(f"{KEY}/joins_handled", 0))
+
+    def passed(self) -> None:
+        """Every member of the current round is past the earlier ones (call it after a collective of the round's
+        communicator): its rank 0 deletes their keys, and the heartbeat keys of the processes the round left
+        out as gone, so the store does not grow with the rounds."""
+        if self.pending or self.communicator is None or self.communicator.rank != 0:
+            return
+        cleaned = int(self.store.add(f"{KEY}/cleaned", 0))
+        for k in range(cleaned, self.round):
+            self.store.delete_prefix(f"{self._r(k)}/")
+        if self.round > cleaned:
+            self.store.add(f"{KEY}/cleaned", self.round - cleaned)
+        for uid in getattr(self, "gone", []):
+            self.store.delete_key(f"{KEY}/beat/{uid}")
+        self.gone = []
+
+    def finish(self) -> None:
+        """The members finished training (called on each after the training function returned): processes still
+        waiting to join are told (JobFinished) instead of waiting out their timeout."""
+        if not self.pending and self.communicator is not None and self.communicator.rank == 0:
+            self.store.set(f"{KEY}/finished", b"1")
 
     def regroup(self, step: int, failure: BaseException | None = None) -> Communicator:
         """After a failure (or to let joiners in): aborts and closes the current communicator, takes part in the
@@ -482,6 +655,6 @@ class Membership:
         self.closed = True
         self.release()
         self.heartbeat.close()
-        if self.coordinator:
+        if self.store.serves:
             time.sleep(0.2)  # the others' last reads of the round's keys
         self.store.close()

@@ -65,7 +65,8 @@ _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 # length-prefixed fields (pack_message, read_message_header, split_fields); a request's code is an operation,
 # a reply's a status. Public for the tests that speak it by hand.
 # operations (requests)
-OP_SET, OP_GET, OP_ADD, OP_WAIT, OP_DELETE = 2, 3, 4, 5, 6
+OP_SET, OP_GET, OP_ADD, OP_WAIT, OP_DELETE, OP_DELETE_PREFIX, OP_KEYS = 2, 3, 4, 5, 6, 7, 8
+MAX_LISTED_KEYS = 10000  # the most names one keys() reply carries
 # statuses (replies)
 STATUS_OK, STATUS_TIMEOUT, STATUS_ERROR = 100, 101, 102
 _RANK_KEY = re.compile(r"^(.*)/(\d+)$")
@@ -323,6 +324,16 @@ class _Server:
                     if old is not None:
                         self._bytes -= len(f[0]) + len(old)
                 return pack_message(STATUS_OK, [b"1" if old is not None else b"0"])
+            if code == OP_DELETE_PREFIX and len(f) == 1 and f[0]:
+                with self._changed:
+                    doomed = [k for k in self._data if k.startswith(f[0])]
+                    for k in doomed:
+                        self._bytes -= len(k) + len(self._data.pop(k))
+                return pack_message(STATUS_OK, [_INT.pack(len(doomed))])
+            if code == OP_KEYS and len(f) == 1:
+                with self._changed:
+                    names = sorted(k for k in self._data if k.startswith(f[0]))
+                return pack_message(STATUS_OK, [_INT.pack(len(names))] + names[:MAX_LISTED_KEYS])
         except (struct.error, ValueError) as e:
             return pack_message(STATUS_ERROR, [f"malformed request (operation {code}): {e}".encode()])
         return pack_message(STATUS_ERROR, [f"malformed request (operation {code}, {len(f)} fields)".encode()])
@@ -628,6 +639,19 @@ class TcpStore:
         status, fields = self._call(OP_DELETE, [_key(key, "delete_key")], "delete_key")
         self._check_reply(status, fields, "delete_key")
         return fields[0] == b"1"
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Removes every key that begins with prefix (not empty); how many there were."""
+        status, fields = self._call(OP_DELETE_PREFIX, [_key(prefix, "delete_prefix")], "delete_prefix")
+        self._check_reply(status, fields, "delete_prefix")
+        return _INT.unpack(fields[0])[0]
+
+    def keys(self, prefix: str = "") -> tuple[int, list[str]]:
+        """(how many keys begin with prefix, the first MAX_LISTED_KEYS of their names in sorted order): to see
+        what a job left in its store."""
+        status, fields = self._call(OP_KEYS, [prefix.encode()], "keys")
+        self._check_reply(status, fields, "keys")
+        return _INT.unpack(fields[0])[0], [k.decode(errors="replace") for k in fields[1:]]
 
     def barrier(self, name: str, rank: int, timeout: float | None = None) -> None:
         """See :func:`barrier` (world_size: the store's)."""

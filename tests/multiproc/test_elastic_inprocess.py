@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(not hasattr(_core, "ShmComm"), reason="this buil
 JOB = os.path.join(JOBS, "inprocess_elastic_job.py")
 LAUNCH_VARS = ("SINGA_LITE_HOLDER", "SINGA_LITE_COMM_BACKEND", "RANK", "WORLD_SIZE", "LOCAL_RANK",
                "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SINGA_LITE_JOB_ID", "SINGA_LITE_RESTART_COUNT",
-               "TORCHELASTIC_RESTART_COUNT", "KILL_AT", "KILL_RANK", "MIN_NP", "MAX_NP", "STEP_SLEEP")
+               "TORCHELASTIC_RESTART_COUNT", "KILL_AT", "KILL_RANK", "MIN_NP", "MAX_NP", "STEP_SLEEP", "WAIT_JOIN",
+               "SINGA_LITE_STORE_SERVER", "SINGA_LITE_ELASTIC_MIN_NP", "SINGA_LITE_ELASTIC_MAX_NP")
 LIMIT_S = 180
 N, BATCH, EVERY, EPOCHS = 600, 8, 5, 2
 
@@ -93,16 +94,28 @@ def runner_threads(text: str) -> dict:
             for r, names in re.findall(r"^threads rank (\d+) (.*)$", text, re.M)}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("backend", ["shm", "tcp"])
-def test_sigkill_of_one_rank_of_three_the_survivors_finish_in_process(tmp_path, backend):
-    clean = tmp_path / "clean"
-    clean.mkdir()
+def uninterrupted_run(logdir, backend: str) -> str:
+    """The job on 3 plain processes, nobody killed: the peer of the runs with a failure."""
+    os.makedirs(logdir, exist_ok=True)
     env = environment(free_port(), 3, SINGA_LITE_COMM_BACKEND=backend)
-    uninterrupted = finish([start(clean, r, env) for r in range(3)])
+    uninterrupted = finish([start(logdir, r, env) for r in range(3)])
     text0 = "".join(t for _, t in uninterrupted)
     assert [c for c, _ in uninterrupted] == [0, 0, 0], text0
-    check_exact(clean, text0)
+    check_exact(logdir, text0)
+    return text0
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_shm(tmp_path_factory):
+    """One uninterrupted shm run for every test of this module that compares with it (CI time)."""
+    return uninterrupted_run(tmp_path_factory.mktemp("clean"), "shm")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+def test_sigkill_of_one_rank_of_three_the_survivors_finish_in_process(tmp_path, backend, request):
+    text0 = (request.getfixturevalue("uninterrupted_shm") if backend == "shm" else
+             uninterrupted_run(tmp_path / "clean", backend))
 
     logdir = tmp_path / "killed"
     logdir.mkdir()
@@ -157,3 +170,33 @@ def test_below_min_np_the_survivors_wait_then_fail_naming_what_they_waited_for(t
                          r"process\(es\) are here", t), text
     assert "1 gone (ended, or no heartbeat for 3 s: " in text, text
     assert elapsed < LIMIT_S, text
+
+
+def singa_run(logdir, *flags, **extra) -> subprocess.Popen:
+    """The job under `singa-run --elastic` (singa-run serves the store; no rank does)."""
+    env = {k: v for k, v in environment(0, 1, **extra).items() if k not in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")}
+    cmd = [sys.executable, "-m", "singa_lite.run", "--elastic", *flags, JOB, str(logdir), str(N), str(BATCH),
+           str(EVERY), str(EPOCHS)]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+@pytest.mark.slow
+def test_singa_run_elastic_survives_the_loss_of_launch_rank_0_and_a_replacement_joins(tmp_path, uninterrupted_shm):
+    # launch rank 0 (the first round's rank 0) SIGKILLs itself at step 17, between the commits at 15 and 20; the
+    # peer is the same job uninterrupted (same seed, shm), on plain processes
+    [(code, text)] = finish([singa_run(tmp_path, "-np", "3", "--max-restarts", "1", KILL_AT=17, KILL_RANK=0,
+                                       WAIT_JOIN=3)])
+    assert code == 0, text
+    assert "singa-run: rank 0 failed (killed by SIGKILL): the 2 other(s) go on (--elastic); starting rank 3 in its " \
+           "place (replacement 1 of at most 1)" in text, text
+    # the survivors regrouped without launch rank 0: launch rank 1 is rank 0 now and speaks for the job
+    assert re.search(r"^\[rank 1\] elastic: round 1: 3 -> 2 rank\(s\) after a failure \(.*\); going on from the "
+                     r"commit at step 15 \(epoch 0", text, re.M), text
+    # the replacement joined at a later commit, and the job ended on 3 ranks again
+    assert re.search(r"^\[rank 3\] regrouped rank 2 of 3 at step \d+", text, re.M), text
+    assert re.search(r"elastic: round 2: 2 -> 3 rank\(s\) after processes joined", text), text
+    assert re.search(r"^\[rank 1\] done world 3 steps \d+ accuracy [\d.]+ resets 2 ", text, re.M), text
+    assert "singa-run: elastic job finished: rank(s) " in text and "failed: 0 (killed by SIGKILL)" in text, text
+    check_exact(tmp_path, text)
+    assert abs(accuracy(text.replace("[rank 1] ", "")) - accuracy(uninterrupted_shm)) <= 0.02, text

@@ -263,3 +263,14 @@ def test_rank_0_keeps_serving_the_rendezvous_store_through_its_communicator(monk
     finally:
         comm.close()
         comm.rendezvous_store.close()
+
+
+def test_delete_prefix_and_keys(server):
+    with client(server) as a:
+        for k in ("elastic/r0/n", "elastic/r0/comm/host/0", "elastic/r1/n", "elastic/beat/x"):
+            a.set(k, b"1")
+        assert a.keys("elastic/r") == (3, ["elastic/r0/comm/host/0", "elastic/r0/n", "elastic/r1/n"])
+        assert a.delete_prefix("elastic/r0/") == 2 and a.delete_prefix("elastic/r0/") == 0
+        assert server.keys("elastic/") == (2, ["elastic/beat/x", "elastic/r1/n"])
+        with pytest.raises(ValueError, match="key must be 1 to"):
+            a.delete_prefix("")  # not everything at once by mistake

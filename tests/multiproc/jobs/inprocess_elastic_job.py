@@ -9,8 +9,10 @@ every epoch exactly once.
 
 KILL_AT=<step>: the process of launch rank KILL_RANK (default 1) SIGKILLs itself on reaching that step (after
 the step's collectives, before its commit). MIN_NP, MAX_NP: dist.elastic.init's. STEP_SLEEP: seconds of sleep
-per step (to give a test time to act). HIERARCHICAL=1: DistOpt(hierarchical=True) (across hosts: within each host
-over shared memory, between hosts over tcp). Prints "started rank r pid p host h", then per regroup "regrouped ...",
+per step (to give a test time to act). WAIT_JOIN=<n>: while fewer than n ranks train, each commit waits (up to
+120 s) until a process waits to join, so that a replacement started by singa-run joins whatever the load.
+HIERARCHICAL=1: DistOpt(hierarchical=True) (across hosts: within each host over shared memory, between hosts over
+tcp). Prints "started rank r pid p host h", then per regroup "regrouped ...",
 then on each process "threads rank r <Python thread names> tasks <OS threads> shm <shared-memory
 segments mapped>", and on rank 0 "done world W steps S
 accuracy A resets R sums [...]".
@@ -33,6 +35,7 @@ kill_at = int(os.environ.get("KILL_AT", "-1"))
 kill_rank = int(os.environ.get("KILL_RANK", "1"))
 launch_rank = int(os.environ["RANK"])
 step_sleep = float(os.environ.get("STEP_SLEEP", "0"))
+wait_join = int(os.environ.get("WAIT_JOIN", "0"))
 
 rng = np.random.default_rng(0)
 centers = rng.standard_normal((4, 8)).astype(np.float32) * 2.0
@@ -94,6 +97,10 @@ def train(state):
                 os.kill(os.getpid(), signal.SIGKILL)
             if step_sleep:
                 time.sleep(step_sleep)
+            if state.world_size < wait_join and (state.steps + 1) % every == 0:  # the next commit lets it in
+                deadline = time.monotonic() + 120
+                while not dist.elastic.current().waiting() and time.monotonic() < deadline:
+                    time.sleep(0.05)
             committed = False
             try:
                 committed = state.step(extra={"sums": sums.tolist()})

@@ -263,8 +263,11 @@ class CudnnRNNOp(Operator):
                                "input required a gradient), so cuDNN kept nothing for a backward")
         x, W, hx, cx, y, reserve = self.saved
         needs = tuple(self.__dict__.get("needs_grad", (True, True))) + (True,) * 2
-        dx, dhx, dcx, dW = _core.cudnn_rnn_backward(x, W, hx, cx, y, dy, reserve, *self.spec, self.lengths,
-                                                    bool(needs[1]))
+        # cuDNN's backward writes into the reserve space; the graph outlives its backward (a second one may
+        # follow), so each backward works on a copy and the forward's stays intact (torch clones it likewise
+        # when the graph is retained).
+        dx, dhx, dcx, dW = _core.cudnn_rnn_backward(x, W, hx, cx, y, dy, reserve.clone(), *self.spec,
+                                                    self.lengths, bool(needs[1]))
         grads = [dx, dW]
         if self.has_hx:
             grads.append(dhx)

@@ -165,6 +165,24 @@ def test_weight_layout_is_ours(gpu, mode, num_layers, bidirectional):
         f"ours {info['ours_numel']}; first moved blocks {moved[:3]}): the ops copy W in and dW out per call")
 
 
+def test_second_backward_over_the_same_graph(gpu):
+    """The graph outlives its backward (SINGA's gan example differentiates it twice); cuDNN's backward writes into
+    its reserve space, which CudnnRNNOp therefore hands it a copy of: both backwards give the same gradients."""
+    rng = np.random.default_rng(14)
+    spec, W, x, hx, cx, R = case(rng, "lstm", 2, True, True)
+    rnn = layer.CudnnRNN(**spec)
+    xt, ht, ct = (on(gpu, a, "float32") for a in (x, hx, cx))
+    rnn(xt, ht, ct)
+    rnn.W.copy_from_numpy(W.astype(np.float32))
+    loss = autograd.reduce_sum(autograd.mul(rnn(xt, ht, ct), on(gpu, R, "float32", grad=False)))
+    assert rnn.path == "cudnn"
+    first = {id(p): npy(g) for p, g in autograd.gradients(loss).items()}
+    second = {id(p): npy(g) for p, g in autograd.gradients(loss).items()}
+    assert first.keys() == second.keys() and len(first) == 4
+    for k in first:
+        np.testing.assert_array_equal(second[k], first[k])
+
+
 def test_inference_and_dropout_paths(gpu, cpu):
     rng = np.random.default_rng(11)
     spec, W, x, hx, cx, _ = case(rng, "gru", 2, False, True)

@@ -2,8 +2,8 @@
 // singa_lite must compile without cuDNN's headers (they ship only in the large nvidia-cudnn wheel) and must import
 // and run its CPU paths on machines without a GPU, a driver or cuDNN. The small subset of cuDNN 9's legacy API that
 // singa_lite uses (convolution, pooling, batch normalisation, and the RNN API of cudnn_rnn.h; cudnn_graph.h,
-// cudnn_ops.h, cudnn_cnn.h, cudnn_adv.h) is declared below with NVIDIA's numeric values. When CMake finds the real cudnn.h, cudnn_api_check.cpp compares every value,
-// struct layout and function type below with it at compile time.
+// cudnn_ops.h, cudnn_cnn.h, cudnn_adv.h) is declared below with NVIDIA's numeric values. When CMake finds the real
+// cudnn.h, cudnn_api_check.cpp compares every value, struct layout and function type below with it at compile time.
 //
 // cuDNN 9's libcudnn.so.9 is a small shim that still exports this legacy API and loads its sub-libraries
 // (libcudnn_ops.so.9, libcudnn_cnn.so.9, ...) from its own folder. Status codes changed in cuDNN 9 (2000 = BAD_PARAM,

@@ -38,7 +38,7 @@ NOTES = {
     "layer.LayerMeta": (None, "Layer.__call__ initializes on first call itself; no metaclass needed"),
     "model.ModelMeta": (None, "operations run eagerly (graph mode buffers nothing), so there is nothing to wrap"),
     "layer.RNN_Base": (None, "RNN and LSTM derive from Layer directly"),
-    "layer.CudnnRNN": (None, "any device, through autograd operators (no cuDNN binding); see the layer table"),
+    "layer.CudnnRNN": (None, "cuDNN's RNN API on a GPU, autograd operators elsewhere; see the layer table"),
     "opt.DecayScheduler": (None, "returns a HyperValue: a float that also has a value tensor's as_type / data"),
     "opt.Optimizer": (None, "lr_value etc. are HyperValue floats, step_counter an int; see the opt table"),
     "utils.same_pad_shape_check": (None, "returns (pads, odd_pads); SINGA's fails before returning"),

@@ -9,6 +9,7 @@
 #ifdef SINGA_LITE_WITH_CUDA
 #include "cuda/cudnn.h"
 #include "cuda/cudnn_ops.h"
+#include "cuda/cudnn_rnn.h"
 #endif
 
 namespace py = pybind11;
@@ -82,6 +83,94 @@ cuda::PoolMode pool_mode(const std::string& mode) {
   if (mode == "avg_exclude_pad") return cuda::PoolMode::kAvgExcludePad;
   throw ValueError(str("cudnn pooling: mode must be 'max', 'avg_include_pad' or 'avg_exclude_pad', got '", mode, "'"));
 }
+
+// layer.CudnnRNN's arguments as cuda::RnnSpec; mode as SINGA names it ("vanilla" is "tanh").
+cuda::RnnSpec rnn_spec(const std::string& mode, int64_t hidden_size, int64_t num_layers, bool bidirectional,
+                       bool batch_first) {
+  cuda::RnnSpec s;
+  if (mode == "lstm") s.mode = cuda::RnnMode::kLstm;
+  else if (mode == "gru") s.mode = cuda::RnnMode::kGru;
+  else if (mode == "tanh" || mode == "vanilla") s.mode = cuda::RnnMode::kTanh;
+  else if (mode == "relu") s.mode = cuda::RnnMode::kRelu;
+  else throw ValueError(str("cudnn rnn: mode must be 'lstm', 'gru', 'tanh' (or 'vanilla') or 'relu', got '", mode,
+                            "'"));
+  s.hidden_size = hidden_size;
+  s.num_layers = num_layers;
+  s.bidirectional = bidirectional;
+  s.batch_first = batch_first;
+  return s;
+}
+
+Tensor or_undefined(const std::optional<Tensor>& t) { return t ? *t : Tensor(); }
+py::object or_none(const Tensor& t) { return t.defined() ? py::cast(t) : py::none(); }
+
+void bind_cudnn_rnn(py::module_& m) {
+  m.def("cudnn_rnn_forward", [](const Tensor& x, const Tensor& w, const std::optional<Tensor>& hx,
+                                const std::optional<Tensor>& cx, const std::string& mode, int64_t hidden_size,
+                                int64_t num_layers, bool bidirectional, bool batch_first,
+                                const std::vector<int32_t>& seq_lengths, bool training) {
+    const cuda::RnnSpec s = rnn_spec(mode, hidden_size, num_layers, bidirectional, batch_first);
+    cuda::RnnForwardResult r;
+    {
+      py::gil_scoped_release unlocked;
+      r = cuda::cudnn_rnn_forward(s, x, w, or_undefined(hx), or_undefined(cx), seq_lengths, training);
+    }
+    return py::make_tuple(r.y, r.hy, or_none(r.cy), or_none(r.reserve));
+  }, py::arg("x"), py::arg("w"), py::arg("hx"), py::arg("cx"), py::arg("mode"), py::arg("hidden_size"),
+        py::arg("num_layers"), py::arg("bidirectional"), py::arg("batch_first"), py::arg("seq_lengths"),
+        py::arg("training"),
+        "(y, hy, cy, reserve): cuDNN's RNN over x with the flat weight w (cuda/cudnn_rnn.h); cy is None but for "
+        "LSTM, reserve None unless training. seq_lengths: [] or one length per sequence.");
+  m.def("cudnn_rnn_backward", [](const Tensor& x, const Tensor& w, const std::optional<Tensor>& hx,
+                                 const std::optional<Tensor>& cx, const Tensor& y, const Tensor& dy,
+                                 const Tensor& reserve, const std::string& mode, int64_t hidden_size,
+                                 int64_t num_layers, bool bidirectional, bool batch_first,
+                                 const std::vector<int32_t>& seq_lengths, bool need_dw) {
+    const cuda::RnnSpec s = rnn_spec(mode, hidden_size, num_layers, bidirectional, batch_first);
+    cuda::RnnGrads g;
+    {
+      py::gil_scoped_release unlocked;
+      g = cuda::cudnn_rnn_backward(s, x, w, or_undefined(hx), or_undefined(cx), y, dy, reserve, seq_lengths,
+                                   need_dw);
+    }
+    return py::make_tuple(g.dx, or_none(g.dhx), or_none(g.dcx), or_none(g.dw));
+  }, py::arg("x"), py::arg("w"), py::arg("hx"), py::arg("cx"), py::arg("y"), py::arg("dy"), py::arg("reserve"),
+        py::arg("mode"), py::arg("hidden_size"), py::arg("num_layers"), py::arg("bidirectional"),
+        py::arg("batch_first"), py::arg("seq_lengths"), py::arg("need_dw"),
+        "(dx, dhx, dcx, dw) of a training cudnn_rnn_forward's y; dhx / dcx None when hx / cx were, dw None unless "
+        "need_dw.");
+  m.def("cudnn_rnn_weight_layout", [](const std::string& mode, int64_t hidden_size, int64_t num_layers,
+                                      bool bidirectional, int64_t input_size, DType dtype, const Device& device) {
+    const cuda::RnnSpec s = rnn_spec(mode, hidden_size, num_layers, bidirectional, true);
+    cuda::RnnWeightLayout l;
+    {
+      py::gil_scoped_release unlocked;
+      l = cuda::cudnn_rnn_weight_layout(s, input_size, dtype, device);
+    }
+    py::list blocks;
+    for (const auto& b : l.blocks) {
+      py::dict e;
+      e["pseudo_layer"] = b.pseudo_layer;
+      e["lin_id"] = b.lin_id;
+      e["cudnn_matrix"] = b.cudnn_matrix;
+      e["ours_matrix"] = b.ours_matrix;
+      e["matrix_numel"] = b.matrix_numel;
+      e["cudnn_bias"] = b.cudnn_bias;
+      e["ours_bias"] = b.ours_bias;
+      e["bias_numel"] = b.bias_numel;
+      blocks.append(e);
+    }
+    py::dict d;
+    d["cudnn_numel"] = l.cudnn_numel;
+    d["ours_numel"] = l.ours_numel;
+    d["same"] = l.same;
+    d["blocks"] = blocks;
+    return d;
+  }, py::arg("mode"), py::arg("hidden_size"), py::arg("num_layers"), py::arg("bidirectional"), py::arg("input_size"),
+        py::arg("dtype"), py::arg("device"),
+        "Where cuDNN keeps each RNN weight (cudnnGetRNNWeightParams) next to singa_lite's flat layout: "
+        "{cudnn_numel, ours_numel, same, blocks}; same: W goes to cuDNN without a copy.");
+}
 #endif
 
 }  // namespace
@@ -152,6 +241,7 @@ void bind_cudnn(py::module_& m) {
         py::arg("scale"), py::arg("bias"), py::arg("running_mean"), py::arg("running_var"), py::arg("eps"), release);
   m.def("cudnn_batch_norm_backward", &cuda::cudnn_batch_norm_backward, py::arg("x"), py::arg("dy"), py::arg("scale"),
         py::arg("saved_mean"), py::arg("saved_inv_std"), py::arg("eps"), release, "Returns (dx, dscale, dbias).");
+  bind_cudnn_rnn(m);
 #else
   m.def("cudnn_available", [] { return false; });
   m.def("cudnn_unavailable_reason", [] { return std::string(kCpuOnly); });

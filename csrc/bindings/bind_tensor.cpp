@@ -426,6 +426,88 @@ Tensor repeat(const Tensor& t, const std::vector<int64_t>& repeats, std::optiona
   return sl::concat(pieces, ax);
 }
 
+// SINGA's raw-tensor operators +=, -=, *=, /= (its SWIG tensor has them; singa_peft merges LoRA weights with
+// `W.data += delta.data`). They write into the left tensor's memory through the element-wise kernels with `out` set
+// to it, so the tensor object and every view of its storage see the result, and nothing is allocated unless the
+// right side partially overlaps the left (then the kernel's result goes through a temporary, as `binary` does for
+// any aliased out). The right side is a raw tensor of the same dtype and device that broadcasts to the left's shape,
+// or a real number (bool excluded) that the left's dtype can hold.
+struct InPlaceOp {
+  const char* name;    // __iadd__ ...
+  const char* symbol;  // +=
+  BinaryOp op;
+};
+constexpr InPlaceOp kInPlaceOps[] = {{"__iadd__", "+=", BinaryOp::kAdd},
+                                     {"__isub__", "-=", BinaryOp::kSub},
+                                     {"__imul__", "*=", BinaryOp::kMul},
+                                     {"__itruediv__", "/=", BinaryOp::kDiv}};
+
+bool is_real_number(const py::handle& v) {
+  if (PyBool_Check(v.ptr())) return false;
+  if (PyFloat_Check(v.ptr()) || PyLong_Check(v.ptr())) return true;
+  // numpy scalars and other registered reals (numbers.Real), which define __float__
+  return py::isinstance(v, py::module_::import("numbers").attr("Real"));
+}
+
+void in_place(const Tensor& a, const py::handle& other, const InPlaceOp& o) {
+  check_defined(a, o.symbol, "left tensor");
+  // A view whose elements share memory (a broadcast view, stride 0) would receive several results per element.
+  for (int i = 0; i < a.ndim(); ++i)
+    SL_CHECK(a.strides()[size_t(i)] != 0 || a.shape()[size_t(i)] <= 1, ValueError, "raw tensor ", o.symbol,
+             ": the left tensor is a broadcast view (shape ", shape_str(a.shape()), ", strides ",
+             shape_str(a.strides()), ") whose elements share memory; write to a copy (Clone()) instead");
+  if (py::isinstance<Tensor>(other)) {
+    const Tensor& b = other.cast<const Tensor&>();
+    check_defined(b, o.symbol, "right tensor");
+    SL_CHECK(a.dtype() == b.dtype(), TypeError, "raw tensor ", o.symbol, ": the right side is ",
+             dtype_name(b.dtype()), ", the left ", dtype_name(a.dtype()), "; convert it with AsType(",
+             "singa_wrap.k...) first");
+    SL_CHECK(a.device() == b.device(), ValueError, "raw tensor ", o.symbol, ": the right side is on ",
+             b.device().str(), ", the left on ", a.device().str(), "; move it with ToDevice() first");
+    bool fits = b.ndim() <= a.ndim();
+    for (int i = 1; fits && i <= b.ndim(); ++i) {
+      const int64_t bd = b.shape()[size_t(b.ndim() - i)], ad = a.shape()[size_t(a.ndim() - i)];
+      fits = bd == ad || bd == 1;
+    }
+    SL_CHECK(fits, ValueError, "raw tensor ", o.symbol, ": the right side's shape ", shape_str(b.shape()),
+             " does not broadcast to the left's ", shape_str(a.shape()), " (the result is written in place, so it "
+             "keeps the left's shape)");
+    py::gil_scoped_release unlocked;
+    binary(o.op, a, b, a);
+    return;
+  }
+  if (is_real_number(other)) {
+    const double s = other.cast<double>();
+    py::gil_scoped_release unlocked;
+    binary_scalar(o.op, a, s, false, a);
+    return;
+  }
+  const bool wrapper = py::hasattr(other, "data") && py::isinstance<Tensor>(other.attr("data"));
+  throw TypeError(str("raw tensor ", o.symbol, ": the right side must be a raw tensor (tensor.Tensor.data) or a "
+                      "number, got ", std::string(py::str(py::type::of(other).attr("__name__"))),
+                      wrapper ? "; pass its .data" : ""));
+}
+
+void bind_in_place(py::class_<Tensor>& cls) {
+  // float(t) of a one-element raw tensor (numpy's rule for arrays). SINGA's autograd.backward hands the root
+  // operator dy as the float 1.0, ours a one-element raw tensor; an operator written for SINGA that reads it with
+  // float(dy) (SINGA's examples/model_selection: dx.data *= float(dy)) gets the same number.
+  cls.def("__float__", [](const Tensor& t) {
+    check_defined(t, "float()", "tensor");
+    SL_CHECK(t.numel() == 1, TypeError, "float(raw tensor): only a one-element raw tensor converts to a float, this "
+             "one has shape ", shape_str(t.shape()), " (", t.numel(), " elements)");
+    py::gil_scoped_release unlocked;  // a GPU tensor is copied to the host
+    return host_scalar(t);
+  });
+  for (const InPlaceOp& o : kInPlaceOps) {
+    cls.def(o.name, [o](py::object self, const py::object& other) {
+      in_place(self.cast<const Tensor&>(), other, o);
+      return self;  // the same object: `t.data += d` leaves t.data the tensor it was
+    }, py::arg("other"), str("SINGA's raw tensor ``", o.symbol, "``: in place, with a raw tensor of the same dtype "
+                             "and device that broadcasts to this shape, or a number.").c_str());
+  }
+}
+
 void bind_singa_names(py::module_& m, py::class_<Tensor>& cls) {
   // A tuple subclass defined in Python source: the same type any tuple method and isinstance check accept.
   py::dict ns;
@@ -596,6 +678,7 @@ void bind_tensor(py::module_& m) {
                    t.device().str(), ")");
       });
   bind_singa_names(m, tensor_class);
+  bind_in_place(tensor_class);
 }
 
 }  // namespace sl::bindings

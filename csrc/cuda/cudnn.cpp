@@ -85,6 +85,23 @@ class Cudnn final : public RuntimeLibrary {
     SL_CUDNN_RESOLVE(cudnnBatchNormalizationForwardTraining);
     SL_CUDNN_RESOLVE(cudnnBatchNormalizationForwardInference);
     SL_CUDNN_RESOLVE(cudnnBatchNormalizationBackward);
+    SL_CUDNN_RESOLVE(cudnnSetTensorNdDescriptor);
+    SL_CUDNN_RESOLVE(cudnnGetTensorNdDescriptor);
+    SL_CUDNN_RESOLVE(cudnnCreateDropoutDescriptor);
+    SL_CUDNN_RESOLVE(cudnnDestroyDropoutDescriptor);
+    SL_CUDNN_RESOLVE(cudnnSetDropoutDescriptor);
+    SL_CUDNN_RESOLVE(cudnnCreateRNNDescriptor);
+    SL_CUDNN_RESOLVE(cudnnDestroyRNNDescriptor);
+    SL_CUDNN_RESOLVE(cudnnSetRNNDescriptor_v8);
+    SL_CUDNN_RESOLVE(cudnnGetRNNWeightSpaceSize);
+    SL_CUDNN_RESOLVE(cudnnGetRNNWeightParams);
+    SL_CUDNN_RESOLVE(cudnnGetRNNTempSpaceSizes);
+    SL_CUDNN_RESOLVE(cudnnCreateRNNDataDescriptor);
+    SL_CUDNN_RESOLVE(cudnnDestroyRNNDataDescriptor);
+    SL_CUDNN_RESOLVE(cudnnSetRNNDataDescriptor);
+    SL_CUDNN_RESOLVE(cudnnRNNForward);
+    SL_CUDNN_RESOLVE(cudnnRNNBackwardData_v8);
+    SL_CUDNN_RESOLVE(cudnnRNNBackwardWeights_v8);
     if (missing) {
       *why = str(path, " has no ", missing, " (", dl_error(), ")");
       return false;
@@ -105,7 +122,7 @@ class Cudnn final : public RuntimeLibrary {
   std::string describe_failure(bool opened_any, const std::vector<std::string>& tried) const override {
     std::string why;
     for (const auto& t : tried) why += (why.empty() ? "" : "; ") + t;
-    return str(opened_any ? "unusable: " : "not found: ", "convolution, pooling and batch norm through cuDNN need ",
+    return str(opened_any ? "unusable: " : "not found: ", "convolution, pooling, batch norm and RNNs through cuDNN need ",
                kSoname, "; ", install_hint(), ". Tried: ", why);
   }
 };

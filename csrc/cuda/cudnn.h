@@ -1,9 +1,9 @@
 // cuDNN, loaded at run time with dlopen, like cuBLAS (cuda/cublas.h) and for the same reasons: a CUDA build of
 // singa_lite must compile without cuDNN's headers (they ship only in the large nvidia-cudnn wheel) and must import
 // and run its CPU paths on machines without a GPU, a driver or cuDNN. The small subset of cuDNN 9's legacy API that
-// singa_lite uses (convolution, pooling, batch normalisation; cudnn_graph.h, cudnn_ops.h, cudnn_cnn.h) is declared
-// below with NVIDIA's numeric values. When CMake finds the real cudnn.h, cudnn_api_check.cpp compares every value,
-// struct layout and function type below with it at compile time.
+// singa_lite uses (convolution, pooling, batch normalisation, and the RNN API of cudnn_rnn.h; cudnn_graph.h,
+// cudnn_ops.h, cudnn_cnn.h, cudnn_adv.h) is declared below with NVIDIA's numeric values. When CMake finds the real
+// cudnn.h, cudnn_api_check.cpp compares every value, struct layout and function type below with it at compile time.
 //
 // cuDNN 9's libcudnn.so.9 is a small shim that still exports this legacy API and loads its sub-libraries
 // (libcudnn_ops.so.9, libcudnn_cnn.so.9, ...) from its own folder. Status codes changed in cuDNN 9 (2000 = BAD_PARAM,
@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>  // cudaStream_t
 
 #include <cstddef>
+#include <cstdint>
 #include <mutex>
 #include <string>
 
@@ -36,6 +37,12 @@ using cudnnTensorDescriptor_t = CudnnTensorStruct*;
 using cudnnFilterDescriptor_t = CudnnFilterStruct*;
 using cudnnConvolutionDescriptor_t = CudnnConvolutionStruct*;
 using cudnnPoolingDescriptor_t = CudnnPoolingStruct*;
+struct CudnnRNNStruct;
+struct CudnnRNNDataStruct;
+struct CudnnDropoutStruct;
+using cudnnRNNDescriptor_t = CudnnRNNStruct*;
+using cudnnRNNDataDescriptor_t = CudnnRNNDataStruct*;
+using cudnnDropoutDescriptor_t = CudnnDropoutStruct*;
 
 enum cudnnStatus_t : int {  // cuDNN 9 numbering (cuDNN 8 used 0..15)
   CUDNN_STATUS_SUCCESS = 0,
@@ -76,6 +83,21 @@ enum cudnnPoolingMode_t : int {
   CUDNN_POOLING_MAX_DETERMINISTIC = 3,
 };
 enum cudnnBatchNormMode_t : int { CUDNN_BATCHNORM_SPATIAL = 1 };
+// The RNN API (cudnn_adv.h), as cuda/cudnn_rnn.cpp uses it.
+enum cudnnRNNAlgo_t : int { CUDNN_RNN_ALGO_STANDARD = 0 };
+enum cudnnForwardMode_t : int { CUDNN_FWD_MODE_INFERENCE = 0, CUDNN_FWD_MODE_TRAINING = 1 };
+enum cudnnRNNMode_t : int { CUDNN_RNN_RELU = 0, CUDNN_RNN_TANH = 1, CUDNN_LSTM = 2, CUDNN_GRU = 3 };
+enum cudnnRNNBiasMode_t : int { CUDNN_RNN_DOUBLE_BIAS = 2 };  // an input and a recurrent bias per gate
+enum cudnnDirectionMode_t : int { CUDNN_UNIDIRECTIONAL = 0, CUDNN_BIDIRECTIONAL = 1 };
+enum cudnnRNNInputMode_t : int { CUDNN_LINEAR_INPUT = 0 };
+enum cudnnRNNDataLayout_t : int {
+  CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED = 0,    // (seq, batch, vector), padded
+  CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED = 2,  // (batch, seq, vector), padded
+};
+enum cudnnWgradMode_t : int { CUDNN_WGRAD_MODE_ADD = 0 };
+// cudnnSetRNNDescriptor_v8's auxFlags bit CUDNN_RNN_PADDED_IO_ENABLED (a macro in cudnn_adv.h, hence another name
+// here): the unpacked layouts above need it.
+constexpr uint32_t kCudnnRnnPaddedIoEnabled = 1u;
 
 // What cudnnGetConvolution*Algorithm_v7 returns; the three structs share this layout.
 template <typename Algo>
@@ -198,6 +220,59 @@ struct CudnnApi {
       cudnnTensorDescriptor_t dyDesc, const void* dy, cudnnTensorDescriptor_t dxDesc, void* dx,
       cudnnTensorDescriptor_t dBnScaleBiasDesc, const void* bnScale, void* dBnScaleResult, void* dBnBiasResult,
       double epsilon, const void* savedMean, const void* savedInvVariance);
+
+  // ----- RNN (cudnn_adv.h) and what it needs of cudnn_ops.h: N-d tensor descriptors for the hidden states and the
+  // weight matrices, a dropout descriptor (with dropout 0)
+  cudnnStatus_t (*cudnnSetTensorNdDescriptor)(cudnnTensorDescriptor_t desc, cudnnDataType_t dataType, int nbDims,
+                                              const int dimA[], const int strideA[]);
+  cudnnStatus_t (*cudnnGetTensorNdDescriptor)(cudnnTensorDescriptor_t desc, int nbDimsRequested,
+                                              cudnnDataType_t* dataType, int* nbDims, int dimA[], int strideA[]);
+  cudnnStatus_t (*cudnnCreateDropoutDescriptor)(cudnnDropoutDescriptor_t* desc);
+  cudnnStatus_t (*cudnnDestroyDropoutDescriptor)(cudnnDropoutDescriptor_t desc);
+  cudnnStatus_t (*cudnnSetDropoutDescriptor)(cudnnDropoutDescriptor_t desc, cudnnHandle_t handle, float dropout,
+                                             void* states, size_t stateSizeInBytes, unsigned long long seed);
+  cudnnStatus_t (*cudnnCreateRNNDescriptor)(cudnnRNNDescriptor_t* desc);
+  cudnnStatus_t (*cudnnDestroyRNNDescriptor)(cudnnRNNDescriptor_t desc);
+  cudnnStatus_t (*cudnnSetRNNDescriptor_v8)(cudnnRNNDescriptor_t desc, cudnnRNNAlgo_t algo, cudnnRNNMode_t cellMode,
+                                            cudnnRNNBiasMode_t biasMode, cudnnDirectionMode_t dirMode,
+                                            cudnnRNNInputMode_t inputMode, cudnnDataType_t dataType,
+                                            cudnnDataType_t mathPrec, cudnnMathType_t mathType, int32_t inputSize,
+                                            int32_t hiddenSize, int32_t projSize, int32_t numLayers,
+                                            cudnnDropoutDescriptor_t dropoutDesc, uint32_t auxFlags);
+  cudnnStatus_t (*cudnnGetRNNWeightSpaceSize)(cudnnHandle_t handle, cudnnRNNDescriptor_t desc,
+                                              size_t* weightSpaceSize);
+  cudnnStatus_t (*cudnnGetRNNWeightParams)(cudnnHandle_t handle, cudnnRNNDescriptor_t desc, int32_t pseudoLayer,
+                                           size_t weightSpaceSize, const void* weightSpace, int32_t linLayerID,
+                                           cudnnTensorDescriptor_t mDesc, void** mAddr, cudnnTensorDescriptor_t bDesc,
+                                           void** bAddr);
+  cudnnStatus_t (*cudnnGetRNNTempSpaceSizes)(cudnnHandle_t handle, cudnnRNNDescriptor_t desc,
+                                             cudnnForwardMode_t fwdMode, cudnnRNNDataDescriptor_t xDesc,
+                                             size_t* workSpaceSize, size_t* reserveSpaceSize);
+  cudnnStatus_t (*cudnnCreateRNNDataDescriptor)(cudnnRNNDataDescriptor_t* desc);
+  cudnnStatus_t (*cudnnDestroyRNNDataDescriptor)(cudnnRNNDataDescriptor_t desc);
+  cudnnStatus_t (*cudnnSetRNNDataDescriptor)(cudnnRNNDataDescriptor_t desc, cudnnDataType_t dataType,
+                                             cudnnRNNDataLayout_t layout, int maxSeqLength, int batchSize,
+                                             int vectorSize, const int seqLengthArray[], void* paddingFill);
+  cudnnStatus_t (*cudnnRNNForward)(cudnnHandle_t handle, cudnnRNNDescriptor_t desc, cudnnForwardMode_t fwdMode,
+                                   const int32_t devSeqLengths[], cudnnRNNDataDescriptor_t xDesc, const void* x,
+                                   cudnnRNNDataDescriptor_t yDesc, void* y, cudnnTensorDescriptor_t hDesc,
+                                   const void* hx, void* hy, cudnnTensorDescriptor_t cDesc, const void* cx, void* cy,
+                                   size_t weightSpaceSize, const void* weightSpace, size_t workSpaceSize,
+                                   void* workSpace, size_t reserveSpaceSize, void* reserveSpace);
+  cudnnStatus_t (*cudnnRNNBackwardData_v8)(cudnnHandle_t handle, cudnnRNNDescriptor_t desc,
+                                           const int32_t devSeqLengths[], cudnnRNNDataDescriptor_t yDesc,
+                                           const void* y, const void* dy, cudnnRNNDataDescriptor_t xDesc, void* dx,
+                                           cudnnTensorDescriptor_t hDesc, const void* hx, const void* dhy, void* dhx,
+                                           cudnnTensorDescriptor_t cDesc, const void* cx, const void* dcy, void* dcx,
+                                           size_t weightSpaceSize, const void* weightSpace, size_t workSpaceSize,
+                                           void* workSpace, size_t reserveSpaceSize, void* reserveSpace);
+  cudnnStatus_t (*cudnnRNNBackwardWeights_v8)(cudnnHandle_t handle, cudnnRNNDescriptor_t desc,
+                                              cudnnWgradMode_t addGrad, const int32_t devSeqLengths[],
+                                              cudnnRNNDataDescriptor_t xDesc, const void* x,
+                                              cudnnTensorDescriptor_t hDesc, const void* hx,
+                                              cudnnRNNDataDescriptor_t yDesc, const void* y, size_t weightSpaceSize,
+                                              void* dweightSpace, size_t workSpaceSize, void* workSpace,
+                                              size_t reserveSpaceSize, void* reserveSpace);
 };
 
 // ----- loading and availability

@@ -46,11 +46,31 @@ SL_SAME_VALUE(CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING);
 SL_SAME_VALUE(CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING);
 SL_SAME_VALUE(CUDNN_POOLING_MAX_DETERMINISTIC);
 SL_SAME_VALUE(CUDNN_BATCHNORM_SPATIAL);
+SL_SAME_VALUE(CUDNN_RNN_ALGO_STANDARD);
+SL_SAME_VALUE(CUDNN_FWD_MODE_INFERENCE);
+SL_SAME_VALUE(CUDNN_FWD_MODE_TRAINING);
+SL_SAME_VALUE(CUDNN_RNN_RELU);
+SL_SAME_VALUE(CUDNN_RNN_TANH);
+SL_SAME_VALUE(CUDNN_LSTM);
+SL_SAME_VALUE(CUDNN_GRU);
+SL_SAME_VALUE(CUDNN_RNN_DOUBLE_BIAS);
+SL_SAME_VALUE(CUDNN_UNIDIRECTIONAL);
+SL_SAME_VALUE(CUDNN_BIDIRECTIONAL);
+SL_SAME_VALUE(CUDNN_LINEAR_INPUT);
+SL_SAME_VALUE(CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED);
+SL_SAME_VALUE(CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED);
+SL_SAME_VALUE(CUDNN_WGRAD_MODE_ADD);
 #undef SL_SAME_VALUE
+static_assert(o::kCudnnRnnPaddedIoEnabled == CUDNN_RNN_PADDED_IO_ENABLED,
+              "cuda/cudnn.h: wrong value of CUDNN_RNN_PADDED_IO_ENABLED");
 // Our enums are passed where cuDNN's are expected: they must have the same size.
 static_assert(sizeof(o::cudnnStatus_t) == sizeof(::cudnnStatus_t) &&
                   sizeof(o::cudnnDataType_t) == sizeof(::cudnnDataType_t),
               "cuda/cudnn.h: enum size differs");
+static_assert(sizeof(o::cudnnRNNMode_t) == sizeof(::cudnnRNNMode_t) &&
+                  sizeof(o::cudnnRNNDataLayout_t) == sizeof(::cudnnRNNDataLayout_t) &&
+                  sizeof(o::cudnnForwardMode_t) == sizeof(::cudnnForwardMode_t),
+              "cuda/cudnn.h: RNN enum size differs");
 
 // ----- struct layout of the algorithm search results
 #define SL_SAME_LAYOUT(ours, real)                                                                                \
@@ -79,6 +99,9 @@ SL_MAP(cudnnTensorStruct, CudnnTensorStruct);
 SL_MAP(cudnnFilterStruct, CudnnFilterStruct);
 SL_MAP(cudnnConvolutionStruct, CudnnConvolutionStruct);
 SL_MAP(cudnnPoolingStruct, CudnnPoolingStruct);
+SL_MAP(cudnnRNNStruct, CudnnRNNStruct);
+SL_MAP(cudnnRNNDataStruct, CudnnRNNDataStruct);
+SL_MAP(cudnnDropoutStruct, CudnnDropoutStruct);
 SL_MAP(cudnnStatus_t, cudnnStatus_t);
 SL_MAP(cudnnDataType_t, cudnnDataType_t);
 SL_MAP(cudnnTensorFormat_t, cudnnTensorFormat_t);
@@ -90,6 +113,14 @@ SL_MAP(cudnnConvolutionBwdDataAlgo_t, cudnnConvolutionBwdDataAlgo_t);
 SL_MAP(cudnnConvolutionBwdFilterAlgo_t, cudnnConvolutionBwdFilterAlgo_t);
 SL_MAP(cudnnPoolingMode_t, cudnnPoolingMode_t);
 SL_MAP(cudnnBatchNormMode_t, cudnnBatchNormMode_t);
+SL_MAP(cudnnRNNAlgo_t, cudnnRNNAlgo_t);
+SL_MAP(cudnnForwardMode_t, cudnnForwardMode_t);
+SL_MAP(cudnnRNNMode_t, cudnnRNNMode_t);
+SL_MAP(cudnnRNNBiasMode_t, cudnnRNNBiasMode_t);
+SL_MAP(cudnnDirectionMode_t, cudnnDirectionMode_t);
+SL_MAP(cudnnRNNInputMode_t, cudnnRNNInputMode_t);
+SL_MAP(cudnnRNNDataLayout_t, cudnnRNNDataLayout_t);
+SL_MAP(cudnnWgradMode_t, cudnnWgradMode_t);
 SL_MAP(cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgoPerf_t);
 SL_MAP(cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgoPerf_t);
 SL_MAP(cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgoPerf_t);
@@ -132,6 +163,23 @@ SL_SAME_TYPE(cudnnPoolingBackward);
 SL_SAME_TYPE(cudnnBatchNormalizationForwardTraining);
 SL_SAME_TYPE(cudnnBatchNormalizationForwardInference);
 SL_SAME_TYPE(cudnnBatchNormalizationBackward);
+SL_SAME_TYPE(cudnnSetTensorNdDescriptor);
+SL_SAME_TYPE(cudnnGetTensorNdDescriptor);
+SL_SAME_TYPE(cudnnCreateDropoutDescriptor);
+SL_SAME_TYPE(cudnnDestroyDropoutDescriptor);
+SL_SAME_TYPE(cudnnSetDropoutDescriptor);
+SL_SAME_TYPE(cudnnCreateRNNDescriptor);
+SL_SAME_TYPE(cudnnDestroyRNNDescriptor);
+SL_SAME_TYPE(cudnnSetRNNDescriptor_v8);
+SL_SAME_TYPE(cudnnGetRNNWeightSpaceSize);
+SL_SAME_TYPE(cudnnGetRNNWeightParams);
+SL_SAME_TYPE(cudnnGetRNNTempSpaceSizes);
+SL_SAME_TYPE(cudnnCreateRNNDataDescriptor);
+SL_SAME_TYPE(cudnnDestroyRNNDataDescriptor);
+SL_SAME_TYPE(cudnnSetRNNDataDescriptor);
+SL_SAME_TYPE(cudnnRNNForward);
+SL_SAME_TYPE(cudnnRNNBackwardData_v8);
+SL_SAME_TYPE(cudnnRNNBackwardWeights_v8);
 #undef SL_SAME_TYPE
 
 }  // namespace

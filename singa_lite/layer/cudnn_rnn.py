@@ -1,6 +1,7 @@
 """SINGA's ``layer.CudnnRNN``: a multi-layer, optionally bidirectional vanilla RNN, LSTM or GRU whose weights
-are one flat parameter ``W`` in cuDNN's layout. SINGA runs it on cuDNN only; here it runs on any device through
-autograd operators, so SINGA's scripts built on it (its IMDB and QA-bot examples) train on a CPU.
+are one flat parameter ``W`` in cuDNN's layout. SINGA runs it on cuDNN only; here it runs through cuDNN's RNN API
+on a GPU and through our own recurrence of autograd operators elsewhere, so SINGA's scripts built on it (its IMDB
+and QA-bot examples) train on a CPU too, with the same weights and results.
 
     rnn = layer.CudnnRNN(hidden_size=64, rnn_mode="lstm", batch_first=True, return_sequences=False)
     y = rnn(x)                      # x (batch, seq, features) -> y (batch, hidden * directions)
@@ -11,7 +12,7 @@ last step's, ``y[-1]`` (for a bidirectional layer that is the forward direction'
 backward direction's output for step seq-1, as cuDNN's). ``forward(x, hx=None, cx=None, seq_lengths=None)``:
 hx / cx are (num_layers * directions, batch, hidden), zeros when not given; with ``use_mask=True``,
 ``seq_lengths`` (an int tensor, one length per sequence) marks padding: padded steps output zeros and leave
-the state as it was, as cuDNN's padded ("Ex") calls do. ``dropout`` applies to the outputs of every layer but
+the state as it was, as cuDNN's padded calls do. ``dropout`` applies to the outputs of every layer but
 the last, while training.
 
 The layout of ``W`` (cuDNN's canonical one, which torch's ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` also use): for
@@ -23,9 +24,13 @@ the features for layer 0 and hidden * directions after. The equations are cuDNN'
 tanh(W_n x + b_Wn + r * (R_n h + b_Rn)), h = (1 - z) * n + z * h_prev). ``W`` starts uniform in
 [-1/sqrt(hidden), 1/sqrt(hidden)], as SINGA's.
 
-On a GPU the same operators run on our CUDA kernels: cuDNN's fused RNN is not bound (its handle,
-``singa_wrap.CudnnRNNHandle``, is not provided), and the layout above is checked against torch on the CPU
-(tests/unit/test_cudnn_rnn.py), not against cuDNN itself.
+Which path runs is decided per call (``rnn.path`` says which ran last): "cudnn" when the input is a float16 /
+float32 / float64 tensor on a GPU and cuDNN can be used (``_core.cudnn_available()``), unless dropout between
+layers is due (training, ``dropout > 0`` and more than one layer: cuDNN's dropout draws its own random masks,
+so that case takes the operators on the GPU); "operators" otherwise. The cuDNN path is csrc/cuda/cudnn_rnn.h:
+it asks cuDNN where it keeps each matrix and bias and hands ``W`` over as it is when that is the layout above
+(else it copies it block by block), so both paths read the same ``W``. The CPU path is checked against torch
+(tests/unit/test_cudnn_rnn.py); the cuDNN path against the CPU path in tests/gpu/test_cudnn_rnn_gpu.py.
 """
 from __future__ import annotations
 
@@ -33,13 +38,15 @@ import math
 
 import numpy as np
 
-from .. import engine, ops as F
+from .. import _core, engine, ops as F
+from ..engine import Operator
 from ..tensor import Tensor, to_numpy
 from .base import Layer
 
-__all__ = ["CudnnRNN"]
+__all__ = ["CudnnRNN", "CudnnRNNOp"]
 
 _GATES = {"lstm": 4, "gru": 3, "tanh": 1, "vanilla": 1, "relu": 1}
+_CUDNN_DTYPES = ("float16", "float32", "float64")
 
 
 class CudnnRNN(Layer):
@@ -65,6 +72,7 @@ class CudnnRNN(Layer):
             bool(use_mask)
         self.gates = _GATES[rnn_mode]
         self.activation = activation
+        self.path = None  # "cudnn" or "operators": which ran the last forward
 
     # ----- the flat weight's layout
     def directions(self) -> int:
@@ -100,6 +108,10 @@ class CudnnRNN(Layer):
             raise ValueError(f"CudnnRNN: the input has {x.shape[2]} features, the layer was built for "
                              f"{self.input_size}")
         self.device_check(x)
+        if self._use_cudnn(x):
+            self.path = "cudnn"
+            return self._forward_cudnn(x, hx, cx, seq_lengths)
+        self.path = "operators"
         if self.batch_first:
             x = F.transpose(x, (1, 0, 2))
         T, B, H = x.shape[0], x.shape[1], self.hidden_size
@@ -124,6 +136,30 @@ class CudnnRNN(Layer):
             return F.transpose(seq, (1, 0, 2)) if self.batch_first else seq
         return F.reshape(F.slice(seq, [T - 1], [T], [0]), (B, H * self.directions()))
 
+    # ----- the cuDNN path
+    def _use_cudnn(self, x) -> bool:
+        dropping = self.dropout > 0 and self.num_layers > 1 and engine.training
+        return (x.data.device.is_cuda() and x.data.dtype.name in _CUDNN_DTYPES and not dropping
+                and _core.cudnn_available())
+
+    def _forward_cudnn(self, x, hx, cx, seq_lengths):
+        T, B = (x.shape[1], x.shape[0]) if self.batch_first else (x.shape[0], x.shape[1])
+        inputs = [x, self.W]
+        has_hx, has_cx = hx is not None, cx is not None and self.rnn_mode == "lstm"
+        if has_hx:
+            inputs.append(self._state(hx, "hx", B, x))
+        if has_cx:
+            inputs.append(self._state(cx, "cx", B, x))
+        lengths = self._lengths(seq_lengths, T, B).tolist() if self.use_mask else []
+        record = engine.training and any(t.requires_grad for t in inputs)
+        spec = (self.rnn_mode, self.hidden_size, self.num_layers, bool(self.bidirectional), self.batch_first)
+        y = CudnnRNNOp(spec, lengths, has_hx, has_cx, record)(*inputs)[0]
+        if self.return_sequences:
+            return y
+        H = self.hidden_size * self.directions()
+        last = F.slice(y, [T - 1], [T], [1 if self.batch_first else 0])
+        return F.reshape(last, (B, H))
+
     # ----- helpers
     def _state(self, s, what, B, x):
         want = (self.num_layers * self.directions(), B, self.hidden_size)
@@ -134,13 +170,17 @@ class CudnnRNN(Layer):
                              f"hidden) = {want}, got {getattr(s, 'shape', type(s).__name__)}")
         return s
 
-    def _masks(self, seq_lengths, T, B, x):
+    def _lengths(self, seq_lengths, T, B) -> np.ndarray:
         if not isinstance(seq_lengths, Tensor):
             raise TypeError("CudnnRNN: use_mask=True needs seq_lengths, a Tensor of one length per sequence, got "
                             f"{type(seq_lengths).__name__}")
         lengths = to_numpy(seq_lengths).reshape(-1).astype(np.int64)
         if lengths.shape != (B,) or lengths.min() < 1 or lengths.max() > T:
             raise ValueError(f"CudnnRNN: seq_lengths must hold {B} lengths in [1, {T}], got {lengths.tolist()}")
+        return lengths
+
+    def _masks(self, seq_lengths, T, B, x):
+        lengths = self._lengths(seq_lengths, T, B)
         on = (np.arange(T)[:, None] < lengths[None, :]).astype(np.float32)  # (T, B)
         return [_const(on[t].reshape(B, 1), x) for t in range(T)]
 
@@ -197,3 +237,40 @@ def _pick(s: Tensor, p: int) -> Tensor:
 
 def _const(a: np.ndarray, like: Tensor) -> Tensor:
     return Tensor(data=a, device=like.device, dtype=like.dtype, requires_grad=False, stores_grad=False)
+
+
+class CudnnRNNOp(Operator):
+    """The whole recurrence as one operator on cuDNN (csrc/cuda/cudnn_rnn.h): inputs (x, W) then hx and cx when
+    given; output y. ``spec`` is (mode, hidden_size, num_layers, bidirectional, batch_first); ``lengths`` [] or one
+    length per sequence; ``record``: a training forward, which keeps cuDNN's reserve space for the backward."""
+
+    def __init__(self, spec, lengths, has_hx, has_cx, record, name=None):
+        super().__init__(name)
+        self.spec, self.lengths = tuple(spec), list(lengths)
+        self.has_hx, self.has_cx, self.record = bool(has_hx), bool(has_cx), bool(record)
+
+    def forward(self, x, W, *states):
+        hx = states[0] if self.has_hx else None
+        cx = states[-1] if self.has_cx else None
+        y, _hy, _cy, reserve = _core.cudnn_rnn_forward(x, W, hx, cx, *self.spec, self.lengths, self.record)
+        if self.record:
+            self.saved = (x, W, hx, cx, y, reserve)
+        return y
+
+    def backward(self, dy):
+        if not self.record:
+            raise RuntimeError(f"{self.name}: the forward ran without recording (autograd.training was False or no "
+                               "input required a gradient), so cuDNN kept nothing for a backward")
+        x, W, hx, cx, y, reserve = self.saved
+        needs = tuple(self.__dict__.get("needs_grad", (True, True))) + (True,) * 2
+        # cuDNN's backward writes into the reserve space; the graph outlives its backward (a second one may
+        # follow), so each backward works on a copy and the forward's stays intact (torch clones it likewise
+        # when the graph is retained).
+        dx, dhx, dcx, dW = _core.cudnn_rnn_backward(x, W, hx, cx, y, dy, reserve.clone(), *self.spec,
+                                                    self.lengths, bool(needs[1]))
+        grads = [dx, dW]
+        if self.has_hx:
+            grads.append(dhx)
+        if self.has_cx:
+            grads.append(dcx)
+        return tuple(grads)

@@ -37,9 +37,7 @@ from .functions import (  # noqa: F401
 )
 
 from .. import _core
-from . import functions as _functions, raw_inplace as _raw_inplace
-
-_raw_inplace.install()  # SINGA's `t.data += d.data` on the raw tensor (raw_inplace.py)
+from . import functions as _functions
 
 # The element-wise unary functions (exp, log, relu, ...): functions.py makes one per op of the core's list.
 globals().update({_name: getattr(_functions, _name) for _name, _domain in _core.unary_ops()})

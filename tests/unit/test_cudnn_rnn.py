@@ -172,3 +172,11 @@ def test_trains():
     assert losses[-1] < 0.5 * losses[0], losses
     m.eval()
     assert (npy(m(t(x))).argmax(axis=1) == y).mean() >= 0.9
+
+
+def test_cpu_inputs_take_the_operator_path():
+    # cuDNN's path needs a CUDA input (tests/gpu/test_cudnn_rnn_gpu.py runs it); on the CPU the operators run
+    rnn = layer.CudnnRNN(hidden_size=3, rnn_mode="gru")
+    assert rnn.path is None
+    rnn(t(np.zeros((2, 4, 5))))
+    assert rnn.path == "operators"

@@ -346,6 +346,11 @@ size_t cached_primitives() {
   return plans().size();
 }
 
+size_t workspace_bytes() {
+  std::lock_guard<std::mutex> g(lib().mu);
+  return workspace().bytes;
+}
+
 Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Pair stride, Pair padding, Pair dilation,
                       int64_t groups) {
   const char* op = "onednn_conv2d_forward";

@@ -38,11 +38,12 @@ def __getattr__(name: str):
 
 
 from ._runtime.malloc import settle_malloc  # noqa: E402
-from ._runtime.threads import preset_numpy_blas  # noqa: E402
+from ._runtime.threads import preset_numpy_blas, preset_openmp_spin  # noqa: E402
 
 _MALLOC = settle_malloc()  # freed memory is reused, not faulted in again every step (singa_lite/_runtime/malloc.py)
 
 preset_numpy_blas()  # first: nothing below may import numpy before it
+preset_openmp_spin()  # before _core loads libgomp (singa_lite/_runtime/threads.py)
 _OPENBLAS = _preload_openblas()
 
 from . import _core  # noqa: E402

@@ -54,6 +54,8 @@ void bind_nn(py::module_& m) {
         "Off: CPU convolutions run as im2col + GEMM even when oneDNN is loaded.");
   m.def("onednn_version", &cpu::onednn::version, "The loaded oneDNN's version, or '' when none is loaded.");
   m.def("onednn_cached_primitives", &cpu::onednn::cached_primitives);
+  m.def("onednn_workspace_bytes", &cpu::onednn::workspace_bytes,
+        "Bytes of the workspace all cached convolutions share for their blocked copies.");
   m.def("onednn_conv2d_forward", [](const Tensor& x, const Tensor& w, const std::optional<Tensor>& b, Pair stride,
                                     Pair padding, Pair dilation, int64_t groups) {
     return cpu::onednn::conv2d_forward(x, w, b ? *b : Tensor(), stride, padding, dilation, groups);

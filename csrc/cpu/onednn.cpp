@@ -2,8 +2,10 @@
 //
 // Each pass is one oneDNN primitive created for the shape with memory formats left to oneDNN ("any"): it picks
 // its blocked layouts (nChw16c on AVX-512), and our NCHW / OIHW tensors are reordered into and out of them around
-// the primitive, as PyTorch does for plain tensors. Primitives, reorders and the blocked buffers are created once
-// per (pass, shapes, geometry, thread count) and reused: creating a primitive costs a JIT compilation.
+// the primitive, as PyTorch does for plain tensors. Primitives and reorders are created once per (pass, shapes,
+// geometry, thread count) and reused: creating a primitive costs a JIT compilation. The blocked copies live in one
+// workspace shared by every plan (calls are serialized), so they cost the largest single call's bytes, not the sum
+// over a model's layers and passes (that sum was ~90 MiB for ResNet-18: docs/benchmarks/memory.md).
 #include "cpu/onednn.h"
 
 #include <dlfcn.h>
@@ -11,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -29,7 +32,7 @@ namespace {
 using namespace api;
 
 struct Library {
-  std::mutex mu;  // one oneDNN call at a time: the cached primitives share their blocked buffers
+  std::mutex mu;  // one oneDNN call at a time: every plan's blocked copies share one workspace
   std::string path, version;
   Functions f{};
   engine_t engine = nullptr;
@@ -101,14 +104,14 @@ struct Mem {
   }
 };
 
-// One argument of a primitive: our tensor's plain memory, and, when the primitive chose another layout, its own
-// buffer plus the reorder between the two.
+// One argument of a primitive: our tensor's plain memory, and, when the primitive chose another layout, a blocked
+// memory (its bytes at `offset` in the shared workspace) plus the reorder between the two.
 struct Arg {
   int id = 0;
   bool input = true;
   Md plain_md;
   Mem plain, blocked;
-  size_t blocked_bytes = 0;
+  size_t blocked_bytes = 0, offset = 0;
   Pd reorder_pd;
   Prim reorder;
 
@@ -118,7 +121,7 @@ struct Arg {
     plain_md.make(dims, tag);
     plain.make(plain_md.h, nullptr);
     if (f.memory_desc_equal(plain_md.h, chosen)) return;
-    blocked.make(chosen, kMemoryAllocate);
+    blocked.make(chosen, nullptr);
     blocked_bytes = f.memory_desc_get_size(chosen);
     const_memory_desc_t from = input ? plain_md.h : chosen, to = input ? chosen : plain_md.h;
     check(f.reorder_pd_create(&reorder_pd.h, from, lib().engine, to, lib().engine, nullptr), "reorder_pd_create");
@@ -139,19 +142,41 @@ struct Geometry {
   dims_t strides{}, dilates{}, pad_l{}, pad_r{};
 };
 
-// A pass's primitive and its arguments (3 or 4: x, w, y, bias).
+// A pass's primitive and its arguments (3 or 4: x, w, y, bias), and the workspace bytes its blocked copies need.
 struct Plan {
   Pd pd, hint;
   Prim prim;
   Arg args[4];
   int nargs = 0;
+  size_t workspace_bytes = 0;
 };
 
-// Bounds on the cache: a model has a few dozen plans, but a sweep over shapes must not grow it without end. Each
-// plan holds its blocked buffers (activation-sized), so the bound is on their bytes as well as on the count.
+// A model has a few dozen plans, but a sweep over shapes must not grow the cache without end.
 constexpr size_t kMaxPlans = 512;
-constexpr size_t kMaxPlanBytes = size_t(2) << 30;
-size_t plan_bytes = 0;
+constexpr size_t kAlign = 64;  // oneDNN's kernels load whole cache lines
+
+// The blocked copies of the running call: grown to the largest call's need and kept, so that a step's calls
+// reuse the same (cache- and TLB-warm) pages.
+struct Workspace {
+  void* data = nullptr;
+  size_t bytes = 0;
+  char* reserve(size_t need) {
+    if (need > bytes) {
+      std::free(data);
+      data = nullptr, bytes = 0;
+      const size_t rounded = (need + kAlign - 1) / kAlign * kAlign;
+      data = std::aligned_alloc(kAlign, rounded);
+      SL_CHECK(data, Error, "oneDNN: cannot allocate a ", rounded, "-byte workspace for the blocked copies");
+      bytes = rounded;
+    }
+    return static_cast<char*>(data);
+  }
+};
+
+Workspace& workspace() {
+  static auto* w = new Workspace;
+  return *w;
+}
 
 using Key = std::tuple<int, Shape, Shape, std::array<int64_t, 6>, int64_t, bool, int>;
 
@@ -187,10 +212,7 @@ Plan& plan_for(Pass pass, const Geometry& g, Pair stride, Pair padding, Pair dil
   Key key{pass, g.x, g.w, {stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1]}, groups, bias, nt};
   auto& cache = plans();
   if (auto it = cache.find(key); it != cache.end()) return *it->second;
-  if (cache.size() >= kMaxPlans || plan_bytes >= kMaxPlanBytes) {
-    cache.clear();
-    plan_bytes = 0;
-  }
+  if (cache.size() >= kMaxPlans) cache.clear();
   auto& f = lib().f;
   auto p = std::make_unique<Plan>();
   const int wtag = g.w.size() == 4 ? kTagAbcd : kTagAbcde;
@@ -226,7 +248,10 @@ Plan& plan_for(Pass pass, const Geometry& g, Pair stride, Pair padding, Pair dil
     if (bias) p->args[p->nargs++].init(kArgDiffBias, false, {g.y[1]}, kTagA, b_md.h);
   }
   p->prim.make(p->pd);
-  for (const Arg& a : p->args) plan_bytes += a.blocked_bytes;
+  for (Arg& a : p->args) {
+    a.offset = p->workspace_bytes;
+    p->workspace_bytes += (a.blocked_bytes + kAlign - 1) / kAlign * kAlign;
+  }
   return *cache.emplace(std::move(key), std::move(p)).first->second;
 }
 
@@ -234,9 +259,12 @@ Plan& plan_for(Pass pass, const Geometry& g, Pair stride, Pair padding, Pair dil
 // outputs reordered out.
 void execute(const Plan& p, const std::array<void*, 4>& ptrs) {
   auto& f = lib().f;
+  char* ws = workspace().reserve(p.workspace_bytes);
   exec_arg_t a[4];
   for (int i = 0; i < p.nargs; ++i) {
     check(f.memory_set_data_handle(p.args[i].plain.h, ptrs[size_t(i)]), "memory_set_data_handle");
+    if (p.args[i].blocked.h)
+      check(f.memory_set_data_handle(p.args[i].blocked.h, ws + p.args[i].offset), "memory_set_data_handle");
     if (p.args[i].input && p.args[i].blocked.h) p.args[i].run_reorder();
     a[i] = {p.args[i].id, p.args[i].for_primitive()};
   }
@@ -316,6 +344,11 @@ std::string version() { return lib().version; }
 size_t cached_primitives() {
   std::lock_guard<std::mutex> g(lib().mu);
   return plans().size();
+}
+
+size_t workspace_bytes() {
+  std::lock_guard<std::mutex> g(lib().mu);
+  return workspace().bytes;
 }
 
 Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Pair stride, Pair padding, Pair dilation,

@@ -35,5 +35,7 @@ std::pair<Tensor, Tensor> conv2d_backward_weights(const Tensor& x, const Tensor&
 
 // Primitives cached (one per shape, geometry, pass and thread count): their number, for tests.
 size_t cached_primitives();
+// Bytes of the workspace every plan's blocked copies share (the largest single call's need so far), for tests.
+size_t workspace_bytes();
 
 }  // namespace sl::cpu::onednn

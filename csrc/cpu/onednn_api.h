@@ -45,7 +45,6 @@ constexpr int kQueryDst = 133, kQueryDiffDst = 134;  // dnnl_query_*_md
 constexpr int kArgSrc = 1, kArgDst = 17, kArgWeights = 33, kArgBias = 41;
 constexpr int kArgDiffSrc = 129, kArgDiffDst = 145, kArgDiffWeights = 161, kArgDiffBias = 169;
 constexpr int kArgFrom = 1, kArgTo = 17;
-inline void* const kMemoryAllocate = reinterpret_cast<void*>(~size_t(0));  // DNNL_MEMORY_ALLOCATE
 
 // The functions, resolved with dlsym; the order of kNames.
 struct Functions {

@@ -1,4 +1,4 @@
-"""The thread pools singa_lite shares the cores with: its own OpenBLAS, and numpy's.
+"""The thread pools singa_lite shares the cores with: its own OpenBLAS, numpy's, and oneDNN's OpenMP team.
 
 singa_lite runs one pool: its OpenMP threads, each calling its own OpenBLAS (the scipy-openblas32 wheel) on
 a single thread (csrc/cpu/matmul.cpp). Two things follow.
@@ -24,6 +24,18 @@ a single thread (csrc/cpu/matmul.cpp). Two things follow.
    (``preset_numpy_blas``), which works with every OpenBLAS: numpy 2.5's (OpenBLAS 0.3.34 of scipy-openblas64)
    no longer exports ``openblas_read_env`` / ``blas_thread_shutdown_``, so with numpy 2.5 imported first
    its threads keep their default timeout (import singa_lite first, or set ``OPENBLAS_THREAD_TIMEOUT=4``).
+
+3. **oneDNN's OpenMP threads stop spinning soon after a convolution.** oneDNN (the float32 CPU convolutions) runs
+   on GNU OpenMP's team, everything else on singa_lite's own pool. libgomp's idle workers spin for
+   ``GOMP_SPINCOUNT`` pause instructions (300,000 by default: milliseconds) after each parallel region, so
+   after every convolution they would hold a core while our pool runs the batch norm, ReLU and adds that follow.
+   libgomp reads the variable once, when it loads, which is when our extension loads: so before that,
+   singa_lite sets ``GOMP_SPINCOUNT`` to 1000 (enough to bridge the back-to-back regions inside one
+   convolution: reorder, kernel, reorder) unless the user set it or ``OMP_WAIT_POLICY``;
+   ``SINGA_LITE_OPENMP_SPIN=keep`` leaves libgomp as it is. When another library has loaded libgomp first
+   (PyTorch imported before singa_lite), it is too late and nothing is changed. Like the OpenBLAS timeout, the
+   variable is inherited by child processes and applies to every user of libgomp in this process.
+   Measured in docs/benchmarks/training.md ("oneDNN's OpenMP team").
 """
 from __future__ import annotations
 
@@ -34,6 +46,9 @@ import os
 SPIN_VAR = "OPENBLAS_THREAD_TIMEOUT"
 SPIN_DEFAULT = "4"  # 2^4 cycles: idle workers sleep at once
 SWITCH_VAR = "SINGA_LITE_NUMPY_BLAS"  # "keep": leave numpy's OpenBLAS alone
+OMP_SPIN_VAR = "GOMP_SPINCOUNT"
+OMP_SPIN_DEFAULT = "1000"
+OMP_SWITCH_VAR = "SINGA_LITE_OPENMP_SPIN"  # "keep": leave libgomp's spinning alone
 
 
 @contextlib.contextmanager
@@ -57,6 +72,26 @@ def preset_numpy_blas() -> None:
 
     if "numpy" not in sys.modules and os.environ.get(SWITCH_VAR) != "keep":
         os.environ.setdefault(SPIN_VAR, SPIN_DEFAULT)
+
+
+def loaded_libgomp() -> bool:
+    """Whether GNU OpenMP's runtime is already loaded in this process (it then read its variables)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return any("libgomp" in line.rsplit("/", 1)[-1] for line in f)
+    except OSError:  # not Linux
+        return False
+
+
+def preset_openmp_spin() -> str | None:
+    """Before our extension (and with it libgomp) loads: a short spin for libgomp's idle workers, as the module
+    docstring says. Returns the value set, or None when the user's settings or an earlier libgomp stand."""
+    if os.environ.get(OMP_SWITCH_VAR) == "keep" or OMP_SPIN_VAR in os.environ or "OMP_WAIT_POLICY" in os.environ:
+        return None
+    if loaded_libgomp():
+        return None
+    os.environ[OMP_SPIN_VAR] = OMP_SPIN_DEFAULT
+    return OMP_SPIN_DEFAULT
 
 
 def loaded_openblas(exclude: str) -> list:

@@ -126,6 +126,27 @@ def test_primitives_are_cached_per_shape():
 
 
 @needs_onednn
+def test_layers_share_one_workspace_for_their_blocked_copies():
+    # Each plan used to keep blocked buffers of its own: a model's sum over shapes and passes (~170 MB for
+    # ResNet-18). Calls are serialized, so one workspace sized by the largest call serves them all.
+    rng = np.random.default_rng(5)
+
+    def train_conv(c, size):
+        x, W = rng.standard_normal((4, c, size, size)), rng.standard_normal((c, c, 3, 3))
+        dy = rng.standard_normal((4, c, size, size))
+        _, on_onednn = run_conv(*(a.astype(np.float32) for a in (x, W)), None, 1, 1, 1, 1, dy.astype(np.float32))
+        assert on_onednn
+
+    train_conv(32, 40)
+    largest = _core.onednn_workspace_bytes()
+    # One blocked copy of the largest x alone takes at least this much.
+    assert largest >= 4 * 32 * 40 * 40 * 4
+    for size in (8, 12, 16, 20, 24, 28, 32, 36):  # 8 more shapes x 3 passes, each smaller than the first
+        train_conv(32, size)
+    assert _core.onednn_workspace_bytes() == largest
+
+
+@needs_onednn
 def test_other_dtypes_and_switched_off_use_im2col(onednn_switch):
     rng = np.random.default_rng(4)
     x, W = rng.standard_normal((2, 3, 6, 6)), rng.standard_normal((4, 3, 3, 3))

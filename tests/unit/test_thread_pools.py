@@ -1,13 +1,15 @@
 """singa_lite and numpy's OpenBLAS (singa_lite/_runtime/threads.py): our OpenBLAS loads single-threaded without making
 numpy's single-threaded too, whichever is imported first, and numpy's idle BLAS threads are told to stop
-spinning (unless SINGA_LITE_NUMPY_BLAS=keep). Each case runs in a fresh interpreter: OpenBLAS reads its
-environment when it loads."""
+spinning (unless SINGA_LITE_NUMPY_BLAS=keep); oneDNN's OpenMP workers spin briefly (GOMP_SPINCOUNT). Each case
+runs in a fresh interpreter: OpenBLAS and libgomp read their environment when they load."""
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+
+from singa_lite._runtime.threads import OMP_SPIN_DEFAULT
 
 PROBE = """
 import ctypes, json, os, sys
@@ -103,3 +105,33 @@ def test_calm_numpy_blas_again_in_this_process(monkeypatch):
     assert changed and singa_lite._OPENBLAS not in changed, changed
     a = np.arange(300 * 300, dtype=np.float64).reshape(300, 300) / 1e4
     np.testing.assert_allclose(a @ a, np.einsum("ij,jk->ik", a, a), rtol=1e-10)  # its threads come back
+
+
+SPIN_PROBE = """
+import ctypes, os, sys
+if sys.argv[1] == "gomp-first":
+    ctypes.CDLL("libgomp.so.1")
+import singa_lite
+print(os.environ.get("GOMP_SPINCOUNT", "unset"))
+"""
+
+
+def spin_probe(first="singa_lite", **env):
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "SINGA_LITE_OPENMP_SPIN")}
+    r = subprocess.run([sys.executable, "-c", SPIN_PROBE, first], capture_output=True, text=True, timeout=120,
+                       env={**clean, **env})
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_onednns_openmp_workers_spin_briefly_unless_the_user_says_otherwise():
+    assert spin_probe() == OMP_SPIN_DEFAULT
+    assert spin_probe(GOMP_SPINCOUNT="50000") == "50000"
+    assert spin_probe(OMP_WAIT_POLICY="ACTIVE") == "unset"
+    assert spin_probe(SINGA_LITE_OPENMP_SPIN="keep") == "unset"
+
+
+def test_a_libgomp_loaded_before_singa_lite_is_left_as_it_is():
+    # It read its variables when it loaded: setting one now would claim a setting that is not in force.
+    assert spin_probe("gomp-first") == "unset"

@@ -46,6 +46,11 @@ class _LayerNorm(Operator):
                                  f"{tuple(norm_shape)} (input {x.shape})")
         cols = int(np.prod(norm_shape))
         self.xshape, self.has = x.shape, (gamma is not None, beta is not None)
+        self.fused = _fused(x)
+        if self.fused:  # one pass per row in C++ (csrc/cpu/layer_norm.cpp)
+            y, self.mean, self.rstd = _core.layer_norm_forward(x, cols, gamma, beta, self.eps)
+            self.x, self.gamma = x, gamma
+            return y
         x2 = x.reshape([-1, cols])
         xc = _core.sub(x2, _core.mean(x2, [1], True))
         var = _core.mean(_core.square(xc), [1], True)
@@ -59,6 +64,10 @@ class _LayerNorm(Operator):
         return y.reshape(list(x.shape))
 
     def backward(self, dy):
+        if self.fused:
+            dx, dg, db = _core.layer_norm_backward(self.x, dy, self.mean, self.rstd, self.gamma, self.has[1])
+            norm_shape = list(self.xshape[len(self.xshape) - self.ndim:])
+            return (dx,) + tuple(t.reshape(norm_shape) for t in (dg, db) if t is not None)
         xhat, rstd = self.xhat, self.rstd
         cols = xhat.shape[1]
         dy2 = dy.reshape([-1, cols])
@@ -76,6 +85,12 @@ class _LayerNorm(Operator):
         if self.has[1]:
             out.append(_core.sum(dy2, [0]).reshape(norm_shape))
         return tuple(out)
+
+
+def _fused(x: CTensor) -> bool:
+    """Whether the C++ kernel takes x: float32 / float64 on the CPU, in a build that has it."""
+    return (x.device.is_cpu() and x.dtype in (_core.DType.float32, _core.DType.float64)
+            and hasattr(_core, "layer_norm_forward"))
 
 
 def layer_norm(x, normalized_shape, gamma=None, beta=None, eps=1e-5):

@@ -292,3 +292,50 @@ def test_layer_norm_matches_torch_float32():
     (yt * torch.tensor(w)).sum().backward()
     np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dg, theirs.weight.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+# ---------------------------------------------------------------- the fused CPU layer norm
+def layer_norm_run(a, gamma, beta, w):
+    x = tensor.Tensor(data=a, requires_grad=True, stores_grad=True)
+    g = tensor.Tensor(data=gamma, requires_grad=True, stores_grad=True)
+    b = tensor.Tensor(data=beta, requires_grad=True, stores_grad=True)
+    y = autograd.layer_norm(x, a.shape[-1], g, b)
+    return [tensor.to_numpy(y)] + grads_of(y, w, [x, g, b])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_layer_norm_equals_the_composed_passes(monkeypatch, dtype):
+    from singa_lite import _core
+    from singa_lite.ops import transformer
+
+    if not hasattr(_core, "layer_norm_forward"):
+        pytest.skip("this build of _core has no fused layer norm")
+    rng = np.random.default_rng(11)
+    a = (rng.standard_normal((3, 70, 37)) * 5 + 3).astype(dtype)  # 210 rows: several blocks and a partial one
+    gamma, beta, w = (rng.standard_normal(s).astype(dtype) for s in ((37,), (37,), a.shape))
+    fused = layer_norm_run(a, gamma, beta, w)
+    monkeypatch.setattr(transformer, "_fused", lambda x: False)
+    composed = layer_norm_run(a, gamma, beta, w)
+    tol = 2e-4 if dtype == np.float32 else 1e-11
+    for f, c, what in zip(fused, composed, ("y", "dx", "dgamma", "dbeta")):
+        assert f.dtype == dtype
+        np.testing.assert_allclose(f, c, rtol=tol, atol=tol, err_msg=what)
+
+
+def test_fused_layer_norm_gives_the_same_bits_for_any_thread_count():
+    from singa_lite import device
+
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal((64, 32, 256)).astype(np.float32)
+    gamma, beta, w = (rng.standard_normal(s).astype(np.float32) for s in ((256,), (256,), a.shape))
+    before = device.get_num_threads()
+    try:
+        runs = []
+        for n in (1, 2, 3):
+            device.set_num_threads(n)
+            runs.append(layer_norm_run(a, gamma, beta, w))
+    finally:
+        device.set_num_threads(before)
+    for other in runs[1:]:
+        for x, y in zip(runs[0], other):
+            np.testing.assert_array_equal(x, y)

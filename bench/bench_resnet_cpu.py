@@ -5,10 +5,10 @@ in a worker process of its own, same threads, same data (the models: bench_model
 
 One step = forward, cross-entropy, backward, SGD with momentum 0.9. The parent asks the two workers for a block
 of steps in turn (singa_lite, torch, singa_lite, ...), sleeping a moment before each block, and reports medians
-over blocks; ratio = singa_lite step / torch step (goal <= 0.8 for ResNet-18, <= 1.0 for the transformer). Separate processes keep one library's idle
-thread pool from spinning against the other's. The convolutions' (transformer: the matrix products') FLOP/s are
-reported against the best SGEMM rate measured in the torch worker (2048^3, same threads): a measured ceiling, not the
-data-sheet peak.
+over blocks; ratio = singa_lite step / torch step (goal <= 0.8 for ResNet-18, <= 1.0 for the transformer).
+Separate processes keep one library's idle thread pool from spinning against the other's. The convolutions'
+(transformer: the matrix products') FLOP/s are reported against the best SGEMM rate measured in the torch worker
+(2048^3, same threads): a measured ceiling, not the data-sheet peak.
 
     python bench/bench_resnet_cpu.py                        # batch 16, 2 threads, 7 blocks of 5 steps
     python bench/bench_resnet_cpu.py --threads 1 --repeat 9

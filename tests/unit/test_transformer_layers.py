@@ -339,3 +339,29 @@ def test_fused_layer_norm_gives_the_same_bits_for_any_thread_count():
     for other in runs[1:]:
         for x, y in zip(runs[0], other):
             np.testing.assert_array_equal(x, y)
+
+
+def test_fused_kernels_give_the_same_bits_on_every_instruction_set_level():
+    # layer norm (forward and backward) and the blocked float32 bernoulli_ are compiled per level (cpu/isa.h)
+    from singa_lite import _core
+
+    levels = ["baseline", "avx2", "avx512"]
+    supported = levels[: levels.index(_core.build_info()["cpu_isa"]["best"]) + 1]
+    rng = np.random.default_rng(13)
+    a = rng.standard_normal((300, 77)).astype(np.float32)
+    gamma, beta, w = (rng.standard_normal(s).astype(np.float32) for s in ((77,), (77,), a.shape))
+    dev = tensor.from_numpy(a).data.device
+    before = _core.get_isa()
+    seen = {}
+    try:
+        for level in supported:
+            _core.set_isa(level)
+            ln = layer_norm_run(a, gamma, beta, w)
+            mask = _core.Tensor([10_007], _core.DType.float32, dev)
+            _core.manual_seed(dev, 3)
+            _core.bernoulli_(mask, 0.3)
+            drawn = np.asarray(tensor.to_numpy(tensor.Tensor(data=mask)))
+            seen[level] = b"".join(x.tobytes() for x in ln) + drawn.tobytes()
+    finally:
+        _core.set_isa(before)
+    assert len(set(seen.values())) == 1, list(seen)

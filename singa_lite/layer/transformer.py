@@ -27,6 +27,15 @@ def _positive_int(v, what: str) -> int:
     return int(v)
 
 
+def _alias(value, alias, names: str, what: str):
+    """A required argument given under PyTorch's name or SINGA's example's (d_model, n_head): exactly one."""
+    if value is not None and alias is not None:
+        raise TypeError(f"{what}: give {names} once (got both spellings)")
+    if value is None and alias is None:
+        raise TypeError(f"{what}: missing the required argument {names}")
+    return value if alias is None else alias
+
+
 def _probability(v, what: str) -> float:
     if not isinstance(v, numbers.Real) or not 0.0 <= float(v) < 1.0:
         raise ValueError(f"{what} must be a probability in [0, 1), got {v!r}")
@@ -83,12 +92,17 @@ class MultiHeadAttention(Layer):
     ``is_causal=True`` for one call) lets query i attend keys 0..i only. dropout applies to the attention
     weights while training.
 
+    SINGA's example's keywords ``MultiHeadAttention(d_model=512, n_head=8)`` work too.
+
     Parameters: ``in_proj_W`` (embed_dim, 3 * embed_dim) and ``in_proj_b`` (3 * embed_dim,) = [Q | K | V] (the
     transpose of PyTorch's ``in_proj_weight``), and the output projection ``out_proj`` (a ``Linear``)."""
 
-    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 causal: bool = False, batch_first: bool = True, name: str | None = None):
+    def __init__(self, embed_dim: int | None = None, num_heads: int | None = None, dropout: float = 0.0,
+                 bias: bool = True, causal: bool = False, batch_first: bool = True, name: str | None = None, *,
+                 d_model: int | None = None, n_head: int | None = None):
         super().__init__(name)
+        embed_dim = _alias(embed_dim, d_model, "embed_dim (or d_model)", "MultiHeadAttention")
+        num_heads = _alias(num_heads, n_head, "num_heads (or n_head)", "MultiHeadAttention")
         self.embed_dim = _positive_int(embed_dim, "MultiHeadAttention: embed_dim")
         self.num_heads = _positive_int(num_heads, "MultiHeadAttention: num_heads")
         if self.embed_dim % self.num_heads:
@@ -152,13 +166,15 @@ class TransformerEncoderLayer(Layer):
     ``TransformerEncoderLayer(d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu",
     layer_norm_eps=1e-5, batch_first=True, norm_first=False, bias=True)``; activation "relu", "gelu" (the erf
     form) or a function of a Tensor. ``forward(src, src_mask=None, src_key_padding_mask=None, is_causal=False)``
-    returns a tensor of src's shape. Sublayers: ``self_attn``, ``linear1``, ``linear2``, ``norm1``, ``norm2``
-    (PyTorch's names)."""
+    returns a tensor of src's shape (PyTorch's; SINGA's example layer also returned the attention weights).
+    ``n_head=`` is accepted for nhead (SINGA's example's keyword). Sublayers: ``self_attn``, ``linear1``,
+    ``linear2``, ``norm1``, ``norm2`` (PyTorch's names)."""
 
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
+    def __init__(self, d_model: int, nhead: int | None = None, dim_feedforward: int = 2048, dropout: float = 0.1,
                  activation="relu", layer_norm_eps: float = 1e-5, batch_first: bool = True, norm_first: bool = False,
-                 bias: bool = True, name: str | None = None):
+                 bias: bool = True, name: str | None = None, *, n_head: int | None = None):
         super().__init__(name)
+        nhead = _alias(nhead, n_head, "nhead (or n_head)", "TransformerEncoderLayer")
         self.d_model = _positive_int(d_model, "TransformerEncoderLayer: d_model")
         self.dim_feedforward = _positive_int(dim_feedforward, "TransformerEncoderLayer: dim_feedforward")
         self.dropout = _probability(dropout, "TransformerEncoderLayer: dropout")

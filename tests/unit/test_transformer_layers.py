@@ -179,6 +179,16 @@ def test_multi_head_attention_bad_input():
 
 
 # ---------------------------------------------------------------- TransformerEncoderLayer
+def test_singa_example_keywords():
+    m = layer.MultiHeadAttention(d_model=8, n_head=2)
+    assert (m.embed_dim, m.num_heads, m.head_dim) == (8, 2, 4)
+    assert layer.TransformerEncoderLayer(8, n_head=4, dim_feedforward=16).self_attn.num_heads == 4
+    with pytest.raises(TypeError, match="give embed_dim \\(or d_model\\) once"):
+        layer.MultiHeadAttention(8, 2, d_model=8)
+    with pytest.raises(TypeError, match="missing the required argument num_heads \\(or n_head\\)"):
+        layer.MultiHeadAttention(8)
+
+
 def test_encoder_layer_names_and_bad_arguments():
     enc = layer.TransformerEncoderLayer(8, 2, 16)
     assert set(enc.get_params()) == {

@@ -156,3 +156,60 @@ def resnet18_conv_flops(batch: int) -> tuple:
             fwd.append(2 * batch * cout * out * out * cin)
         cin, size = cout, out
     return sum(fwd), 3 * sum(fwd) - fwd[0]
+
+
+TRANSFORMER = dict(batch=16, seq=128, d_model=256, nhead=4, dim_feedforward=1024, classes=10, dropout=0.1)
+
+
+def _singa_transformer_class():
+    from singa_lite import autograd, layer, model
+
+    class SingaTransformer(model.Model):
+        """One post-norm encoder layer (ReLU, dropout 0.1) and a per-token linear classifier: the logits of
+        every token, (batch * seq, classes)."""
+
+        def __init__(self, d_model, nhead, dim_feedforward, classes, dropout):
+            super().__init__()
+            self.encoder = layer.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout)
+            self.head = layer.Linear(d_model, classes)
+
+        def forward(self, x):
+            y = self.head(self.encoder(x))
+            return autograd.reshape(y, [-1, y.shape[-1]])
+
+    return SingaTransformer
+
+
+def SingaTransformer(cfg=TRANSFORMER):
+    return _singa_transformer_class()(cfg["d_model"], cfg["nhead"], cfg["dim_feedforward"], cfg["classes"],
+                                      cfg["dropout"])
+
+
+def torch_transformer(torch, cfg=TRANSFORMER):
+    nn = torch.nn
+
+    class TorchTransformer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = nn.TransformerEncoderLayer(cfg["d_model"], cfg["nhead"], cfg["dim_feedforward"],
+                                                      cfg["dropout"], batch_first=True)
+            self.head = nn.Linear(cfg["d_model"], cfg["classes"])
+
+        def forward(self, x):
+            y = self.head(self.encoder(x))
+            return y.reshape(-1, y.shape[-1])
+
+    return TorchTransformer()
+
+
+def transformer_flops(cfg=TRANSFORMER) -> tuple:
+    """(forward, training step) multiply-add FLOPs of the transformer's matrix products: the Q/K/V and output
+    projections, the two feed-forward layers, the head, Q K^T and the weights times V. A training step
+    computes each product's forward and both gradients, except the input gradient of the first projection
+    (its input is the data)."""
+    n, d, ff, seq = cfg["batch"] * cfg["seq"], cfg["d_model"], cfg["dim_feedforward"], cfg["seq"]
+    qkv = 2 * n * d * 3 * d
+    linear = 2 * n * d * d + 2 * 2 * n * d * ff + 2 * n * d * cfg["classes"]
+    attention = 2 * 2 * cfg["batch"] * seq * seq * d  # summed over heads: head_dim * heads = d
+    fwd = qkv + linear + attention
+    return fwd, 3 * fwd - qkv

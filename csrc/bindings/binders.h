@@ -42,6 +42,7 @@ void bind_device(pybind11::module_& m);
 void bind_tensor(pybind11::module_& m);
 void bind_ops(pybind11::module_& m);
 void bind_nn(pybind11::module_& m);
+void bind_layer_norm(pybind11::module_& m);  // bind_layer_norm.cpp: the fused CPU layer norm
 void bind_cudnn(pybind11::module_& m);  // cuDNN ops (CUDA builds) and availability (every build)
 void bind_build_info(pybind11::module_& m);
 void bind_comm(pybind11::module_& m);

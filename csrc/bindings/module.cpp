@@ -8,6 +8,7 @@ PYBIND11_MODULE(_core, m) {
   sl::bindings::bind_tensor(m);
   sl::bindings::bind_ops(m);
   sl::bindings::bind_nn(m);
+  sl::bindings::bind_layer_norm(m);
   sl::bindings::bind_cudnn(m);  // cuDNN is loaded at run time as well
   sl::bindings::bind_comm(m);
 #ifdef SINGA_LITE_WITH_CUDA

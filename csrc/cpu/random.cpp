@@ -6,6 +6,7 @@
 
 #include "core/errors.h"
 #include "core/generator.h"
+#include "cpu/bernoulli_fast.h"
 #include "cpu/kernels.h"
 #include "cpu/loop.h"
 
@@ -84,6 +85,7 @@ void gaussian(const Tensor& t, double mean, double std, uint64_t seed, uint64_t 
 }
 
 void bernoulli(const Tensor& t, double p, uint64_t seed, uint64_t offset) {
+  if (t.dtype() == DType::kFloat32) return bernoulli_float32(t.data<float>(), t.numel(), p, seed, offset);
   SL_DISPATCH_ALL(t.dtype(), "bernoulli", [&] {
     fill_random<scalar_t>(t, seed, offset, [&](const std::array<uint32_t, 4>& w, int lane) {
       if constexpr (std::is_same_v<scalar_t, double>) return convert<scalar_t>(double(u53(w[2 * lane], w[2 * lane + 1]) < p));

@@ -6,6 +6,7 @@ This module only re-exports. The package:
 - base.py: :class:`Layer`, the base class (calling, lazy parameters, sublayers, parameter names, states);
 - basic.py: ``Linear``, ``Conv2d``, ``BatchNorm2d``, pooling, activations, losses, ``Gemm``, ``Embedding``...;
 - recurrent.py: ``RNN``, ``LSTM``;
+- transformer.py: ``LayerNorm``, ``MultiHeadAttention``, ``TransformerEncoderLayer``;
 - cudnn_rnn.py: ``CudnnRNN`` (SINGA's cuDNN-layout RNN / LSTM / GRU, here on any device).
 
 The layers build on the operators only: nothing here imports the data-parallel layer (``singa_lite.parallel``);
@@ -21,11 +22,12 @@ from .basic import (ACTIVATIONS, NO_EXTRA, PAD_MODES, Add, AvgPool1d, AvgPool2d,
                     SeparableConv2d, Sigmoid, SoftMax, SoftMaxCrossEntropy, Tanh)
 from .cudnn_rnn import CudnnRNN  # noqa: F401
 from .recurrent import LSTM, RNN  # noqa: F401
+from .transformer import LayerNorm, MultiHeadAttention, TransformerEncoderLayer  # noqa: F401
 
 __all__ = ["Layer", "Linear", "Conv2d", "SeparableConv2d", "Pooling2d", "MaxPool2d", "AvgPool2d", "MaxPool1d",
            "AvgPool1d", "GlobalAvgPool2d", "BatchNorm2d", "ReLU", "Sigmoid", "Tanh", "Gelu", "Flatten", "Dropout",
            "SoftMax", "SoftMaxCrossEntropy", "MeanSquareError", "CrossEntropy", "BinaryCrossEntropy", "Add", "Cat",
-           "Reshape"]
+           "Reshape", "LayerNorm", "MultiHeadAttention", "TransformerEncoderLayer"]
 
 
 def __getattr__(name):

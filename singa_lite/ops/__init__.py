@@ -12,6 +12,8 @@ Where an operator goes: by what it computes, one module per kind.
   ...): operators that move or pick values without computing new ones (not ``shape.py``: ``ops.shape`` is
   SINGA's shape operator);
 - ``linalg.py``: matrix products (matmul, gemm), add_bias, cossim;
+- ``transformer.py``: layer normalisation and scaled dot-product attention (multi-head, masks, dropout), each one
+  operator with its own backward;
 - ``nn.py``: the layers' operators with their own algorithms or state: convolution, pooling, batch
   normalisation, dropout, embedding;
 - ``loss.py``: losses (a tensor of shape (1,), as SINGA's);
@@ -43,10 +45,13 @@ from .loss import *  # noqa: F401,F403
 from .nn import *  # noqa: F401,F403
 from .reduce import *  # noqa: F401,F403
 from .shapes import *  # noqa: F401,F403
+from .transformer import *  # noqa: F401,F403
 
 from . import activation as _activation, common as _common, elementwise as _elementwise  # noqa: E402
 from . import linalg as _linalg, loss as _loss, nn as _nn, reduce as _reduce, shapes as _shapes  # noqa: E402
+from . import transformer as _transformer  # noqa: E402
 
 # Everything the modules export, SINGA's underscore names included (_and, _Conv2d, ...).
-__all__ = sorted({name for m in (_activation, _common, _elementwise, _linalg, _loss, _nn, _reduce, _shapes)
+__all__ = sorted({name for m in (_activation, _common, _elementwise, _linalg, _loss, _nn, _reduce, _shapes,
+                                _transformer)
                   for name in m.__all__})

@@ -48,6 +48,27 @@ ONEHOT = np.eye(4)[[1, 3, 0]]  # (3, 4)
 TARGET = np.linspace(-1.0, 1.0, 12).reshape(3, 4)  # regression targets (they get no gradient)
 
 
+def np_layer_norm(x, g, b, n, eps=1e-5):
+    axes = tuple(range(x.ndim - n, x.ndim))
+    xhat = (x - x.mean(axis=axes, keepdims=True)) / np.sqrt(x.var(axis=axes, keepdims=True) + eps)
+    return xhat * g + b
+
+
+def np_attention(q, k, v, heads, bias=0.0):
+    """Multi-head attention of (B, L, E) q, k, v (E split into heads), bias added to the (B, H, Lq, Lk) scores."""
+    def split(t):
+        b, n, e = t.shape
+        return t.reshape(b, n, heads, e // heads).transpose(0, 2, 1, 3)
+    qh, kh, vh = split(q), split(k), split(v)
+    w = np_softmax(qh @ kh.transpose(0, 1, 3, 2) / np.sqrt(qh.shape[-1]) + bias, -1)
+    o = w @ vh
+    return o.transpose(0, 2, 1, 3).reshape(q.shape[0], q.shape[1], -1)
+
+
+PADDING = np.array([[0, 0, 0, 1], [0, 0, 0, 0]], np.int32)  # the first sequence's last key is padding
+BLOCKED = np.triu(np.ones((4, 4), bool), 1) | PADDING.astype(bool)[:, None, None, :]  # causal, and the padding
+
+
 def loss(value):
     """A loss as SINGA returns it: shape (1,)."""
     return np.reshape(value, (1,))
@@ -133,6 +154,20 @@ CASES = [
     ("mse_loss_broadcast", lambda x: autograd.mse_loss(x, tensor.Tensor(data=TARGET[0])),
      lambda x: loss(((x - TARGET[0]) ** 2).mean()), [(3, 4)]),
     ("cast_same_dtype", lambda x: autograd.cast(x, "float64"), lambda x: x, [(3,)]),
+    ("layer_norm", lambda x, g, b: autograd.layer_norm(x, 5, g, b), lambda x, g, b: np_layer_norm(x, g, b, 1),
+     [(2, 3, 5), (5,), (5,)]),
+    ("layer_norm_two_axes", lambda x, g, b: autograd.layer_norm(x, (3, 4), g, b),
+     lambda x, g, b: np_layer_norm(x, g, b, 2), [(2, 3, 4), (3, 4), (3, 4)]),
+    ("layer_norm_plain", lambda x: autograd.layer_norm(x, 6), lambda x: np_layer_norm(x, 1.0, 0.0, 1), [(4, 6)]),
+    ("attention", lambda q, k, v: autograd.scaled_dot_product_attention(q, k, v, num_heads=2),
+     lambda q, k, v: np_attention(q, k, v, 2), [(2, 3, 8), (2, 5, 8), (2, 5, 8)]),
+    ("attention_packed", lambda qkv: autograd.scaled_dot_product_attention(qkv, num_heads=2),
+     lambda qkv: np_attention(qkv[..., :6], qkv[..., 6:12], qkv[..., 12:], 2), [(2, 4, 18)]),
+    ("attention_causal_padding",
+     lambda q, k, v: autograd.scaled_dot_product_attention(q, k, v, num_heads=2, is_causal=True,
+                                                           key_padding_mask=PADDING),
+     lambda q, k, v: np_attention(q, k, v, 2, np.where(BLOCKED, -np.inf, 0.0)),
+     [(2, 4, 6), (2, 4, 6), (2, 4, 6)]),
     ("chain", lambda x, w, b: autograd.tanh(autograd.add_bias(autograd.matmul(autograd.sigmoid(x), w), b)),
      lambda x, w, b: np.tanh(1 / (1 + np.exp(-x)) @ w + b), [(3, 4), (4, 2), (2,)]),
 ]

@@ -188,3 +188,19 @@ def test_uniform_float16_never_returns_high():
     _core.manual_seed(CPU, 3)
     x = draw("uniform_", (1_000_000,), np.float16, 0.0, 1.0)
     assert x.max() < 1.0 and x.max() == np.float16(1.0) - np.spacing(np.float16(0.5))
+
+
+@pytest.mark.parametrize("n", [3, 64, 65, 130, 100_003])
+@pytest.mark.parametrize("p", [0.0, 0.1234567, 0.5, 0.9, 1.0])
+def test_bernoulli_float32_blocks_equal_the_element_loop(n, p, restore_threads):
+    # float32 draws run Philox on 16 counters at once (cpu/bernoulli_fast.cpp); float16 keeps the element-by-element
+    # loop on the same u24 words: the two must agree element for element, tails and second draws (offsets)
+    # included, on any thread count.
+    for threads in (1, 2):
+        _core.set_num_threads(threads)
+        got = []
+        for dtype in (np.float32, np.float16):
+            _core.manual_seed(CPU, 7)
+            draw("bernoulli_", (n,), dtype, p)  # the second draw starts at a later counter
+            got.append(draw("bernoulli_", (n,), dtype, p).astype(np.float32))
+        np.testing.assert_array_equal(got[0], got[1])

@@ -8,9 +8,9 @@ import warnings
 import pytest
 
 from singa_lite import autograd, engine, ops
-from singa_lite.ops import activation, common, elementwise, linalg, loss, nn, reduce, shapes
+from singa_lite.ops import activation, common, elementwise, linalg, loss, nn, reduce, shapes, transformer
 
-MODULES = (activation, common, elementwise, linalg, loss, nn, reduce, shapes)
+MODULES = (activation, common, elementwise, linalg, loss, nn, reduce, shapes, transformer)
 
 
 def test_every_name_is_exported_by_exactly_one_module_and_the_package_has_them_all():

@@ -14,6 +14,8 @@ Separate processes keep one library's idle thread pool from spinning against the
     python bench/bench_resnet_cpu.py --threads 1 --repeat 9
     SINGA_LITE_ONEDNN=0 python bench/bench_resnet_cpu.py    # singa_lite's convolutions as im2col + GEMM
     python bench/bench_resnet_cpu.py --model transformer    # the encoder layer (--batch sets its batch)
+    python bench/bench_resnet_cpu.py --variant SINGA_LITE_OPENMP_SPIN=keep   # a third worker: singa_lite with
+                                                            # that environment, in the same rounds
 """
 from __future__ import annotations
 
@@ -36,6 +38,9 @@ def parse_args():
     p.add_argument("--repeat", type=int, default=7, help="timed blocks per library")
     p.add_argument("--steps", type=int, default=5, help="training steps per block")
     p.add_argument("--gap", type=float, default=0.3, help="seconds of sleep before each block")
+    p.add_argument("--variant", action="append", default=[], metavar="VAR=VALUE[,VAR=VALUE]",
+                   help="another singa_lite worker with these environment variables, timed in the same rounds "
+                        "(repeatable)")
     p.add_argument("--worker", choices=("singa", "torch"), help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -112,9 +117,15 @@ def main():
     cmd = [sys.executable, os.path.abspath(__file__), "--threads", str(args.threads), "--batch", str(args.batch),
            "--model", args.model]
     workers, info = {}, {}
-    for name in ("singa", "torch"):  # one at a time: their warm-ups do not overlap
-        workers[name] = subprocess.Popen(cmd + ["--worker", name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         text=True)
+    kinds = {"singa": ("singa", {}), "torch": ("torch", {})}
+    for v in args.variant:
+        pairs = [kv.split("=", 1) for kv in v.split(",")]
+        if not all(len(kv) == 2 and kv[0] for kv in pairs):
+            raise SystemExit(f"--variant wants VAR=VALUE[,VAR=VALUE], got {v!r}")
+        kinds[f"singa[{v}]"] = ("singa", dict(pairs))
+    for name, (kind, env) in kinds.items():  # one at a time: their warm-ups do not overlap
+        workers[name] = subprocess.Popen(cmd + ["--worker", kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         text=True, env={**os.environ, **env})
         first = workers[name].stdout.readline().split()
         assert first and first[0] == "ready", f"the {name} worker did not start"
         info[name] = first[1] if len(first) > 1 else ""
@@ -170,6 +181,11 @@ def main():
           f"ratio {cs / ct:.3f}")
     print(f"ratio singa_lite / torch: of the medians {s / t:.3f}; median per round {per_round:.3f} (goal <= {goal}: "
           f"{verdict}); per round {', '.join(f'{r:.2f}' for r in ratios)}")
+    for name in list(workers)[2:]:
+        v = statistics.median(times[name])
+        r = statistics.median(a / b for a, b in zip(times[name], times["torch"]))
+        print(f"{name}: {1e3 * v:.1f} ms/step, CPU {1e3 * statistics.median(cpu[name]):.0f} ms; ratio / torch: of the "
+              f"medians {v / t:.3f}, median per round {r:.3f}; against the default singa_lite worker {v / s:.3f}")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HELPERS = os.path.join(os.path.dirname(HERE), "tests", "multihost", "helpers")
 # DistOpt rows: name -> its keyword arguments
 MODES = {"auto": {}, "inline": {"exchange": "inline"}, "thread": {"exchange": "thread"},
-         "inline-late": {"exchange": "inline", "overlap": False}, "thread-late": {"exchange": "thread", "overlap": False}}
+         "inline-late": {"exchange": "inline", "overlap": False},
+         "thread-late": {"exchange": "thread", "overlap": False}}
 
 
 def parse_args(argv=None):

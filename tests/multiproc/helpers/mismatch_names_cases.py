@@ -33,7 +33,8 @@ def train_skipping(comm, skip_rank: int, skip_step: int, synced_first: bool, sty
     the largest gradients alone, so one rank sends more collectives than the other). buff: DistOpt's buffSize
     (small: the buffer fills up during backward, which then waits for its buckets before it goes on).
     style: "distopt" (backward_and_update), "two_phase" (backward, then step) or "data_parallel" (the model in
-    parallel.DataParallel, a plain SGD). exchange: DistOpt's (where the buckets' all-reduces run). Returns ("ok", None) or (error text, line of the call that raised)."""
+    parallel.DataParallel, a plain SGD). exchange: DistOpt's (where the buckets' all-reduces run). Returns
+    ("ok", None) or (error text, line of the call that raised)."""
     np.random.seed(0)
     x = tensor.from_numpy(np.random.randn(4, 8).astype(np.float32))
     y = tensor.from_numpy(np.array([0, 1, 2, 1], np.int32))

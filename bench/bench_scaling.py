@@ -34,6 +34,9 @@ HELPERS = os.path.join(os.path.dirname(HERE), "tests", "multihost", "helpers")
 MODES = {"auto": {}, "inline": {"exchange": "inline"}, "thread": {"exchange": "thread"},
          "inline-late": {"exchange": "inline", "overlap": False},
          "thread-late": {"exchange": "thread", "overlap": False}}
+# shm only: these rows run over a communicator whose ranks poll up to 200 us at the syncs inside a collective
+# before they sleep (SINGA_LITE_SHM_SPIN_US=200; by default they sleep after 5 us there too)
+SPIN = {f"{k}-spin": v for k, v in MODES.items()}
 
 
 def parse_args(argv=None):
@@ -51,7 +54,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=10, help="steps per timed block")
     p.add_argument("--rounds", type=int, default=9, help="interleaved rounds (one block of every variant each)")
     p.add_argument("--modes", default="auto,inline,thread", help=f"DistOpt rows timed, comma-separated, of "
-                   f"{', '.join(MODES)} (-late: the exchange starts after the whole backward pass, overlap=False)")
+                   f"{', '.join(MODES)} (-late: the exchange starts after the whole backward pass, overlap=False; "
+                   f"-spin after a name, shm only: over a communicator with SINGA_LITE_SHM_SPIN_US=200)")
     p.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
     p.add_argument("--exchange-only", action="store_true", help="also time the all-reduce of the step's gradients "
                    "alone (one buffer of the CNN's 431,080 float32)")
@@ -86,19 +90,36 @@ def worker() -> None:
     tx, ty = tensor.from_numpy(x), tensor.from_numpy(y)
     autograd.training = True
 
-    def singa_step(dist_kw=None):
+    modes = [m for m in ARGS.modes.split(",") if m]
+    spinning = None
+    if any(m in SPIN for m in modes):
+        os.environ["SINGA_LITE_SHM_SPIN_US"] = "200"  # read when the group's segment is made
+        spinning = comm.new_group(list(range(P)))
+        del os.environ["SINGA_LITE_SHM_SPIN_US"]
+
+    def singa_step(dist_kw=None, over=comm):
         model = SingaCNN()
         sgd = opt.SGD(lr=0.01, momentum=0.9)
         if dist_kw is not None:
-            sgd = opt.DistOpt(sgd, communicator=comm, **dist_kw)
+            sgd = opt.DistOpt(sgd, communicator=over, **dist_kw)
+
+        switch = float(os.environ.get("BENCH_SW_" + str(dist_kw.get("exchange")).upper(), 0)) if dist_kw else 0
 
         def step():
+            if switch:  # exploration only
+                old = sys.getswitchinterval()
+                sys.setswitchinterval(switch)
             sgd.backward_and_update(autograd.softmax_cross_entropy(model.forward(tx), ty))
+            if switch:
+                sys.setswitchinterval(old)
         return step, sgd
 
     steps, dopts = {"singa floor": singa_step()[0]}, {}
-    for mode in [m for m in ARGS.modes.split(",") if m]:
-        steps[f"DistOpt {mode}"], dopts[mode] = singa_step(MODES[mode])
+    for mode in modes:
+        if mode in SPIN:
+            steps[f"DistOpt {mode}"], dopts[mode] = singa_step(SPIN[mode], spinning)
+        else:
+            steps[f"DistOpt {mode}"], dopts[mode] = singa_step(MODES[mode])
     if ARGS.exchange_only:
         grads = [tensor.from_numpy(rng.standard_normal(n).astype(np.float32)) for n in (431080,)]
         steps["all_reduce alone"] = lambda: [comm.all_reduce(g, "avg") for g in grads]
@@ -120,17 +141,19 @@ def worker() -> None:
     for fn in steps.values():  # warm up; DistOpt's first step also broadcasts rank 0's parameters
         for _ in range(3):
             fn()
-    times = {k: [] for k in steps}
+    times, cpu = {k: [] for k in steps}, {k: [] for k in steps}
     for _ in range(ARGS.rounds):
         for k, fn in steps.items():
             comm.barrier()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             for _ in range(ARGS.steps):
                 fn()
             times[k].append((time.perf_counter() - t) / ARGS.steps)
-    every = comm.all_gather_object(times)
+            cpu[k].append((time.process_time() - c) / ARGS.steps)
+    every = comm.all_gather_object((times, cpu))
     if rank == 0:
-        slowest = {k: [max(r[k][i] for r in every) for i in range(ARGS.rounds)] for k in steps}
+        slowest = {k: [max(r[0][k][i] for r in every) for i in range(ARGS.rounds)] for k in steps}
+        cpu_most = {k: statistics.median(max(r[1][k][i] for r in every) for i in range(ARGS.rounds)) for k in steps}
         med = {k: statistics.median(v) for k, v in slowest.items()}
         where = (f"{P} simulated hosts x 1 rank ({os.environ.get('BENCH_LINK', '')})" if ARGS.hosts
                  else f"{P} ranks of one host")
@@ -138,15 +161,18 @@ def worker() -> None:
               f"{comm.backend} backend" + ("" if torch is None else f", PyTorch {torch.__version__} gloo") +
               f"; medians of {ARGS.rounds} interleaved blocks of {ARGS.steps} steps (the slowest rank's time)")
         print("vs floor: the median over rounds of the block's time / the floor's block of the same round "
-              "(the floor of its framework), with the quartiles")
-        print(f"{'variant':18s} {'ms/step':>8s} {'min-max':>13s} {'vs floor':>9s} {'(q1-q3)':>13s}")
+              "(the floor of its framework), with the quartiles; cpu: CPU time of the busiest rank's process per "
+              "step (all its threads), which the machine's load changes less than the wall time")
+        print(f"{'variant':18s} {'ms/step':>8s} {'min-max':>13s} {'vs floor':>9s} {'(q1-q3)':>13s} {'cpu ms':>7s} "
+              f"{'cpu vs floor':>12s}")
         for k, m in med.items():
             floor = slowest["torch floor"] if k.startswith("torch") else slowest["singa floor"]
             ratios = sorted(a / b for a, b in zip(slowest[k], floor))
             q1, q2, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
             lo, hi = min(slowest[k]), max(slowest[k])
+            cpu_floor = cpu_most["torch floor"] if k.startswith("torch") else cpu_most["singa floor"]
             print(f"{k:18s} {1e3 * m:8.2f} {1e3 * lo:6.1f}-{1e3 * hi:<6.1f} {statistics.median(ratios):9.3f} "
-                  f"({q1:.3f}-{q3:.3f})")
+                  f"({q1:.3f}-{q3:.3f}) {1e3 * cpu_most[k]:7.2f} {cpu_most[k] / cpu_floor:12.3f}")
         for mode, d in dopts.items():
             used = getattr(d.reducer, "exchange_mode_used", None)
             if used is not None:
@@ -154,6 +180,8 @@ def worker() -> None:
         print(f"load average: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
     if torch is not None:
         tdist.destroy_process_group()
+    if spinning is not None:
+        spinning.close()
     comm.close()
 
 

@@ -89,3 +89,12 @@ def test_a_comm_hook_keeps_the_communication_thread(shm):
     autograd.training = True
     sgd.backward_and_update(autograd.sum(autograd.matmul(w, w)))
     assert sgd.reducer.fused().inline is False
+
+
+@pytest.mark.parametrize("bad", ["abc", "-1", "100001", "2.5"])
+def test_a_bad_in_call_spin_is_refused_with_what_is_expected(bad, monkeypatch):
+    monkeypatch.setenv("SINGA_LITE_SHM_SPIN_US", bad)
+    holder = dist.NcclIdHolder()
+    with pytest.raises(ValueError, match=f"SINGA_LITE_SHM_SPIN_US must be a whole number of microseconds from 0 to "
+                                         f"100000 .*got '{bad}'"):
+        ShmCommunicator(holder.shm_name, 0, 1, timeout=30)

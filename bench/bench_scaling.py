@@ -77,11 +77,6 @@ def worker() -> None:
     from singa_lite import autograd, device, dist, opt, tensor
 
     device.set_num_threads(ARGS.threads)
-    if os.environ.get("BENCH_SLOT_BYTES"):  # exploration only
-        from singa_lite.comm import shm as _shm
-        _shm.ShmCommunicator.__init__.__defaults__ = (_shm.DEFAULT_TIMEOUT, int(os.environ["BENCH_SLOT_BYTES"]))
-    if os.environ.get("BENCH_SWITCH"):  # exploration only
-        sys.setswitchinterval(float(os.environ["BENCH_SWITCH"]))
     comm = dist.init(backend="mpi", timeout=120) if ARGS.backend == "mpi" else dist.init(timeout=120)
     rank, P = comm.rank, comm.world_size
     rng = np.random.default_rng(rank)
@@ -103,15 +98,8 @@ def worker() -> None:
         if dist_kw is not None:
             sgd = opt.DistOpt(sgd, communicator=over, **dist_kw)
 
-        switch = float(os.environ.get("BENCH_SW_" + str(dist_kw.get("exchange")).upper(), 0)) if dist_kw else 0
-
         def step():
-            if switch:  # exploration only
-                old = sys.getswitchinterval()
-                sys.setswitchinterval(switch)
             sgd.backward_and_update(autograd.softmax_cross_entropy(model.forward(tx), ty))
-            if switch:
-                sys.setswitchinterval(old)
         return step, sgd
 
     steps, dopts = {"singa floor": singa_step()[0]}, {}

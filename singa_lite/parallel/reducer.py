@@ -90,11 +90,14 @@ def user_stacklevel() -> int:
 
 
 def all_finite(t: CTensor) -> bool:
-    """Whether every element is finite: x * 0 is 0 for a finite x and nan for inf or nan, and a sum of zeros
-    cannot overflow, so the sum is nan exactly when some element is not finite. A sum rather than
-    max(abs(x)): the sum reduction vectorises and the max does not, so it is several times faster
-    (docs/benchmarks/distopt.md, "The finiteness test")."""
+    """Whether every element is finite. First the plain sum: an inf or nan element makes it inf or nan, so a
+    finite sum settles it in one pass over t. A sum that is not finite may also be an overflow of finite values;
+    then x * 0 decides: it is 0 for a finite x and nan for inf or nan, and a sum of zeros cannot overflow, so that
+    sum is nan exactly when some element is not finite. Sums rather than max(abs(x)): the sum reduction vectorises
+    and the max does not (docs/benchmarks/distopt.md, "The finiteness test")."""
     if t.numel == 0:
+        return True
+    if math.isfinite(float(to_host(_core.sum(t)))):
         return True
     return math.isfinite(float(to_host(_core.sum(_core.mul_scalar(t, 0.0)))))
 

@@ -98,3 +98,4 @@ def test_a_bad_in_call_spin_is_refused_with_what_is_expected(bad, monkeypatch):
     with pytest.raises(ValueError, match=f"SINGA_LITE_SHM_SPIN_US must be a whole number of microseconds from 0 to "
                                          f"100000 .*got '{bad}'"):
         ShmCommunicator(holder.shm_name, 0, 1, timeout=30)
+

@@ -33,7 +33,11 @@ HELPERS = os.path.join(os.path.dirname(HERE), "tests", "multihost", "helpers")
 # DistOpt rows: name -> its keyword arguments
 MODES = {"auto": {}, "inline": {"exchange": "inline"}, "thread": {"exchange": "thread"},
          "inline-late": {"exchange": "inline", "overlap": False},
-         "thread-late": {"exchange": "thread", "overlap": False}}
+         "thread-late": {"exchange": "thread", "overlap": False},
+         # threshold: backward_and_update's (elements); fc1's 400,000-element gradient then goes alone, in place,
+         # instead of being copied into the fusion buffer and back
+         "auto-t256k": {"threshold": 262144}, "thread-t256k": {"exchange": "thread", "threshold": 262144},
+         "auto-t16k": {"threshold": 16384}, "auto-t1": {"threshold": 1}}
 # shm only: these rows run over a communicator whose ranks poll up to 200 us at the syncs inside a collective
 # before they sleep (SINGA_LITE_SHM_SPIN_US=200; by default they sleep after 5 us there too)
 SPIN = {f"{k}-spin": v for k, v in MODES.items()}
@@ -95,11 +99,15 @@ def worker() -> None:
     def singa_step(dist_kw=None, over=comm):
         model = SingaCNN()
         sgd = opt.SGD(lr=0.01, momentum=0.9)
+        step_kw = {}
         if dist_kw is not None:
+            dist_kw = dict(dist_kw)
+            if "threshold" in dist_kw:
+                step_kw["threshold"] = dist_kw.pop("threshold")
             sgd = opt.DistOpt(sgd, communicator=over, **dist_kw)
 
         def step():
-            sgd.backward_and_update(autograd.softmax_cross_entropy(model.forward(tx), ty))
+            sgd.backward_and_update(autograd.softmax_cross_entropy(model.forward(tx), ty), **step_kw)
         return step, sgd
 
     steps, dopts = {"singa floor": singa_step()[0]}, {}

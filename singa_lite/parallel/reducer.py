@@ -72,7 +72,7 @@ def inline_pays(comm) -> tuple:
     the communication-free floor"). Across hosts, or with a core to spare, the communication thread waits on
     the network or runs on that core, and overlapping backward pays."""
     if getattr(comm, "backend", None) != "shm":
-        return False, f"the {getattr(comm, 'backend', '?')} backend moves data over a network: overlapped"
+        return False, f"the {getattr(comm, 'backend', '?')} backend is not one host's shared memory: overlapped"
     threads, cores = _core.get_num_threads(), usable_cores()
     busy = comm.local_size * threads
     if busy >= cores:

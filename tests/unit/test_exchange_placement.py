@@ -56,7 +56,7 @@ def test_auto_is_inline_on_shm_exactly_when_the_threads_fill_the_cores(shm, monk
 
 def test_auto_overlaps_on_a_network_backend(tcp):
     inline, why = reducer.inline_pays(tcp)
-    assert not inline and why == "the tcp backend moves data over a network: overlapped"
+    assert not inline and why == "the tcp backend is not one host's shared memory: overlapped"
     sgd = opt.DistOpt(opt.SGD(), communicator=tcp)
     assert sgd.reducer.exchange_mode_used() == f"communication thread ({why})"
 

@@ -8,7 +8,8 @@ SGD momentum 0.9 on SINGA's MNIST CNN, batch 32 per rank): a data-parallel step 
 runs on the same ranks in one job, in interleaved blocks (floor, DistOpt modes, PyTorch without and with DDP
 gloo, then again), each block starting at a barrier; a block's time is the slowest rank's, since the
 synchronous step ends for everyone only then. Rank 0 prints the medians, each row's ratio to the floor of its
-framework, and the load average.
+framework (the median over rounds of the paired ratios, with quartiles), the CPU time per step of the busiest
+rank (less sensitive to a shared machine's load than the wall time) and the load average.
 
 One host: `singa-run -np 2 --backend shm` runs the workers (started by this script). --hosts: the simulated
 cluster of the multi-host tests (tests/multihost/helpers/sim_hosts.py: network + UTS namespaces, a bridge, every
@@ -16,8 +17,9 @@ link shaped to --rate, by tc netem or tbf; needs root), one rank per host, singa
 backend; gloo then crosses the same links.
 
 The DistOpt rows are its exchange modes (DistOpt(exchange=...)): "auto" (the default), "inline" (the compute
-thread runs each bucket's all-reduce) and "thread" (the communication thread runs them while backward goes on).
---exchange-only times the all-reduce of the step's gradients alone (one fused buffer), the other bound.
+thread runs each bucket's all-reduce) and "thread" (the communication thread runs them while backward goes on),
+and the variants of MODES below (--modes). --exchange-only times the all-reduce of the step's gradients alone
+(one fused buffer), the other bound. Results: docs/benchmarks/distopt.md, "Against the communication-free floor".
 """
 from __future__ import annotations
 
@@ -52,7 +54,8 @@ def parse_args(argv=None):
                    help="with --hosts: singa_lite's communicator (tcp: singa-run --hostfile starts the ranks; mpi: "
                         "mpiexec does)")
     p.add_argument("--rate", default="1gbit", help="with --hosts: the rate of every link")
-    p.add_argument("--delay", default="100us", help="with --hosts: the one-way delay (netem; tbf has none)")
+    p.add_argument("--delay", default="100us", help="with --hosts: the one-way delay (netem; tbf, where the kernel "
+                   "has no netem, shapes the rate alone)")
     p.add_argument("--batch", type=int, default=32, help="batch per rank")
     p.add_argument("--threads", type=int, default=1, help="threads per rank")
     p.add_argument("--steps", type=int, default=10, help="steps per timed block")

@@ -16,9 +16,9 @@ cluster of the multi-host tests (tests/multihost/helpers/sim_hosts.py: network +
 link shaped to --rate, by tc netem or tbf; needs root), one rank per host, singa-run --hostfile with the tcp
 backend; gloo then crosses the same links.
 
-The DistOpt rows are its exchange modes (DistOpt(exchange=...)): "auto" (the default), "inline" (the compute
-thread runs each bucket's all-reduce) and "thread" (the communication thread runs them while backward goes on),
-and the variants of MODES below (--modes). --exchange-only times the all-reduce of the step's gradients alone
+The DistOpt rows are its exchange modes (DistOpt(exchange=...)): "thread" (the default: the communication
+thread runs each bucket's all-reduce while backward goes on) and "inline" (the training thread runs them), and
+the variants of MODES below (--modes). --exchange-only times the all-reduce of the step's gradients alone
 (one fused buffer), the other bound. Results: docs/benchmarks/distopt.md, "Against the communication-free floor".
 """
 from __future__ import annotations
@@ -33,13 +33,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 HELPERS = os.path.join(os.path.dirname(HERE), "tests", "multihost", "helpers")
 # DistOpt rows: name -> its keyword arguments
-MODES = {"auto": {}, "inline": {"exchange": "inline"}, "thread": {"exchange": "thread"},
+MODES = {"default": {}, "inline": {"exchange": "inline"}, "thread": {"exchange": "thread"},
          "inline-late": {"exchange": "inline", "overlap": False},
          "thread-late": {"exchange": "thread", "overlap": False},
          # threshold: backward_and_update's (elements); fc1's 400,000-element gradient then goes alone, in place,
          # instead of being copied into the fusion buffer and back
-         "auto-t256k": {"threshold": 262144}, "thread-t256k": {"exchange": "thread", "threshold": 262144},
-         "auto-t16k": {"threshold": 16384}, "auto-t1": {"threshold": 1}}
+         "inline-t256k": {"exchange": "inline", "threshold": 262144}, "thread-t256k": {"threshold": 262144},
+         "inline-t16k": {"exchange": "inline", "threshold": 16384}, "inline-t1": {"exchange": "inline", "threshold": 1}}
 # shm only: these rows run over a communicator whose ranks poll up to 200 us at the syncs inside a collective
 # before they sleep (SINGA_LITE_SHM_SPIN_US=200; by default they sleep after 5 us there too)
 SPIN = {f"{k}-spin": v for k, v in MODES.items()}
@@ -60,7 +60,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1, help="threads per rank")
     p.add_argument("--steps", type=int, default=10, help="steps per timed block")
     p.add_argument("--rounds", type=int, default=9, help="interleaved rounds (one block of every variant each)")
-    p.add_argument("--modes", default="auto,inline,thread", help=f"DistOpt rows timed, comma-separated, of "
+    p.add_argument("--modes", default="inline,thread,thread-t256k", help=f"DistOpt rows timed, comma-separated, of "
                    f"{', '.join(MODES)} (-late: the exchange starts after the whole backward pass, overlap=False; "
                    f"-spin after a name, shm only: over a communicator with SINGA_LITE_SHM_SPIN_US=200)")
     p.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
@@ -113,12 +113,12 @@ def worker() -> None:
             sgd.backward_and_update(autograd.softmax_cross_entropy(model.forward(tx), ty), **step_kw)
         return step, sgd
 
-    steps, dopts = {"singa floor": singa_step()[0]}, {}
+    steps = {"singa floor": singa_step()[0]}
     for mode in modes:
         if mode in SPIN:
-            steps[f"DistOpt {mode}"], dopts[mode] = singa_step(SPIN[mode], spinning)
+            steps[f"DistOpt {mode}"] = singa_step(SPIN[mode], spinning)[0]
         else:
-            steps[f"DistOpt {mode}"], dopts[mode] = singa_step(MODES[mode])
+            steps[f"DistOpt {mode}"] = singa_step(MODES[mode])[0]
     if ARGS.exchange_only:
         grads = [tensor.from_numpy(rng.standard_normal(n).astype(np.float32)) for n in (431080,)]
         steps["all_reduce alone"] = lambda: [comm.all_reduce(g, "avg") for g in grads]
@@ -172,10 +172,6 @@ def worker() -> None:
             cpu_floor = cpu_most["torch floor"] if k.startswith("torch") else cpu_most["singa floor"]
             print(f"{k:18s} {1e3 * m:8.2f} {1e3 * lo:6.1f}-{1e3 * hi:<6.1f} {statistics.median(ratios):9.3f} "
                   f"({q1:.3f}-{q3:.3f}) {1e3 * cpu_most[k]:7.2f} {cpu_most[k] / cpu_floor:12.3f}")
-        for mode, d in dopts.items():
-            used = getattr(d.reducer, "exchange_mode_used", None)
-            if used is not None:
-                print(f"DistOpt {mode}: {used()}")
         print(f"load average: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
     if torch is not None:
         tdist.destroy_process_group()

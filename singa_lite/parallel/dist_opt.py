@@ -97,10 +97,8 @@ class DistOpt(SingaCalls):
     straggler report (comm/straggler.py; a few microseconds a step); report_every=N: the ranks compare
     those every N steps and rank 0 prints the table (default: SINGA_LITE_REPORT, which ``singa-run --report N``
     sets; None: only when ``stats()`` is called). exchange: where the plain and half exchanges run each bucket's
-    all-reduce: "thread" (the communicator's thread, overlapping the rest of backward), "inline" (the training
-    thread, as the bucket is sent) or "auto" (default: inline on the shm backend when local ranks x kernel threads
-    fill the cores, where a communication thread only takes a core from compute; the thread elsewhere);
-    ``reducer.exchange_mode_used()`` says which and why (docs/training.md, "Where the exchange runs").
+    all-reduce: "thread" (default: the communicator's thread, overlapping the rest of backward) or "inline" (the
+    training thread, as the bucket is sent: less CPU time where the ranks fill the cores; docs/training.md).
     Gradient accumulation (parallel/accumulate.py)::
 
         sgd = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), backward_passes_per_step=4)
@@ -114,7 +112,7 @@ class DistOpt(SingaCalls):
                  backward_passes_per_step: int = 1, average_accumulated: bool = True,
                  broadcast_buffers=True, hierarchical: bool = False, check_replicas_every: int | None = None,
                  find_unused_parameters: bool = False, parameters=None, zero_stage: int = 0,
-                 step_stats: bool = True, report_every: int | None = None, exchange: str = "auto"):
+                 step_stats: bool = True, report_every: int | None = None, exchange: str = "thread"):
         from ..comm import hierarchical as hier, init
 
         # what rebind() makes this DistOpt again with, on another communicator

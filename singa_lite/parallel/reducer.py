@@ -41,43 +41,22 @@ CTensor = _core.Tensor
 _CPU = _core.Device("cpu")
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
-__all__ = ["Reducer", "all_finite", "EXCHANGE_MODES", "check_exchange_mode", "inline_pays"]
+__all__ = ["Reducer", "all_finite", "EXCHANGE_MODES", "check_exchange_mode"]
 
-EXCHANGE_MODES = ("auto", "inline", "thread")
+# Where a pass's bucket all-reduces run: "thread" (the communicator's thread, while backward goes on) or
+# "inline" (the training thread, as each bucket is sent). "thread" is the default: on a 2-core host whose
+# ranks fill the cores, inline used less CPU time per step but no less wall time, because the thread also hides
+# the wait for a peer that reaches the bucket later (docs/benchmarks/distopt.md, "Against the
+# communication-free floor").
+EXCHANGE_MODES = ("thread", "inline")
 
 
 def check_exchange_mode(mode, who: str) -> str:
     if mode not in EXCHANGE_MODES:
-        raise ValueError(f"{who}: exchange must be one of {', '.join(map(repr, EXCHANGE_MODES))}, got {mode!r} "
-                         f"('auto' runs the buckets' all-reduces inline where the ranks' compute fills the cores "
-                         f"and the transport is memory, on the communication thread elsewhere)")
+        raise ValueError(f"{who}: exchange must be 'thread' (the default: each bucket's all-reduce on the "
+                         f"communication thread, overlapping backward) or 'inline' (on the training thread, as the "
+                         f"bucket is sent), got {mode!r}")
     return mode
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
-
-
-def inline_pays(comm) -> tuple:
-    """(whether the buckets' all-reduces should run on the compute thread, why) for exchange="auto".
-
-    Inline where the exchange is CPU work on a host whose cores the ranks' kernels already fill: the shm
-    backend (its all-reduce is memory copies and adds) with local ranks x kernel threads >= the cores this
-    process may run on. There the communication thread has no idle core to run on: it takes one from a compute
-    thread, each of its chunk's two barriers waits for the peer's communication thread to be scheduled too,
-    and the time saved by overlapping is smaller than what that costs (docs/benchmarks/distopt.md, "Against
-    the communication-free floor"). Across hosts, or with a core to spare, the communication thread waits on
-    the network or runs on that core, and overlapping backward pays."""
-    if getattr(comm, "backend", None) != "shm":
-        return False, f"the {getattr(comm, 'backend', '?')} backend is not one host's shared memory: overlapped"
-    threads, cores = _core.get_num_threads(), usable_cores()
-    busy = comm.local_size * threads
-    if busy >= cores:
-        return True, f"{comm.local_size} local ranks x {threads} threads fill the {cores} cores: inline"
-    return False, f"{comm.local_size} local ranks x {threads} threads leave some of the {cores} cores free: overlapped"
 
 
 def user_stacklevel() -> int:
@@ -110,7 +89,7 @@ class Reducer:
 
     def __init__(self, communicator, opt, buff_elems: int, *, first_bucket: int, overlap: bool = True,
                  on_nonfinite: str = "skip", passes_per_step: int = 1, average_accumulated: bool = True,
-                 who: str = "DistOpt", exchange: str = "auto"):
+                 who: str = "DistOpt", exchange: str = "thread"):
         self.communicator, self.opt, self.buff_elems, self.who = communicator, opt, int(buff_elems), who
         self.first_bucket, self.overlap, self.on_nonfinite = int(first_bucket), bool(overlap), on_nonfinite
         self.world_size, self.rank = communicator.world_size, communicator.rank
@@ -131,8 +110,8 @@ class Reducer:
         self.unused = None  # an unused.UnusedParameters (DistOpt's find_unused_parameters=True), or None
         self.zero = None  # a zero.Zero (DistOpt's zero_stage=1 or 2), or None
         self.stats = None  # a step_stats.StepStats (DistOpt's step phases and reports), or None
-        # where the buckets' all-reduces run: "inline" (this thread, as each bucket is sent), "thread" (the
-        # communicator's thread, overlapping the rest of backward) or "auto" (inline_pays decides per pass)
+        # where the buckets' all-reduces run: "thread" (the communicator's thread, overlapping the rest of
+        # backward) or "inline" (this thread, as each bucket is sent)
         self.exchange_mode = check_exchange_mode(exchange, who)
 
     # ----- what crosses the wire
@@ -167,22 +146,11 @@ class Reducer:
             self._fused[wire.name] = HalfExchange(self.communicator, self.buff_elems, wire)
         return self._fused[wire.name]
 
-    def runs_inline(self) -> tuple:
-        """(whether this pass's buckets run inline, why): exchange_mode, resolved for "auto"."""
-        if self.exchange_mode == "auto":
-            return inline_pays(self.communicator)
-        return self.exchange_mode == "inline", f"exchange={self.exchange_mode!r}"
-
-    def exchange_mode_used(self) -> str:
-        """Where the buckets' all-reduces run now and why (for benchmarks and reports)."""
-        inline, why = self.runs_inline()
-        return f"{'inline' if inline else 'communication thread'} ({why})"
-
     def _place(self, exchange) -> None:
         """Sets where a pass of the plain or half exchange runs its buckets (a hook or ZeRO reduces its own way,
         on the communication thread)."""
         if type(exchange) in (PlainExchange, HalfExchange):
-            exchange.inline = self.runs_inline()[0]
+            exchange.inline = self.exchange_mode == "inline"
 
     def values_exchange(self) -> PlainExchange:
         """The plain fused all-reduce ("avg"): gradients without a hook, and parameter values always."""

@@ -72,7 +72,7 @@ def reference(kind: str, steps: int):
 
 
 def scenario_equivalence(comm, kind="sgd", threshold=2097152, buff=4194304, steps=20, rtol=1e-5, first_bucket=262144,
-                         exchange="auto"):
+                         exchange="thread"):
     params = make_params(0)
     dopt = opt.DistOpt(make_opt(kind), communicator=comm, buffSize=buff, first_bucket=first_bucket, exchange=exchange)
     got = train(params, dopt, steps, shard=(comm.rank, comm.world_size), threshold=threshold)
@@ -276,23 +276,17 @@ def scenario_buckets_leave_during_backward(comm):
 
 
 def scenario_exchange_modes(comm):
-    """exchange="auto" resolves per pass and says why; forced modes say so; a hook keeps its thread."""
-    dopt = opt.DistOpt(opt.SGD(lr=0.1), communicator=comm)
-    inline, why = dopt.reducer.runs_inline()
-    assert dopt.reducer.exchange_mode_used().startswith("inline" if inline else "communication thread"), why
-    if comm.backend != "shm":
-        assert not inline and "not one host's shared memory" in why, why
-    for mode, text in (("inline", "inline (exchange='inline')"),
-                       ("thread", "communication thread (exchange='thread')")):
-        assert opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, exchange=mode).reducer.exchange_mode_used() == text
-    try:
-        opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, exchange="fast")
-    except ValueError as e:
-        assert "exchange must be one of 'auto', 'inline', 'thread', got 'fast'" in str(e), e
-    else:
-        raise AssertionError("exchange='fast' was accepted")
+    """The thread is the default; both modes are kept where they are set; anything else is refused."""
+    assert opt.DistOpt(opt.SGD(lr=0.1), communicator=comm).reducer.exchange_mode == "thread"
+    assert opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, exchange="inline").reducer.exchange_mode == "inline"
+    for bad in ("auto", "fast", None):
+        try:
+            opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, exchange=bad)
+        except ValueError as e:
+            assert "exchange must be 'thread' (the default" in str(e) and f"got {bad!r}" in str(e), e
+        else:
+            raise AssertionError(f"exchange={bad!r} was accepted")
     return "ok"
-
 
 SCENARIOS = {
     "singa_low_level": scenario_singa_low_level,

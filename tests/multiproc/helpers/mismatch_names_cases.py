@@ -26,7 +26,7 @@ class Net(model.Model):
 
 
 def train_skipping(comm, skip_rank: int, skip_step: int, synced_first: bool, style: str = "distopt",
-                   threshold: int = 2097152, buff: int = 4194304, exchange: str = "auto"):
+                   threshold: int = 2097152, buff: int = 4194304, exchange: str = "thread"):
     """Trains STEPS steps; rank `skip_rank` skips fc3 at step `skip_step` (1-based). synced_first: the
     models are compared and broadcast before the first step (as Model.compile does with a DistOpt), so even
     the first step's gradients go out in overlapped buckets. threshold: DistOpt's (small: several buckets, and

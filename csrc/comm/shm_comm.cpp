@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <thread>
 
 #include "comm/mismatch.h"
 #include "core/errors.h"
@@ -51,6 +53,7 @@ ShmComm::ShmComm(const std::string& name, int rank, int world_size, double timeo
   const Layout layout = Layout::make(world_size, slot_bytes, "ShmComm");
   SL_CHECK(rank >= 0 && rank < world_size, ValueError, "ShmComm: rank must be in [0, ", world_size, "), got ", rank);
   set_timeout(timeout_s);
+  in_call_spin_ns_ = in_call_spin_from_env();
   transport_ = default_transport();
   self_ = self_process();
   owner_pid_ = self_.pid;
@@ -339,6 +342,41 @@ ShmComm::Op ShmComm::begin(OpKind kind, int32_t dtype, int64_t count, int32_t ro
   return Op{Activity{op_kind_name(kind), seq_}};
 }
 
+// A sync after the first of a call waits for peers that are inside the same call, each a chunk's copies and
+// adds away (tens of microseconds for a half slot), and wait.h's 5 us spin may put this rank to sleep there,
+// where the futex wake-up costs more than the wait. SINGA_LITE_SHM_SPIN_US=N (1 to 100000) makes those syncs
+// poll up to N microseconds first, yielding the core between polls after the first 5 us (where ranks outnumber
+// cores the peer may need it). Off by default: on a loaded 2-core host the polling cost CPU time that the
+// DistOpt step could not spare and gained nothing measurable (docs/benchmarks/distopt.md, "Against the
+// communication-free floor"); it is there to measure on hosts with idle cores. The first sync of a call keeps
+// the short spin either way: a peer may still be far from the call.
+// The environment value, in nanoseconds (0: off), checked once per communicator.
+int64_t ShmComm::in_call_spin_from_env() {
+  const char* v = std::getenv("SINGA_LITE_SHM_SPIN_US");
+  if (v == nullptr || *v == '\0') return 0;
+  char* end = nullptr;
+  const long long us = std::strtoll(v, &end, 10);
+  SL_CHECK(*end == '\0' && us >= 0 && us <= 100'000, ValueError, "SINGA_LITE_SHM_SPIN_US must be a whole number of "
+           "microseconds from 0 to 100000 (how long a rank polls for its peers inside a collective before it "
+           "sleeps; 0 or unset: not at all), got '", v, "'");
+  return int64_t(us) * 1000;
+}
+
+template <typename Ready>
+bool ShmComm::spin_in_call(Ready& ready) {
+  if (in_call_spin_ns_ <= 0) return false;
+  const auto start = Clock::now();
+  for (int i = 1;; ++i) {
+    cpu_relax();
+    if (ready()) return true;
+    if ((i & 63) == 0) {
+      const auto waited = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+      if (waited >= in_call_spin_ns_) return false;
+      if (waited >= kSpinNs) std::this_thread::yield();
+    }
+  }
+}
+
 void ShmComm::sync(Op& op) {
   ++syncs_;
   Header& h = seg_.header();
@@ -352,7 +390,7 @@ void ShmComm::sync(Op& op) {
   } else {
     // Modular comparison: the count wraps at 2^32, and no rank is ever more than one sync ahead.
     auto ready = [&h, target] { return int32_t(h.arrivals.load(std::memory_order_acquire) - target) >= 0; };
-    wait(op.what, h.sync_bell, ReadyRef(ready), WaitFor::kSync);
+    if (!op.checked || !spin_in_call(ready)) wait(op.what, h.sync_bell, ReadyRef(ready), WaitFor::kSync);
   }
   if (!op.checked) {
     op.checked = true;

@@ -132,6 +132,12 @@ class ShmComm {
   // Publishes this rank's descriptor of the call: dtype -1 / root -1 / op -1 where not applicable.
   Op begin(OpKind kind, int32_t dtype, int64_t count, int32_t root, int32_t op);
   void sync(Op& op);    // every rank arrives, then the first sync of a call compares descriptors
+  // Polls ready() (yielding the core between polls) up to in_call_spin_ns_ (SINGA_LITE_SHM_SPIN_US; 0: returns
+  // false at once); whether it became true (shm_comm.cpp).
+  template <typename Ready>
+  bool spin_in_call(Ready& ready);
+  static int64_t in_call_spin_from_env();
+  int64_t in_call_spin_ns_ = 0;
   void finish(Op& op);  // a call that moved no data still synchronises once (the descriptor check)
   void check_descriptors(const Op& op) const;
 

@@ -59,7 +59,7 @@ from .fusion import DEFAULT_FIRST_BUCKET, DEFAULT_THRESHOLD, check_first_bucket,
 from .join import Join
 from .lowlevel import SingaCalls
 from .pending import PendingStep
-from .reducer import Reducer
+from .reducer import Reducer, check_exchange_mode
 from .replica_check import ReplicaCheck
 from .step_stats import StepStats, StragglerReport
 
@@ -96,7 +96,9 @@ class DistOpt(SingaCalls):
     step_stats (default True): time each step's phases and each collective on this rank, for ``stats()``, the
     straggler report (comm/straggler.py; a few microseconds a step); report_every=N: the ranks compare
     those every N steps and rank 0 prints the table (default: SINGA_LITE_REPORT, which ``singa-run --report N``
-    sets; None: only when ``stats()`` is called).
+    sets; None: only when ``stats()`` is called). exchange: where the plain and half exchanges run each bucket's
+    all-reduce: "thread" (default: the communicator's thread, overlapping the rest of backward) or "inline" (the
+    training thread, as the bucket is sent: less CPU time where the ranks fill the cores; docs/training.md).
     Gradient accumulation (parallel/accumulate.py)::
 
         sgd = opt.DistOpt(opt.SGD(lr=0.1, momentum=0.9), backward_passes_per_step=4)
@@ -110,7 +112,7 @@ class DistOpt(SingaCalls):
                  backward_passes_per_step: int = 1, average_accumulated: bool = True,
                  broadcast_buffers=True, hierarchical: bool = False, check_replicas_every: int | None = None,
                  find_unused_parameters: bool = False, parameters=None, zero_stage: int = 0,
-                 step_stats: bool = True, report_every: int | None = None):
+                 step_stats: bool = True, report_every: int | None = None, exchange: str = "thread"):
         from ..comm import hierarchical as hier, init
 
         # what rebind() makes this DistOpt again with, on another communicator
@@ -119,7 +121,7 @@ class DistOpt(SingaCalls):
                               average_accumulated=average_accumulated, broadcast_buffers=broadcast_buffers,
                               hierarchical=hierarchical, check_replicas_every=check_replicas_every,
                               find_unused_parameters=find_unused_parameters, parameters=parameters,
-                              zero_stage=zero_stage)
+                              zero_stage=zero_stage, exchange=exchange)
         self.opt = SGD() if opt is None else opt
         if not isinstance(self.opt, Optimizer):
             raise TypeError(f"DistOpt: opt must follow the Optimizer contract (subclass opt.Optimizer), got "
@@ -129,6 +131,7 @@ class DistOpt(SingaCalls):
         if isinstance(buffSize, bool) or not isinstance(buffSize, numbers.Integral) or buffSize < 1:
             raise ValueError(f"DistOpt: buffSize must be a positive number of elements, got {buffSize!r}")
         first_bucket = check_first_bucket(first_bucket, "DistOpt")
+        check_exchange_mode(exchange, "DistOpt")
         backward_passes_per_step = check_passes(backward_passes_per_step, "DistOpt")
         self.broadcast_buffers = buffers.check_mode(broadcast_buffers, "DistOpt")  # "broadcast", "average", None
         if on_nonfinite not in ("skip", "raise"):
@@ -169,7 +172,8 @@ class DistOpt(SingaCalls):
         # the step itself, from backward to the update (reducer.py); this class is SINGA's face of it
         self.reducer = Reducer(communicator, self.opt, self.buffSize, first_bucket=self.first_bucket,
                                overlap=self.overlap, on_nonfinite=on_nonfinite,
-                               passes_per_step=backward_passes_per_step, average_accumulated=average_accumulated)
+                               passes_per_step=backward_passes_per_step, average_accumulated=average_accumulated,
+                               exchange=exchange)
         if check_replicas_every is not None:
             self.reducer.replica_check = ReplicaCheck(communicator, check_replicas_every)
         if used_mask is not None:

@@ -81,6 +81,22 @@ class _Completed:
         return None
 
 
+class _Ran:
+    """The Work of a collective the caller's thread ran to its end (an inline exchange): completed, its result
+    already in place, its times the timeline's."""
+
+    __slots__ = ("name", "started_at", "finished_at")
+
+    def __init__(self, name: str, started_at: float, finished_at: float):
+        self.name, self.started_at, self.finished_at = name, started_at, finished_at
+
+    def is_completed(self) -> bool:
+        return True
+
+    def wait(self, timeout=None):
+        return None
+
+
 class Fuser:
     """Packs tensors, all-reduces buckets with `op` asynchronously, and writes the results back.
 
@@ -113,6 +129,10 @@ class Fuser:
         self.passes = 0  # passes begun: the step number in error messages
         self.names = []  # names of the tensors pushed in this pass (those given one), for explain()
         self.left_behind = 0  # collectives still in flight when the last wait() failed (not waited for)
+        # True: each bucket's collective runs on the caller's thread as the bucket is sent (start_now), instead of
+        # on the communicator's thread while the caller goes on (start); see docs/training.md, "Where the
+        # exchange runs". Its owner sets it per pass; a subclass whose start() differs keeps False.
+        self.inline = False
 
     # ----- a pass: one backward's gradients
     def begin(self, threshold: int, first_bucket: int = 0) -> None:
@@ -215,7 +235,7 @@ class Fuser:
             self.bytes_sent += region.nbytes
             t0 = time.perf_counter()
             if self.reduce is None:
-                bucket.work = self.start(region)
+                bucket.work = self._launch_work(region)
             self._launched += 1
             bucket.seq = self._launched
             self._in_flight.append((d, bucket))
@@ -234,7 +254,7 @@ class Fuser:
         sent = t if staging is None else staging
         self.bytes_sent += sent.nbytes
         t0 = time.perf_counter()
-        work = self.start(sent) if self.reduce is None else None
+        work = self._launch_work(sent) if self.reduce is None else None
         self._launched += 1
         # work, tensor, staging, trace, seq, whether the tensor may be dropped once sent (reap)
         entry = [work, t, staging, None, self._launched, not self.writes_back()]
@@ -248,6 +268,24 @@ class Fuser:
         """Launches the collective of one bucket (or lone tensor) and returns its Work: the all-reduce with
         `op`. A subclass may reduce differently (zero.ShardedExchange: into the bucket's owner only)."""
         return self.comm.all_reduce(region, self.op, async_op=True)
+
+    def start_now(self, region: CTensor) -> None:
+        """The collective of start(), run to its end on this thread (an inline exchange)."""
+        self.comm.all_reduce(region, self.op)
+
+    def _launch_work(self, region: CTensor):
+        if not self.inline:
+            return self.start(region)
+        t0 = time.perf_counter()
+        try:
+            self.start_now(region)
+        except BaseException:
+            # As a failed wait(): the pass is over, and nothing is left in flight (what ran inline had completed)
+            self.left_behind = 0
+            self._in_flight.clear()
+            self._direct.clear()
+            raise
+        return _Ran("all_reduce", t0, time.perf_counter())
 
     def forget_last_member(self, dtype) -> None:
         """The open bucket of `dtype` keeps no reference to the tensor added last (its results are not

@@ -41,7 +41,22 @@ CTensor = _core.Tensor
 _CPU = _core.Device("cpu")
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
-__all__ = ["Reducer", "all_finite"]
+__all__ = ["Reducer", "all_finite", "EXCHANGE_MODES", "check_exchange_mode"]
+
+# Where a pass's bucket all-reduces run: "thread" (the communicator's thread, while backward goes on) or
+# "inline" (the training thread, as each bucket is sent). "thread" is the default: on a 2-core host whose
+# ranks fill the cores, inline used less CPU time per step but no less wall time, because the thread also hides
+# the wait for a peer that reaches the bucket later (docs/benchmarks/distopt.md, "Against the
+# communication-free floor").
+EXCHANGE_MODES = ("thread", "inline")
+
+
+def check_exchange_mode(mode, who: str) -> str:
+    if mode not in EXCHANGE_MODES:
+        raise ValueError(f"{who}: exchange must be 'thread' (the default: each bucket's all-reduce on the "
+                         f"communication thread, overlapping backward) or 'inline' (on the training thread, as the "
+                         f"bucket is sent), got {mode!r}")
+    return mode
 
 
 def user_stacklevel() -> int:
@@ -54,11 +69,14 @@ def user_stacklevel() -> int:
 
 
 def all_finite(t: CTensor) -> bool:
-    """Whether every element is finite: x * 0 is 0 for a finite x and nan for inf or nan, and a sum of zeros
-    cannot overflow, so the sum is nan exactly when some element is not finite. A sum rather than
-    max(abs(x)): the sum reduction vectorises and the max does not, so it is several times faster
-    (docs/benchmarks/distopt.md, "The finiteness test")."""
+    """Whether every element is finite. First the plain sum: an inf or nan element makes it inf or nan, so a
+    finite sum settles it in one pass over t. A sum that is not finite may also be an overflow of finite values;
+    then x * 0 decides: it is 0 for a finite x and nan for inf or nan, and a sum of zeros cannot overflow, so that
+    sum is nan exactly when some element is not finite. Sums rather than max(abs(x)): the sum reduction vectorises
+    and the max does not (docs/benchmarks/distopt.md, "The finiteness test")."""
     if t.numel == 0:
+        return True
+    if math.isfinite(float(to_host(_core.sum(t)))):
         return True
     return math.isfinite(float(to_host(_core.sum(_core.mul_scalar(t, 0.0)))))
 
@@ -71,7 +89,7 @@ class Reducer:
 
     def __init__(self, communicator, opt, buff_elems: int, *, first_bucket: int, overlap: bool = True,
                  on_nonfinite: str = "skip", passes_per_step: int = 1, average_accumulated: bool = True,
-                 who: str = "DistOpt"):
+                 who: str = "DistOpt", exchange: str = "thread"):
         self.communicator, self.opt, self.buff_elems, self.who = communicator, opt, int(buff_elems), who
         self.first_bucket, self.overlap, self.on_nonfinite = int(first_bucket), bool(overlap), on_nonfinite
         self.world_size, self.rank = communicator.world_size, communicator.rank
@@ -92,6 +110,9 @@ class Reducer:
         self.unused = None  # an unused.UnusedParameters (DistOpt's find_unused_parameters=True), or None
         self.zero = None  # a zero.Zero (DistOpt's zero_stage=1 or 2), or None
         self.stats = None  # a step_stats.StepStats (DistOpt's step phases and reports), or None
+        # where the buckets' all-reduces run: "thread" (the communicator's thread, overlapping the rest of
+        # backward) or "inline" (this thread, as each bucket is sent)
+        self.exchange_mode = check_exchange_mode(exchange, who)
 
     # ----- what crosses the wire
     def register_comm_hook(self, state, hook) -> None:
@@ -124,6 +145,12 @@ class Reducer:
         if wire.name not in self._fused:
             self._fused[wire.name] = HalfExchange(self.communicator, self.buff_elems, wire)
         return self._fused[wire.name]
+
+    def _place(self, exchange) -> None:
+        """Sets where a pass of the plain or half exchange runs its buckets (a hook or ZeRO reduces its own way,
+        on the communication thread)."""
+        if type(exchange) in (PlainExchange, HalfExchange):
+            exchange.inline = self.exchange_mode == "inline"
 
     def values_exchange(self) -> PlainExchange:
         """The plain fused all-reduce ("avg"): gradients without a hook, and parameter values always."""
@@ -169,6 +196,7 @@ class Reducer:
         join, scale = self.join, None
         if join is not None:  # uneven inputs: how many ranks still train decides the divisor
             scale = join.factor(join.vote(True))
+        self._place(exchange)
         exchange.begin(threshold, self.first_bucket)
         gradients = self.gradients(loss, clip, merge=True)
         try:
@@ -231,6 +259,7 @@ class Reducer:
         """The fused exchange of a pass whose gradients the caller pushes itself (DataParallel's hooks)."""
         exchange = self.fused()
         self._passes += 1
+        self._place(exchange)
         exchange.begin(threshold, self.first_bucket)
         return exchange
 

@@ -74,3 +74,12 @@ def test_distopt_on_shm(world_size):
         assert out[r][0] == "ok", out
         assert "equivalence_sgd" in out[r][1] and "buckets_leave_during_backward" in out[r][1], out
     assert no_segment_left(holder)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_collective_with_the_in_call_spin(world_size, monkeypatch):
+    # SINGA_LITE_SHM_SPIN_US: the syncs inside a collective poll before they sleep (3 ranks on 2 cores: yielding)
+    monkeypatch.setenv("SINGA_LITE_SHM_SPIN_US", "200")
+    out, holder, _ = run_ranks(scenario_collectives, world_size, "spawn", timeout=180)
+    assert out == {r: ("ok", r) for r in range(world_size)}, out
+    assert no_segment_left(holder)

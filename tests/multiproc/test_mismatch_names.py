@@ -85,13 +85,14 @@ def test_a_layer_skipped_at_the_first_step_is_named_by_the_model_check(backend):
 @pytest.mark.parametrize("buff", [4194304, 50], ids=["big-buffer", "buffer-fills-during-backward"])
 @pytest.mark.parametrize("skip_rank", [0, 1])
 def test_with_several_buckets_each_rank_says_what_it_knows(skip_rank, buff):
-    # Small buckets (and the largest gradients alone): the rank that skipped sends fewer collectives, so after
-    # the first difference the ranks' calls no longer pair up and they exchange nothing more; the rank that
-    # skipped names its parameters, the other says that another rank did. Neither hangs nor blames a death.
-    # With a small buffer the difference is met in the middle of backward (a full buffer waits for its
-    # buckets): the rest of the pass still counts, so no parameter is blamed for not being reached yet.
+    # Small buckets (and the largest gradients alone), the buckets' all-reduces on the communication thread:
+    # the rank that skipped sends fewer collectives, so after the first difference the ranks' calls no longer
+    # pair up (later ones are still queued) and they exchange nothing more; the rank that skipped names its
+    # parameters, the other says that another rank did. Neither hangs nor blames a death. With a small buffer
+    # the difference is met in the middle of backward (a full buffer waits for its buckets): the rest of the pass
+    # still counts, so no parameter is blamed for not being reached yet.
     threshold = 100 if buff > 100 else 40
-    out, _, seconds = run_ranks(train_skipping, 2, args=(skip_rank, 2, True, "distopt", threshold, buff),
+    out, _, seconds = run_ranks(train_skipping, 2, args=(skip_rank, 2, True, "distopt", threshold, buff, "thread"),
                                 timeout=120, comm_timeout=30)
     assert seconds < 25, seconds  # no rank waited for the communicator's timeout
     other = 1 - skip_rank
@@ -101,6 +102,22 @@ def test_with_several_buckets_each_rank_says_what_it_knows(skip_rank, buff):
     told, _ = out[other][1]
     assert (f"this rank (rank {other}) had gradients for all 8 parameters of the first step, so another rank "
             f"skipped some (its own error names them)") in told, told
+
+
+@pytest.mark.parametrize("buff", [4194304, 50], ids=["big-buffer", "buffer-fills-during-backward"])
+@pytest.mark.parametrize("skip_rank", [0, 1])
+def test_inline_buckets_let_every_rank_name_the_skipped_parameters(skip_rank, buff):
+    # The same steps with each bucket all-reduced inline (exchange="inline"): the first difference is met by both
+    # ranks at the same collective and nothing is left in flight, so the ranks still pair up and exchange what
+    # they lack: every rank names the parameters and the rank that skipped them.
+    threshold = 100 if buff > 100 else 40
+    out, _, seconds = run_ranks(train_skipping, 2, args=(skip_rank, 2, True, "distopt", threshold, buff, "inline"),
+                                timeout=120, comm_timeout=30)
+    assert seconds < 25, seconds
+    for r in (0, 1):
+        message, line = out[r][1]
+        assert message.startswith(f"ValueError: DistOpt: the ranks' gradients differ at step 2 (called from "
+                                  f"{CASES}:{line}): fc3.W, fc3.b skipped on rank {skip_rank}. {HINT}"), message
 
 
 def test_matching_steps_still_train():

@@ -71,9 +71,10 @@ def reference(kind: str, steps: int):
     return train(make_params(0), make_opt(kind), steps, method=None)
 
 
-def scenario_equivalence(comm, kind="sgd", threshold=2097152, buff=4194304, steps=20, rtol=1e-5, first_bucket=262144):
+def scenario_equivalence(comm, kind="sgd", threshold=2097152, buff=4194304, steps=20, rtol=1e-5, first_bucket=262144,
+                         exchange="thread"):
     params = make_params(0)
-    dopt = opt.DistOpt(make_opt(kind), communicator=comm, buffSize=buff, first_bucket=first_bucket)
+    dopt = opt.DistOpt(make_opt(kind), communicator=comm, buffSize=buff, first_bucket=first_bucket, exchange=exchange)
     got = train(params, dopt, steps, shard=(comm.rank, comm.world_size), threshold=threshold)
     want = reference(kind, steps)
     for k in want:
@@ -230,7 +231,10 @@ def scenario_buckets_leave_during_backward(comm):
     before b1's gradient exists; the rest leaves with the last gradient. first_bucket=0 / overlap=False: one
     bucket, after the whole backward pass."""
 
+    calls = []  # each all_reduce's async_op
+
     def events_of_a_step(threshold=2097152, **kw):
+        calls.clear()
         params = make_params(0)
         dopt = opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, **kw)
         shard = (comm.rank, comm.world_size)
@@ -244,6 +248,7 @@ def scenario_buckets_leave_during_backward(comm):
 
         def all_reduce(t, op="sum", async_op=False):
             events.append(("send", t.numel))
+            calls.append(async_op)
             return real_all_reduce(t, op, async_op)
         autograd.backward, comm.all_reduce = backward, all_reduce
         try:
@@ -261,8 +266,27 @@ def scenario_buckets_leave_during_backward(comm):
     # large tensors go alone as they come; the first bucket waits for its threshold as any other
     got = events_of_a_step(first_bucket=200, threshold=100)
     assert got == grads[:2] + [("send", 200)] + grads[2:] + [("send", 280), ("send", 45)], got
+    # where the all-reduces run changes nothing of when they start: on the communication thread (async) or
+    # inline, on this thread, before backward goes on
+    for exchange, asynchronous in (("thread", True), ("inline", False)):
+        got = events_of_a_step(first_bucket=200, exchange=exchange)
+        assert got == grads[:2] + [("send", 205)] + grads[2:] + [("send", 320)], (exchange, got)
+        assert calls[:2] == [asynchronous] * 2 and calls[2:] == [False], (exchange, calls)  # then the vote
     return "ok"
 
+
+def scenario_exchange_modes(comm):
+    """The thread is the default; both modes are kept where they are set; anything else is refused."""
+    assert opt.DistOpt(opt.SGD(lr=0.1), communicator=comm).reducer.exchange_mode == "thread"
+    assert opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, exchange="inline").reducer.exchange_mode == "inline"
+    for bad in ("auto", "fast", None):
+        try:
+            opt.DistOpt(opt.SGD(lr=0.1), communicator=comm, exchange=bad)
+        except ValueError as e:
+            assert "exchange must be 'thread' (the default" in str(e) and f"got {bad!r}" in str(e), e
+        else:
+            raise AssertionError(f"exchange={bad!r} was accepted")
+    return "ok"
 
 SCENARIOS = {
     "singa_low_level": scenario_singa_low_level,
@@ -273,6 +297,9 @@ SCENARIOS = {
     "equivalence_small_buckets": lambda c: scenario_equivalence(c, "sgd", threshold=50, buff=100),
     "equivalence_small_first_bucket": lambda c: scenario_equivalence(c, "sgd", threshold=300, first_bucket=100),
     "buckets_leave_during_backward": scenario_buckets_leave_during_backward,
+    "equivalence_inline": lambda c: scenario_equivalence(c, "adam", threshold=300, first_bucket=100, exchange="inline"),
+    "equivalence_thread": lambda c: scenario_equivalence(c, "adam", threshold=300, first_bucket=100, exchange="thread"),
+    "exchange_modes": scenario_exchange_modes,
     "half": scenario_half,
     "sparse_full": scenario_sparse_full_equals_plain,
     "sparse_feedback": scenario_sparse_error_feedback,

@@ -26,14 +26,15 @@ class Net(model.Model):
 
 
 def train_skipping(comm, skip_rank: int, skip_step: int, synced_first: bool, style: str = "distopt",
-                   threshold: int = 2097152, buff: int = 4194304):
+                   threshold: int = 2097152, buff: int = 4194304, exchange: str = "thread"):
     """Trains STEPS steps; rank `skip_rank` skips fc3 at step `skip_step` (1-based). synced_first: the
     models are compared and broadcast before the first step (as Model.compile does with a DistOpt), so even
     the first step's gradients go out in overlapped buckets. threshold: DistOpt's (small: several buckets, and
     the largest gradients alone, so one rank sends more collectives than the other). buff: DistOpt's buffSize
     (small: the buffer fills up during backward, which then waits for its buckets before it goes on).
     style: "distopt" (backward_and_update), "two_phase" (backward, then step) or "data_parallel" (the model in
-    parallel.DataParallel, a plain SGD). Returns ("ok", None) or (error text, line of the call that raised)."""
+    parallel.DataParallel, a plain SGD). exchange: DistOpt's (where the buckets' all-reduces run). Returns
+    ("ok", None) or (error text, line of the call that raised)."""
     np.random.seed(0)
     x = tensor.from_numpy(np.random.randn(4, 8).astype(np.float32))
     y = tensor.from_numpy(np.array([0, 1, 2, 1], np.int32))
@@ -44,7 +45,7 @@ def train_skipping(comm, skip_rank: int, skip_step: int, synced_first: bool, sty
         parallel.DataParallel(net, communicator=comm, buffSize=buff, threshold=min(threshold, buff))
         sgd = opt.SGD(lr=0.05)
     else:
-        dopt = opt.DistOpt(opt.SGD(lr=0.05), communicator=comm, buffSize=buff)
+        dopt = opt.DistOpt(opt.SGD(lr=0.05), communicator=comm, buffSize=buff, exchange=exchange)
     if synced_first and style != "data_parallel":
         dopt.broadcast_parameters(list(net.get_params().values()))
     line = 0

@@ -353,13 +353,7 @@ class Job:
             if rank is not None:
                 running -= 1
                 self.codes[rank] = code
-                if code != 0 and not self.stopping:
-                    self.failed, self.stopping = rank, True
-                    if running:
-                        self.say(f"rank {rank} failed ({self._end(rank)}): stopping the other ranks "
-                                 f"(SIGTERM, SIGKILL after {self.args.grace:g} s)")
-                        self._signal_ranks(signal.SIGTERM)
-                        self.kill_at = time.monotonic() + self.args.grace
+                running += self._rank_ended(rank, code, running)
             now = time.monotonic()
             if running and self.kill_at is not None and now >= self.kill_at:
                 self.say(f"rank(s) {_ranks(self._running())} still running {self.args.grace:g} s after being "
@@ -371,9 +365,22 @@ class Job:
                 break
         if self.interrupted is not None:
             return 128 + self.interrupted
-        if self.failed is not None:
-            return exit_status(self.codes[self.failed])
+        return self._exit_status()
+
+    def _rank_ended(self, rank: int, code: int, running: int) -> int:
+        """A rank's process ended with `code` (`running` others still run): the first failure stops the others.
+        Returns how many processes it started (none here)."""
+        if code != 0 and not self.stopping:
+            self.failed, self.stopping = rank, True
+            if running:
+                self.say(f"rank {rank} failed ({self._end(rank)}): stopping the other ranks "
+                         f"(SIGTERM, SIGKILL after {self.args.grace:g} s)")
+                self._signal_ranks(signal.SIGTERM)
+                self.kill_at = time.monotonic() + self.args.grace
         return 0
+
+    def _exit_status(self) -> int:
+        return exit_status(self.codes[self.failed]) if self.failed is not None else 0
 
     def _running(self) -> list[int]:
         return [r for r in range(len(self.procs)) if r not in self.codes]
@@ -464,6 +471,7 @@ class ElasticJob(Job):
         super().__init__(args, out, err)
         self.slots: list[int] = []  # process index -> the RANK it was started with
         self.replaced = 0
+        self.finished = False  # a rank ended with 0: the job is ending, no more replacements
         self.width = len(str(args.max_np + args.max_restarts - 1))
 
     def run(self) -> int:
@@ -519,44 +527,27 @@ class ElasticJob(Job):
         threading.Thread(target=self._watch, args=(p, index), daemon=True).start()
         return index
 
-    def _supervise(self) -> int:
-        running = len(self.procs)
-        finished = False  # a rank ended with 0: the job is ending, no more replacements
-        while True:
-            while self.signals:
-                self._handle_signal(self.signals.pop(0))
-            if not running:
-                break
-            try:
-                rank, code = self.ended.get(timeout=POLL_S)
-            except queue.Empty:
-                rank = None
-            if rank is not None:
-                running -= 1
-                self.codes[rank] = code
-                finished = finished or code == 0
-                if code != 0 and not self.stopping:
-                    self.failed = rank
-                    what = f"rank {rank} failed ({self._end(rank)}): " + (
-                        f"the {running} other(s) go on (--elastic)" if running else "no rank is left")
-                    if (not finished and running and self.replaced < self.args.max_restarts
-                            and running < self.args.max_np):
-                        self.replaced += 1
-                        new = self._spawn(self.slots[rank])
-                        running += 1
-                        what += (f"; starting rank {new} in its place (replacement {self.replaced} of at most "
-                                 f"{self.args.max_restarts}): it joins at the job's next commit")
-                    self.say(what)
-            now = time.monotonic()
-            if running and self.kill_at is not None and now >= self.kill_at:
-                self.say(f"rank(s) {_ranks(self._running())} still running {self.args.grace:g} s after being "
-                         f"told to stop: SIGKILL")
-                self._kill()
-            if running and self.give_up_at is not None and now >= self.give_up_at:
-                self.say(f"rank(s) {_ranks(self._running())} did not end {REAP_S:g} s after SIGKILL; giving up")
-                break
-        if self.interrupted is not None:
-            return 128 + self.interrupted
+    def _rank_ended(self, rank: int, code: int, running: int) -> int:
+        """A failure is reported and the others go on; a replacement starts while the job is not ending (no rank
+        has finished), fewer than --max-np run and --max-restarts allows. Returns the processes started."""
+        self.finished = self.finished or code == 0
+        if code == 0 or self.stopping:
+            return 0
+        self.failed = rank
+        what = f"rank {rank} failed ({self._end(rank)}): " + (
+            f"the {running} other(s) go on (--elastic)" if running else "no rank is left")
+        started = 0
+        if (not self.finished and running and self.replaced < self.args.max_restarts
+                and running < self.args.max_np):
+            self.replaced += 1
+            new = self._spawn(self.slots[rank])
+            started = 1
+            what += (f"; starting rank {new} in its place (replacement {self.replaced} of at most "
+                     f"{self.args.max_restarts}): it joins at the job's next commit")
+        self.say(what)
+        return started
+
+    def _exit_status(self) -> int:
         return elastic_status(list(self.codes.items()))
 
     def _report(self) -> None:

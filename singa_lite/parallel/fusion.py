@@ -65,30 +65,18 @@ class _Bucket:
 
 
 class _Completed:
-    """A Work that completed without error, less its result, for a tensor reap() dropped (the times the
-    timeline draws stay)."""
+    """A Work that completed without error, less its result: a tensor reap() dropped, or a collective the caller's
+    thread ran to its end (an inline exchange). Its times stay for the timeline."""
 
     __slots__ = ("name", "started_at", "finished_at")
 
-    def __init__(self, work):
-        self.name = getattr(work, "name", "collective")
-        self.started_at, self.finished_at = getattr(work, "started_at", None), getattr(work, "finished_at", None)
-
-    def is_completed(self) -> bool:
-        return True
-
-    def wait(self, timeout=None):
-        return None
-
-
-class _Ran:
-    """The Work of a collective the caller's thread ran to its end (an inline exchange): completed, its result
-    already in place, its times the timeline's."""
-
-    __slots__ = ("name", "started_at", "finished_at")
-
-    def __init__(self, name: str, started_at: float, finished_at: float):
+    def __init__(self, name: str, started_at, finished_at):
         self.name, self.started_at, self.finished_at = name, started_at, finished_at
+
+    @classmethod
+    def of(cls, work) -> "_Completed":
+        return cls(getattr(work, "name", "collective"), getattr(work, "started_at", None),
+                   getattr(work, "finished_at", None))
 
     def is_completed(self) -> bool:
         return True
@@ -285,7 +273,7 @@ class Fuser:
             self._in_flight.clear()
             self._direct.clear()
             raise
-        return _Ran("all_reduce", t0, time.perf_counter())
+        return _Completed("all_reduce", t0, time.perf_counter())
 
     def forget_last_member(self, dtype) -> None:
         """The open bucket of `dtype` keeps no reference to the tensor added last (its results are not
@@ -317,7 +305,7 @@ class Fuser:
                 return
             held -= entry[1].nbytes
             # the Work keeps its result (the tensor itself): a completed stand-in takes its place
-            entry[0], entry[1], entry[2], entry[5] = _Completed(entry[0]), _EMPTY, None, False
+            entry[0], entry[1], entry[2], entry[5] = _Completed.of(entry[0]), _EMPTY, None, False
 
     def idle_buffer(self, dtype, device):
         """This Fuser's flat buffer of `dtype` on `device` while no pass uses it (nothing open or in flight),

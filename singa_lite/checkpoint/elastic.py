@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from ..checkpoint_io import CheckpointError, read_json_file
 from ..comm.env import generation as launcher_generation
+from .periodic import PeriodicCommit, check_every
 
 KEY = "elastic"  # the key of this module's record in the checkpoint's extra
 
@@ -51,7 +52,7 @@ class Resume:
     extra: dict = field(default_factory=dict)
 
 
-class ElasticState:
+class ElasticState(PeriodicCommit):
     """The training state of a restartable job, committed to the directory `path` (see the module).
 
     model: a Layer/Model, or a dict of named tensors; optimizer: an Optimizer or a DistOpt (then resume and
@@ -65,8 +66,7 @@ class ElasticState:
                  communicator=None, log=print):
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise TypeError(f"ElasticState: path must name a directory for the commits, got {path!r}")
-        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-            raise ValueError(f"ElasticState: every must be None or a number of steps >= 1, got {every!r}")
+        check_every(every, "ElasticState")
         if scaler is not None and not (hasattr(scaler, "get_states") and hasattr(scaler, "set_states")):
             raise TypeError(f"ElasticState: scaler must have get_states() and set_states() (opt.LossScaler), got "
                             f"{type(scaler).__name__}")
@@ -139,15 +139,6 @@ class ElasticState:
         except (CheckpointError, OSError):
             return None  # load() reports what is wrong with it
         return manifest.get("world_size") if isinstance(manifest, dict) else None
-
-    def step(self, extra=None) -> bool:
-        """Counts a training step and commits every `every` steps (collective: every rank calls it at the same
-        steps). Returns whether it committed."""
-        self.steps += 1
-        if self.every is not None and self.steps % self.every == 0:
-            self.commit(extra)
-            return True
-        return False
 
     def commit(self, extra=None) -> None:
         """Saves the whole state now (collective), atomically: a failure at any moment leaves the previous

@@ -47,6 +47,7 @@ import time
 import numpy as np
 
 from .. import tensor
+from ..checkpoint.periodic import PeriodicCommit, check_every
 from .communicator import CollectiveMismatch, CommError
 from .membership import ElasticTimeout, JobFinished, Membership, MembersChanged, counts_from_env
 
@@ -107,7 +108,7 @@ def shutdown() -> None:
         _current = None
 
 
-class State:
+class State(PeriodicCommit):
     """The training state ``dist.elastic.run`` restores after a failure or a join, committed in memory.
 
     model: a Layer/Model (get_states / set_states) or a dict of named tensors; optimizer: a DistOpt (rebound to
@@ -117,8 +118,7 @@ class State:
     is called); log: where rank 0 says what a regroup did (a function of one string; None for silence)."""
 
     def __init__(self, model=None, optimizer=None, sampler=None, rng=None, scaler=None, every=None, log=print):
-        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-            raise ValueError(f"dist.elastic.State: every must be None or a number of steps >= 1, got {every!r}")
+        check_every(every, "dist.elastic.State")
         if sampler is not None and not all(hasattr(sampler, a) for a in ("rank", "world_size", "state_dict",
                                                                         "load_state_dict", "cursor")):
             raise TypeError(f"dist.elastic.State: the sampler must be re-partitioned at every change of the ranks: "
@@ -151,15 +151,6 @@ class State:
         return getattr(self.sampler, "epoch", 0)
 
     # ----- commits
-    def step(self, extra=None) -> bool:
-        """Counts a training step and commits every `every` steps (every member at the same steps). Returns
-        whether it committed."""
-        self.steps += 1
-        if self.every is not None and self.steps % self.every == 0:
-            self.commit(extra)
-            return True
-        return False
-
     def commit(self, extra=None) -> None:
         """Keeps the whole state in memory (a copy of the parameters, buffers and optimizer state), then lets
         waiting processes in when there is room (MembersChanged, caught by run; collective: every member

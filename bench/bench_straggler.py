@@ -65,18 +65,12 @@ def rank_main(rank, args, holder, port, queue):
     import numpy as np
 
     sys.path.insert(0, HERE)
+    import bench_ranks
     from bench_models import SingaCNN, SingaMLP
-    from singa_lite import autograd, dist, layer, opt, tensor
+    from singa_lite import autograd, layer, opt, tensor
     from singa_lite.comm import arrivals
 
-    if args.backend == "shm":
-        comm = dist.init(backend="shm", holder=holder, rank=rank, world_size=args.world_size, timeout=120)
-        store = None
-    else:
-        from singa_lite.comm.store import TcpStore
-        from singa_lite.comm.tcp import TcpCommunicator
-        store = TcpStore("127.0.0.1", port, args.world_size, is_server=False, timeout=60)
-        comm = TcpCommunicator(store, rank, args.world_size, rank, args.world_size, timeout=120)
+    comm, store = bench_ranks.join(args.backend, holder, port, rank, args.world_size)
     rng = np.random.default_rng(rank)
     classes = 10
     if args.model == "cnn":

@@ -281,3 +281,24 @@ def test_a_rank_that_ran_fewer_steps_is_named_as_such_not_as_dead(how, keys):
         assert "ended with an uncaught exception after 2 collective calls" in text and "look at its output" in \
             text, text
     assert not survivors([rank0.pid, rank1.pid])
+
+
+@needs_root
+def test_another_user_is_refused_by_the_store_singa_run_elastic_serves(tmp_path, monkeypatch):
+    """Under singa-run --elastic the launcher serves the job's store (no rank does): a local stranger with the
+    ranks' public variables (everything but the key, which lives in the ranks' own environment) is refused."""
+    from singa_lite.comm import launch_args, launcher
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    args = launch_args.parse_command_line(launch_args.build_parser(), ["--elastic", "-np", "2", "train.py"])
+    launch_args.check_args(args)
+    store = TcpStore(HOST, 0, 2, True, timeout=60.0, credentials=launcher.elastic_credentials(args))
+    try:
+        rank1 = launch_args.elastic_environment(args, 1, store.port, base={})
+        public = {k: v for k, v in rank1.items() if k != auth.SECRET_VAR}
+        said = as_stranger({**public, "SINGA_LITE_COMM_TIMEOUT": "20"})
+        assert "CommError" in said and "refused" in said, said
+        assert store.keys("")[0] == 0, f"the stranger wrote to the job's store: {store.keys('')[1]}"
+    finally:
+        store.close()
